@@ -1,0 +1,181 @@
+package dedup
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Reason says why a message was dead-lettered.
+type Reason string
+
+// The reasons a dead letter can carry.
+const (
+	ReasonHandlerError   Reason = "handler-error"
+	ReasonPermanent      Reason = "permanent"
+	ReasonPanic          Reason = "panic"
+	ReasonCrashLoop      Reason = "crash-loop"
+	ReasonInvalidID      Reason = "invalid-id"
+	ReasonInvalidPayload Reason = "invalid-payload"
+	ReasonConflict       Reason = "fingerprint-conflict"
+)
+
+// MetadataPrefix starts the name of every header or attribute dedup adds to
+// a dead letter. Existing ones are replaced, never appended, when a message is
+// dead-lettered again after a redrive.
+const MetadataPrefix = "dedup-"
+
+// Header is one header or attribute of a message.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Origin says where a dead-lettered message came from. Kafka fills Topic,
+// Partition, Offset and Group; SQS fills QueueURL and MessageID.
+type Origin struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Group     string
+	QueueURL  string
+	MessageID string
+}
+
+// DeadLetter is a message parked because it can never succeed, with why.
+type DeadLetter struct {
+	// The original message: payload, message key and headers as received.
+	Payload    []byte
+	MessageKey []byte
+	Headers    []Header
+	Origin     Origin
+
+	Reason Reason
+	// Error is the full error text; Cause is the innermost error's text.
+	Error        string
+	Cause        string
+	Attempts     int
+	EventID      string
+	Scope        string
+	FirstFailure time.Time
+	LastFailure  time.Time
+}
+
+// Metadata returns the dedup-* headers describing the dead letter.
+func (d *DeadLetter) Metadata() []Header {
+	h := []Header{
+		{"dedup-reason", []byte(d.Reason)},
+		{"dedup-error", []byte(d.Error)},
+		{"dedup-cause", []byte(d.Cause)},
+		{"dedup-attempts", []byte(strconv.Itoa(d.Attempts))},
+		{"dedup-event-id", []byte(d.EventID)},
+		{"dedup-scope", []byte(d.Scope)},
+		{"dedup-first-failure", []byte(formatTime(d.FirstFailure))},
+		{"dedup-last-failure", []byte(formatTime(d.LastFailure))},
+	}
+	o := d.Origin
+	if o.Topic != "" {
+		h = append(h,
+			Header{"dedup-origin-topic", []byte(o.Topic)},
+			Header{"dedup-origin-partition", []byte(strconv.FormatInt(int64(o.Partition), 10))},
+			Header{"dedup-origin-offset", []byte(strconv.FormatInt(o.Offset, 10))},
+			Header{"dedup-origin-group", []byte(o.Group)},
+		)
+	}
+	if o.QueueURL != "" {
+		h = append(h,
+			Header{"dedup-origin-queue", []byte(o.QueueURL)},
+			Header{"dedup-origin-message-id", []byte(o.MessageID)},
+		)
+	}
+	return h
+}
+
+// HeadersWithMetadata returns the original headers without any earlier
+// dedup-* headers, followed by this dead letter's metadata.
+func (d *DeadLetter) HeadersWithMetadata() []Header {
+	meta := d.Metadata()
+	out := make([]Header, 0, len(d.Headers)+len(meta))
+	for _, h := range d.Headers {
+		if !strings.HasPrefix(h.Key, MetadataPrefix) {
+			out = append(out, h)
+		}
+	}
+	return append(out, meta...)
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// rootCause returns the innermost error of a wrap chain; for a joined error
+// it follows the first branch.
+func rootCause(err error) error {
+	for {
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			next := u.Unwrap()
+			if next == nil {
+				return err
+			}
+			err = next
+		case interface{ Unwrap() []error }:
+			errs := u.Unwrap()
+			if len(errs) == 0 || errs[0] == nil {
+				return err
+			}
+			err = errs[0]
+		default:
+			return err
+		}
+	}
+}
+
+// Sink parks dead letters. Send must return only once the letter is durable:
+// the original is acknowledged after Send returns nil, never before.
+type Sink interface {
+	Send(ctx context.Context, dl DeadLetter) error
+}
+
+// SinkFunc adapts a function to a [Sink].
+type SinkFunc func(ctx context.Context, dl DeadLetter) error
+
+// Send calls f.
+func (f SinkFunc) Send(ctx context.Context, dl DeadLetter) error { return f(ctx, dl) }
+
+// MemorySink keeps dead letters in memory, for tests and examples.
+type MemorySink struct {
+	mu      sync.Mutex
+	letters []DeadLetter
+	failing error
+}
+
+// Send appends dl, or returns the error set by FailWith.
+func (s *MemorySink) Send(_ context.Context, dl DeadLetter) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failing != nil {
+		return s.failing
+	}
+	s.letters = append(s.letters, dl)
+	return nil
+}
+
+// FailWith makes every later Send return err until called with nil.
+func (s *MemorySink) FailWith(err error) {
+	s.mu.Lock()
+	s.failing = err
+	s.mu.Unlock()
+}
+
+// Letters returns a copy of the dead letters sent so far.
+func (s *MemorySink) Letters() []DeadLetter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]DeadLetter(nil), s.letters...)
+}
