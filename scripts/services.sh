@@ -43,8 +43,8 @@ start_postgres() {
 		local version
 		version="$(ls /etc/postgresql | head -1)"
 		log "starting PostgreSQL $version"
-		pg_ctlcluster --skip-systemctl-redirect "$version" main start ||
-			pg_isready -q -h 127.0.0.1 -p 5432 # lost a race with another start
+		# A failure here may be a start already under way: the wait below decides.
+		pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
 	fi
 	wait_for 30 pg_isready -q -h 127.0.0.1 -p 5432 ||
 		die "PostgreSQL does not answer on 127.0.0.1:5432"
@@ -90,16 +90,27 @@ start_dynamodb() {
 	nohup java -Djava.library.path="$(dirname "$jar")/DynamoDBLocal_lib" -jar "$jar" \
 		-inMemory -sharedDb -disableTelemetry -port "$DYNAMODB_PORT" \
 		>"$CACHE/dynamodb.log" 2>&1 </dev/null &
-	echo $! >"$CACHE/dynamodb.pid"
-	if ! wait_for 30 dynamodb_answers; then
-		tail -20 "$CACHE/dynamodb.log" >&2 || true
-		die "DynamoDB Local did not answer on 127.0.0.1:$DYNAMODB_PORT within 30 s (log: $CACHE/dynamodb.log)"
-	fi
-	log "DynamoDB Local ready on 127.0.0.1:$DYNAMODB_PORT"
+	local pid=$!
+	echo "$pid" >"$CACHE/dynamodb.pid"
+	local i
+	for ((i = 0; i < 60; i++)); do
+		if dynamodb_answers; then
+			log "DynamoDB Local ready on 127.0.0.1:$DYNAMODB_PORT (pid $pid)"
+			return
+		fi
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.5
+	done
+	tail -20 "$CACHE/dynamodb.log" >&2 || true
+	kill "$pid" 2>/dev/null || true
+	rm -f "$CACHE/dynamodb.pid"
+	die "DynamoDB Local did not start on 127.0.0.1:$DYNAMODB_PORT within 30 s (log: $CACHE/dynamodb.log)"
 }
 
-# start_sqs will start the SQS emulator (fauxqs 1.9.2, DESIGN.md §10) on
-# DEDUP_SQS_ENDPOINT; not implemented yet.
+# start_sqs: PLACEHOLDER for the SQS work. It is to start the SQS emulator
+# (fauxqs 1.9.2, DESIGN.md §10) on the port of DEDUP_SQS_ENDPOINT (default
+# 4566) the same way as DynamoDB Local: cached under .cache/, skipped when
+# something already answers, pid file for `make stop-services`.
 start_sqs() {
 	:
 }
