@@ -38,8 +38,7 @@ var events = dedup.Messages[event]{
 // stores returns the backends the wrapper tests run on.
 func stores() map[string]func(t *testing.T) dedup.Store {
 	return map[string]func(t *testing.T) dedup.Store{
-		"memory":   func(t *testing.T) dedup.Store { return dedup.NewMemoryStore() },
-		
+		"memory": func(t *testing.T) dedup.Store { return dedup.NewMemoryStore() },
 	}
 }
 
