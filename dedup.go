@@ -214,6 +214,10 @@ type Store interface {
 	// Extend pushes the lease of a held record to lease from now, or returns
 	// ErrLeaseLost.
 	Extend(ctx context.Context, key Key, owner string, lease time.Duration) error
+	// Release gives back a claim whose handler never started, so the key can
+	// be claimed again at once and the attempt is not counted. It returns
+	// ErrLeaseLost if owner no longer holds the record.
+	Release(ctx context.Context, key Key, owner string) error
 	// Get returns the live record for key, or ErrNotFound (expired records
 	// count as absent).
 	Get(ctx context.Context, key Key) (Record, error)

@@ -208,3 +208,23 @@ func copyRecord(rec *Record) Record {
 }
 
 var _ Store = (*MemoryStore)(nil)
+
+// Release gives back a claim whose handler never started: the record becomes
+// claimable at once and the attempt is not counted.
+func (s *MemoryStore) Release(ctx context.Context, key Key, owner string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("dedup: memory release %s: %w", key, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	rec := s.held(key, owner, now)
+	if rec == nil {
+		return fmt.Errorf("dedup: memory release %s: %w", key, ErrLeaseLost)
+	}
+	rec.Status = StatusFailedRetryable
+	rec.Attempts--
+	rec.LeaseUntil = now
+	rec.UpdatedAt = now
+	return nil
+}

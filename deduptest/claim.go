@@ -304,3 +304,28 @@ func testScopesAreIndependent(t *testing.T, s dedup.Store) {
 	require.Equal(t, dedup.ClaimDuplicate, claim(t, s, request(a, "fp-a")).Status)
 	require.Equal(t, dedup.ClaimInFlight, claim(t, s, request(b, "fp-b")).Status)
 }
+
+// testReleaseUncountsAttempt: a claim given back before its handler started
+// is claimable at once by anyone and the attempt does not count; a stale
+// owner cannot release the new owner's claim.
+func testReleaseUncountsAttempt(t *testing.T, s dedup.Store) {
+	scope := newScope(t)
+	req := request(key(scope, "released"), "fp")
+	first := acquire(t, s, req)
+	require.NoError(t, s.Release(ctxFor(t), first.Record.Key, first.Record.Owner))
+	again := acquire(t, s, req)
+	require.Equal(t, 1, again.Record.Attempts, "a released claim is not an attempt")
+	require.NotEqual(t, first.Record.Owner, again.Record.Owner)
+
+	before := get(t, s, req.Key)
+	err := s.Release(ctxFor(t), req.Key, first.Record.Owner)
+	require.ErrorIs(t, err, dedup.ErrLeaseLost)
+	requireSameRecord(t, before, get(t, s, req.Key))
+
+	// A takeover after a failure keeps the failed attempt counted.
+	fail(t, s, again, dedup.Failure{Error: "boom", TTL: longTTL})
+	third := acquire(t, s, req)
+	require.Equal(t, 2, third.Record.Attempts)
+	require.NoError(t, s.Release(ctxFor(t), req.Key, third.Record.Owner))
+	require.Equal(t, 2, acquire(t, s, req).Record.Attempts)
+}

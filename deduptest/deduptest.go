@@ -53,6 +53,7 @@ func Run(t *testing.T, s dedup.Store) {
 		{"FingerprintConflict", testFingerprintConflict},
 		{"FailedFinalStaysFinal", testFailedFinalStaysFinal},
 		{"ExtendKeepsLeaseAlive", testExtendKeepsLeaseAlive},
+		{"ReleaseUncountsAttempt", testReleaseUncountsAttempt},
 		{"CompleteStoresResult", testCompleteStoresResult},
 		{"BatchSameKeyTwice", testBatchSameKeyTwice},
 		{"BatchMatchesSingleClaims", testBatchMatchesSingleClaims},

@@ -74,6 +74,7 @@ func testCancelledContext(t *testing.T, s dedup.Store) {
 		{"Complete", func() error { return s.Complete(ctx, k, owner, []byte("r"), longTTL) }},
 		{"Fail", func() error { return s.Fail(ctx, k, owner, dedup.Failure{Error: "x", TTL: longTTL}) }},
 		{"Extend", func() error { return s.Extend(ctx, k, owner, 2*longLease) }},
+		{"Release", func() error { return s.Release(ctx, k, owner) }},
 		{"Get", func() error { _, err := s.Get(ctx, k); return err }},
 		{"Purge", func() error { _, err := s.Purge(ctx); return err }},
 	}

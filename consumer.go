@@ -1,0 +1,551 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+)
+
+// Handler handles one message of a transport's native type M (*kgo.Record,
+// types.Message, ...).
+type Handler[M any] func(ctx context.Context, msg M) error
+
+// Messages tells a [Wrapper] how to read a transport's message type M. The
+// transport adapters provide one.
+type Messages[M any] struct {
+	// EventID returns the producer-assigned event ID. An error, or an ID
+	// that is not a valid key, dead-letters the message with ReasonInvalidID.
+	EventID func(M) (string, error)
+	// Payload returns the bytes the fingerprint is computed over.
+	Payload func(M) []byte
+	// DeadLetter returns the original message as a dead letter: payload,
+	// message key, headers and origin. The wrapper adds the rest.
+	DeadLetter func(M) DeadLetter
+	// Attempts optionally returns the transport's own delivery count (SQS
+	// ApproximateReceiveCount), counted beside the store's attempts when
+	// deciding whether a failed event has had its last attempt.
+	Attempts func(M) int
+}
+
+// Outcome is what the wrapper decided for one delivery.
+type Outcome int
+
+// The outcomes; each maps to exactly one transport action.
+const (
+	// Processed: the handler succeeded and it is recorded. Ack.
+	Processed Outcome = iota + 1
+	// Duplicate: the event already succeeded or was dead-lettered. Ack.
+	Duplicate
+	// InFlight: another worker holds the event's lease. Do not ack; deliver
+	// again after Result.RetryAfter.
+	InFlight
+	// Retry: the handler failed and will be attempted again. Do not ack;
+	// deliver again after Result.RetryAfter.
+	Retry
+	// DeadLettered: the message was parked in the dead-letter sink. Ack.
+	DeadLettered
+	// Conflict: the event ID was already used for an event with another
+	// fingerprint. The handler did not run; the message was dead-lettered
+	// with ReasonConflict. Ack.
+	Conflict
+)
+
+var outcomeNames = [...]string{"", "processed", "duplicate", "in-flight", "retry", "dead-lettered", "conflict"}
+
+func (o Outcome) String() string {
+	if o < 0 || int(o) >= len(outcomeNames) {
+		return fmt.Sprintf("Outcome(%d)", int(o))
+	}
+	return outcomeNames[o]
+}
+
+// Result is the wrapper's decision for one delivery.
+type Result struct {
+	Outcome Outcome
+	Key     Key
+	// Attempts is the event's attempt count as of this delivery.
+	Attempts int
+	// Reason is set for DeadLettered and Conflict.
+	Reason Reason
+	// Err is the handler's error for Retry and DeadLettered.
+	Err error
+	// RetryAfter is how long to wait before the next delivery, for Retry and
+	// InFlight.
+	RetryAfter time.Duration
+}
+
+// Settled reports whether the transport may acknowledge the message: true for
+// Processed, Duplicate, DeadLettered and Conflict.
+func (r Result) Settled() bool {
+	switch r.Outcome {
+	case Processed, Duplicate, DeadLettered, Conflict:
+		return true
+	}
+	return false
+}
+
+// ErrHandlerCanceled is returned when a handler returned nil after its
+// context was canceled: its success cannot be trusted, so the attempt is
+// recorded as failed and the message is not acknowledged.
+var ErrHandlerCanceled = errors.New("dedup: handler returned nil after its context was canceled")
+
+// settleTimeout bounds the store and sink writes that record an attempt's
+// outcome once the caller's context is done: a handler that finished must be
+// recorded, or its effect would be repeated.
+const settleTimeout = 10 * time.Second
+
+// Wrapper runs a handler at most once per event and parks poison messages.
+// It is safe for concurrent use.
+type Wrapper[M any] struct {
+	store   Store
+	msgs    Messages[M]
+	handler Handler[M]
+	cfg     config
+	// process claims, runs and settles one valid delivery; it is the store
+	// claim path, or the PostgreSQL transactional inbox.
+	process func(ctx context.Context, d *delivery[M]) (Result, error)
+	// batchClaims is set when process is the store claim path, whose claims
+	// HandleBatch can make in one call.
+	batchClaims bool
+}
+
+// Wrap returns a Wrapper running h over store. WithScope and WithSink are
+// required.
+func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wrapper[M], error) {
+	w, err := newWrapper(store, msgs, opts)
+	if err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
+	}
+	w.handler = h
+	w.process = w.claimAndRun
+	w.batchClaims = true
+	return w, nil
+}
+
+func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrConfig)
+	}
+	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
+		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
+	}
+	return &Wrapper[M]{store: store, msgs: msgs, cfg: cfg}, nil
+}
+
+// Scope returns the scope the wrapper's keys live in.
+func (w *Wrapper[M]) Scope() string { return w.cfg.scope }
+
+// delivery is one message on its way through the wrapper.
+type delivery[M any] struct {
+	msg M
+	key Key
+	fp  string
+	// bad is set when the message cannot be processed at all.
+	bad       Reason
+	badErr    error
+	leaseTime time.Duration
+}
+
+func (w *Wrapper[M]) prepare(ctx context.Context, msg M) delivery[M] {
+	d := delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx)}
+	id, err := w.msgs.EventID(msg)
+	if err != nil {
+		d.bad, d.badErr = ReasonInvalidID, err
+		return d
+	}
+	d.key = Key{Scope: w.cfg.scope, EventID: id}
+	if err := d.key.Validate(); err != nil {
+		d.bad, d.badErr = ReasonInvalidID, err
+		return d
+	}
+	if d.fp, err = w.cfg.fingerprint(w.msgs.Payload(msg)); err != nil {
+		d.bad, d.badErr = ReasonInvalidPayload, err
+	}
+	return d
+}
+
+func (w *Wrapper[M]) leaseFor(ctx context.Context) time.Duration {
+	if w.cfg.lease > 0 {
+		return w.cfg.lease
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left > time.Second {
+			return left
+		}
+		return time.Second
+	}
+	return DefaultLease
+}
+
+func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {
+	return ClaimRequest{Key: d.key, Fingerprint: d.fp, Lease: d.leaseTime, TTL: ttl}
+}
+
+// Handle processes one delivery and returns what the transport must do with
+// it. A non-nil error means the outcome could not be made durable (store or
+// sink unreachable, lease lost): the transport must not acknowledge the
+// message, which will come back.
+func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
+	d := w.prepare(ctx, msg)
+	return w.finish(ctx, &d)
+}
+
+func (w *Wrapper[M]) finish(ctx context.Context, d *delivery[M]) (Result, error) {
+	var res Result
+	var err error
+	if d.bad != "" {
+		res, err = w.parkBad(ctx, d)
+	} else {
+		res, err = w.process(ctx, d)
+	}
+	if err == nil && w.cfg.observer != nil {
+		w.cfg.observer(ctx, res)
+	}
+	return res, err
+}
+
+// HandleBatch processes msgs in order, claiming all their keys in one store
+// call first, and calls yield with each message's index and result as soon as
+// it is settled. When yield returns false, or ctx is done, it stops and gives
+// back the claims of the messages not yet run. It returns an error, having
+// processed nothing, only when the batch claim itself fails.
+func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
+	ds := make([]delivery[M], len(msgs))
+	reqs := make([]ClaimRequest, 0, len(msgs))
+	for i, m := range msgs {
+		ds[i] = w.prepare(ctx, m)
+		if ds[i].bad == "" {
+			reqs = append(reqs, ds[i].request(w.cfg.ttl))
+		}
+	}
+	if !w.batchClaims || len(reqs) <= 1 {
+		for i := range ds {
+			if ctx.Err() != nil {
+				return nil
+			}
+			res, err := w.finish(ctx, &ds[i])
+			if !yield(i, res, err) {
+				return nil
+			}
+		}
+		return nil
+	}
+	claimedAt := time.Now()
+	claims, err := w.store.ClaimBatch(ctx, reqs)
+	if err != nil {
+		return fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
+	}
+	if len(claims) != len(reqs) {
+		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
+	}
+	seen := make(map[Key]struct{}, len(reqs))
+	next := 0 // index into claims
+	for i := range ds {
+		d := &ds[i]
+		var c *Claim
+		if d.bad == "" {
+			c = &claims[next]
+			next++
+		}
+		if ctx.Err() != nil {
+			w.releaseFrom(ctx, ds[i:], claims[next-boolInt(c != nil):])
+			return nil
+		}
+		res, err := w.handleClaimed(ctx, d, c, seen, claimedAt)
+		if !yield(i, res, err) {
+			w.releaseFrom(ctx, ds[i+1:], claims[next:])
+			return nil
+		}
+	}
+	return nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// handleClaimed settles one message of a batch whose claim was made up front.
+func (w *Wrapper[M]) handleClaimed(ctx context.Context, d *delivery[M], c *Claim, seen map[Key]struct{}, claimedAt time.Time) (Result, error) {
+	if c == nil {
+		return w.finish(ctx, d)
+	}
+	_, again := seen[d.key]
+	seen[d.key] = struct{}{}
+	switch {
+	case c.Status == ClaimInFlight && again:
+		// The batch's own earlier copy held the key at claim time and has
+		// settled since: claim afresh.
+		return w.finish(ctx, d)
+	case c.Status == ClaimAcquired && time.Since(claimedAt) > d.leaseTime/2:
+		// Earlier messages of the batch took a while: renew before running.
+		if err := w.store.Extend(ctx, d.key, c.Record.Owner, d.leaseTime); err != nil {
+			if errors.Is(err, ErrLeaseLost) {
+				return w.finish(ctx, d)
+			}
+			return Result{Key: d.key}, fmt.Errorf("dedup: extend %s: %w", d.key, err)
+		}
+	}
+	res, err := w.settleClaim(ctx, d, *c)
+	if err == nil && w.cfg.observer != nil {
+		w.cfg.observer(ctx, res)
+	}
+	return res, err
+}
+
+// releaseFrom gives back the acquired claims of messages that will not run.
+func (w *Wrapper[M]) releaseFrom(ctx context.Context, ds []delivery[M], claims []Claim) {
+	ctx, cancel := settleContext(ctx)
+	defer cancel()
+	k := 0
+	for i := range ds {
+		if ds[i].bad != "" {
+			continue
+		}
+		c := claims[k]
+		k++
+		if c.Status != ClaimAcquired {
+			continue
+		}
+		if err := w.store.Release(ctx, c.Record.Key, c.Record.Owner); err != nil {
+			w.cfg.logger.Warn("dedup: releasing an unstarted claim failed; it frees when its lease expires",
+				slog.String("key", c.Record.Key.String()), slog.Any("error", err))
+		}
+	}
+}
+
+// claimAndRun is the store claim path: claim, run, settle.
+func (w *Wrapper[M]) claimAndRun(ctx context.Context, d *delivery[M]) (Result, error) {
+	c, err := w.store.Claim(ctx, d.request(w.cfg.ttl))
+	if err != nil {
+		return Result{Key: d.key}, fmt.Errorf("dedup: claim %s: %w", d.key, err)
+	}
+	return w.settleClaim(ctx, d, c)
+}
+
+func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (Result, error) {
+	res := Result{Key: d.key, Attempts: c.Record.Attempts}
+	switch c.Status {
+	case ClaimDuplicate, ClaimFinal:
+		res.Outcome = Duplicate
+		return res, nil
+	case ClaimInFlight:
+		res.Outcome = InFlight
+		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, d.leaseTime)
+		return res, nil
+	case ClaimConflict:
+		return w.parkConflict(ctx, d, c.Record)
+	case ClaimAcquired:
+	default:
+		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
+	}
+	if c.Record.Attempts > w.cfg.maxAttempts {
+		// The last attempt never reached a verdict (its worker died) or its
+		// dead letter could not be written: park it now without running.
+		reason := ReasonHandlerError
+		if c.Previous == StatusProcessing {
+			reason = ReasonCrashLoop
+		}
+		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))
+		return w.parkFinal(ctx, d, c.Record, reason, cause, func(ctx context.Context, f Failure) error {
+			return w.store.Fail(ctx, d.key, c.Record.Owner, f)
+		})
+	}
+
+	hctx, cancel := context.WithCancelCause(ctx)
+	stop := w.heartbeat(hctx, cancel, d, c.Record.Owner)
+	err := callHandler(hctx, w.handler, d.msg)
+	stop()
+	cancel(nil)
+
+	if err == nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", ErrHandlerCanceled, context.Cause(ctx))
+	}
+	sctx, scancel := settleContext(ctx)
+	defer scancel()
+	if err == nil {
+		if err := w.store.Complete(sctx, d.key, c.Record.Owner, nil, w.cfg.ttl); err != nil {
+			return res, w.settleError("complete", d.key, err)
+		}
+		res.Outcome = Processed
+		return res, nil
+	}
+	fail := func(ctx context.Context, f Failure) error { return w.store.Fail(ctx, d.key, c.Record.Owner, f) }
+	res, serr := w.afterFailure(sctx, d, c.Record, err, fail)
+	if serr == nil && ctx.Err() != nil {
+		// Shutting down: the attempt is recorded, the caller must not ack.
+		return res, err
+	}
+	return res, serr
+}
+
+// afterFailure decides between retry and dead letter after a failed attempt
+// and records it with fail (the store's Fail, or the inbox's failure write).
+func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Record, herr error, fail func(context.Context, Failure) error) (Result, error) {
+	attempts := rec.Attempts
+	if w.msgs.Attempts != nil {
+		attempts = max(attempts, w.msgs.Attempts(d.msg))
+	}
+	reason := ReasonHandlerError
+	var perr *PanicError
+	switch {
+	case IsPermanent(herr):
+		reason = ReasonPermanent
+	case errors.As(herr, &perr):
+		reason = ReasonPanic
+	}
+	if reason == ReasonPermanent || attempts >= w.cfg.maxAttempts {
+		rec.Attempts = attempts
+		return w.parkFinal(ctx, d, rec, reason, herr, fail)
+	}
+	if err := fail(ctx, Failure{Error: herr.Error(), TTL: w.cfg.ttl}); err != nil {
+		return Result{Key: d.key}, w.settleError("record failure", d.key, err)
+	}
+	w.cfg.logger.Debug("dedup: attempt failed, will retry", slog.String("key", d.key.String()),
+		slog.Int("attempt", attempts), slog.Any("error", herr))
+	return Result{Outcome: Retry, Key: d.key, Attempts: attempts, Err: herr,
+		RetryAfter: w.cfg.backoff(attempts)}, nil
+}
+
+// parkFinal writes the dead letter, then records the key as failed for good.
+// The order matters: if the sink fails, the record stays retryable and the
+// message comes back, so a dead letter is never lost.
+func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error, fail func(context.Context, Failure) error) (Result, error) {
+	res := Result{Outcome: DeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: reason, Err: cause}
+	if err := w.park(ctx, d, reason, cause, rec); err != nil {
+		if ferr := fail(ctx, Failure{Error: cause.Error(), TTL: w.cfg.ttl}); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		return Result{Key: d.key}, err
+	}
+	if err := fail(ctx, Failure{Final: true, Error: cause.Error(), TTL: w.cfg.ttl}); err != nil {
+		return Result{Key: d.key}, w.settleError("record dead letter", d.key, err)
+	}
+	return res, nil
+}
+
+// parkBad dead-letters a message that cannot be processed at all. Nothing is
+// written to the store: an invalid ID cannot be a key.
+func (w *Wrapper[M]) parkBad(ctx context.Context, d *delivery[M]) (Result, error) {
+	if err := w.park(ctx, d, d.bad, d.badErr, Record{}); err != nil {
+		return Result{Key: d.key}, err
+	}
+	return Result{Outcome: DeadLettered, Key: d.key, Reason: d.bad, Err: d.badErr}, nil
+}
+
+// parkConflict dead-letters a message whose ID belongs to another event; the
+// other event's record is left alone.
+func (w *Wrapper[M]) parkConflict(ctx context.Context, d *delivery[M], rec Record) (Result, error) {
+	cause := fmt.Errorf("%w: %s holds fingerprint %.12s, this delivery has %.12s",
+		ErrFingerprintConflict, d.key, rec.Fingerprint, d.fp)
+	if err := w.park(ctx, d, ReasonConflict, cause, Record{Attempts: rec.Attempts}); err != nil {
+		return Result{Key: d.key}, err
+	}
+	w.cfg.logger.Warn("dedup: event ID reused with another payload", slog.String("key", d.key.String()))
+	return Result{Outcome: Conflict, Key: d.key, Attempts: rec.Attempts, Reason: ReasonConflict, Err: cause}, nil
+}
+
+func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, cause error, rec Record) error {
+	dl := w.msgs.DeadLetter(d.msg)
+	now := time.Now()
+	dl.Reason = reason
+	dl.Error = cause.Error()
+	dl.Cause = rootCause(cause).Error()
+	dl.Attempts = rec.Attempts
+	dl.EventID = d.key.EventID
+	dl.Scope = w.cfg.scope
+	dl.FirstFailure = orNow(rec.FirstFailure, now)
+	dl.LastFailure = now
+	if err := w.cfg.sink.Send(ctx, dl); err != nil {
+		return fmt.Errorf("dedup: dead-letter %s (%s): %w", d.key, reason, err)
+	}
+	w.cfg.logger.Warn("dedup: message dead-lettered", slog.String("key", d.key.String()),
+		slog.String("reason", string(reason)), slog.Int("attempts", rec.Attempts), slog.String("error", dl.Error))
+	return nil
+}
+
+func (w *Wrapper[M]) settleError(op string, key Key, err error) error {
+	if errors.Is(err, ErrLeaseLost) {
+		w.cfg.logger.Error("dedup: lease lost: another worker took this event over while it ran; its effect may be applied twice",
+			slog.String("key", key.String()), slog.String("op", op))
+	}
+	return fmt.Errorf("dedup: %s %s: %w", op, key, err)
+}
+
+// heartbeat extends the lease every third of its length while the handler
+// runs, and cancels the handler if the lease is lost. The returned stop waits
+// for an extension in progress, so nothing outlives the attempt.
+func (w *Wrapper[M]) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, d *delivery[M], owner string) (stop func()) {
+	hb := &heartbeat{interval: d.leaseTime / 3}
+	hb.mu.Lock() // the first beat must see hb.timer set
+	defer hb.mu.Unlock()
+	hb.timer = time.AfterFunc(hb.interval, func() {
+		if !hb.begin() {
+			return
+		}
+		defer hb.done.Done()
+		err := w.store.Extend(ctx, d.key, owner, d.leaseTime)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			cancel(fmt.Errorf("dedup: extend %s: %w", d.key, err))
+			return
+		case err != nil && ctx.Err() == nil:
+			w.cfg.logger.Warn("dedup: lease extension failed", slog.String("key", d.key.String()), slog.Any("error", err))
+		}
+		hb.rearm()
+	})
+	return hb.stop
+}
+
+// clamp bounds d to [lo, hi].
+func clamp(d, lo, hi time.Duration) time.Duration {
+	return max(lo, min(d, hi))
+}
+
+func orNow(t, now time.Time) time.Time {
+	if t.IsZero() {
+		return now
+	}
+	return t
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// settleContext returns ctx, or when ctx is already done a detached context
+// with a timeout, so that an attempt's outcome is still recorded.
+func settleContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() == nil {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+}
+
+// callHandler runs h, turning a panic into a *PanicError.
+func callHandler[M any](ctx context.Context, h Handler[M], msg M) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return h(ctx, msg)
+}

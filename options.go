@@ -1,0 +1,130 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+)
+
+// Defaults applied by [Wrap] when an option is not given.
+const (
+	DefaultMaxAttempts = 5
+	DefaultLease       = 30 * time.Second
+	DefaultTTL         = 7 * 24 * time.Hour
+)
+
+// Opt configures a [Wrapper].
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(c *config) { f(c) }
+
+type config struct {
+	scope       string
+	fingerprint FingerprintFunc
+	maxAttempts int
+	backoff     Backoff
+	lease       time.Duration
+	ttl         time.Duration
+	sink        Sink
+	logger      *slog.Logger
+	observer    func(context.Context, Result)
+}
+
+func defaultConfig() config {
+	return config{
+		fingerprint: SHA256Fingerprint,
+		maxAttempts: DefaultMaxAttempts,
+		backoff:     ExponentialBackoff(200*time.Millisecond, 30*time.Second),
+		ttl:         DefaultTTL,
+		logger:      slog.New(slog.DiscardHandler),
+	}
+}
+
+// ErrConfig is matched by every error [Wrap] returns for a bad option.
+var ErrConfig = errors.New("dedup: invalid configuration")
+
+func (c *config) validate() error {
+	if err := (Key{Scope: c.scope, EventID: "x"}).Validate(); err != nil {
+		return fmt.Errorf("%w: WithScope: %v", ErrConfig, err)
+	}
+	switch {
+	case c.sink == nil:
+		return fmt.Errorf("%w: a dead-letter sink is required (WithSink)", ErrConfig)
+	case c.maxAttempts < 1:
+		return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, c.maxAttempts)
+	case c.lease < 0:
+		return fmt.Errorf("%w: WithLease(%v): must not be negative", ErrConfig, c.lease)
+	case c.ttl <= 0:
+		return fmt.Errorf("%w: WithTTL(%v): must be positive", ErrConfig, c.ttl)
+	case c.fingerprint == nil || c.backoff == nil || c.logger == nil:
+		return fmt.Errorf("%w: nil fingerprint, backoff or logger", ErrConfig)
+	}
+	return nil
+}
+
+// WithScope sets the namespace event IDs are unique in, normally the consumer
+// group or queue plus a handler name. It is required. Give it explicitly: a
+// scope that changes (say, with a refactor) makes every event new again.
+func WithScope(scope string) Opt { return optFunc(func(c *config) { c.scope = scope }) }
+
+// WithFingerprint sets how a payload's business meaning is hashed; the
+// default is [SHA256Fingerprint]. See [JSONFingerprint].
+func WithFingerprint(f FingerprintFunc) Opt {
+	return optFunc(func(c *config) { c.fingerprint = f })
+}
+
+// WithMaxAttempts sets how many handler attempts an event gets before it is
+// dead-lettered (default 5).
+func WithMaxAttempts(n int) Opt { return optFunc(func(c *config) { c.maxAttempts = n }) }
+
+// WithBackoff sets the wait before a failed event's next attempt (default
+// ExponentialBackoff(200ms, 30s)).
+func WithBackoff(b Backoff) Opt { return optFunc(func(c *config) { c.backoff = b }) }
+
+// WithLease sets how long a claim stays exclusive between heartbeats. By
+// default it is the handler context's remaining time when that has a
+// deadline, else 30 s. Too short re-runs a slow but alive handler elsewhere;
+// too long delays recovery after a crash.
+func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease = d }) }
+
+// WithTTL sets how long records are kept (default 7 days). It must cover the
+// transport's whole redelivery horizon, replays and DLQ redrives included.
+func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }) }
+
+// WithSink sets where dead letters go. It is required; the transport
+// adapters provide one for their dead-letter topic or queue.
+func WithSink(s Sink) Opt { return optFunc(func(c *config) { c.sink = s }) }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+
+// WithObserver sets a function called once per delivery with its result,
+// for metrics. It must be quick and safe for concurrent use.
+func WithObserver(f func(context.Context, Result)) Opt {
+	return optFunc(func(c *config) { c.observer = f })
+}
+
+// Backoff returns how long to wait before attempt+1, after attempt failed.
+type Backoff func(attempt int) time.Duration
+
+// ExponentialBackoff doubles the wait from base with each attempt, up to
+// max, and picks uniformly in the upper half of that so that consumers
+// retrying together spread out.
+func ExponentialBackoff(base, max time.Duration) Backoff {
+	return func(attempt int) time.Duration {
+		d := base
+		for i := 1; i < attempt && d < max; i++ {
+			d *= 2
+		}
+		d = min(d, max)
+		if d <= 1 {
+			return d
+		}
+		return d/2 + rand.N(d/2)
+	}
+}
