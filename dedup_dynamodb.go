@@ -57,6 +57,8 @@ type DynamoDBStore struct {
 	table  string
 }
 
+var _ Store = (*DynamoDBStore)(nil)
+
 // NewDynamoDBStore returns a store on the given table, which must already
 // exist (see [CreateDynamoDBTable]).
 func NewDynamoDBStore(client *dynamodb.Client, table string) (*DynamoDBStore, error) {
@@ -376,6 +378,19 @@ func (s *DynamoDBStore) Extend(ctx context.Context, key Key, owner string, lease
 	values := map[string]types.AttributeValue{":lease": num(now + lease.Milliseconds())}
 	return s.fenced(ctx, "extend", key, owner, now, "SET #lease_until_ms = :lease, #updated_ms = :now", values,
 		ddbLeaseUntil, ddbUpdated)
+}
+
+// Release gives back a claim whose handler never started: the record becomes
+// claimable at once and the attempt is not counted.
+func (s *DynamoDBStore) Release(ctx context.Context, key Key, owner string) error {
+	now := time.Now().UnixMilli()
+	values := map[string]types.AttributeValue{
+		":retryable": str(string(StatusFailedRetryable)),
+		":one":       num(1),
+	}
+	return s.fenced(ctx, "release", key, owner, now,
+		"SET #status = :retryable, #attempts = #attempts - :one, #lease_until_ms = :now, #updated_ms = :now", values,
+		ddbStatus, ddbAttempts, ddbLeaseUntil, ddbUpdated)
 }
 
 // fenced applies update to the item of key only while owner holds its live
