@@ -41,9 +41,11 @@ const ddbConcurrency = 16
 // DynamoDBStore is a [Store] keeping one DynamoDB item per key in a table made
 // by [CreateDynamoDBTable].
 //
-// Claims are conditional writes, Complete, Fail and Extend are conditional on
-// the owner token, and an expired item counts as absent everywhere, even
-// before DynamoDB's TTL deletes it.
+// Claims are conditional writes; Complete, Fail, Extend and Release are
+// conditional on the owner token. Expiry is kept twice: expires_ms, exact,
+// which every read and condition uses, so an expired item counts as absent
+// even before DynamoDB deletes it; and expires_at, in the whole epoch seconds
+// DynamoDB's native TTL reads, rounded up so TTL never deletes early.
 //
 // DynamoDB has no clock that conditions can read, so leases and expiry are
 // judged by the clock of the process calling the store. Two processes whose
