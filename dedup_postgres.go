@@ -211,6 +211,8 @@ WHERE t.expires_at <= now() OR (t.fingerprint = EXCLUDED.fingerprint AND
 	t.status IN ('PROCESSING', 'FAILED_RETRYABLE'))
 RETURNING attempts`,
 
+		// read answers a refused claim: the row was live when it refused, so
+		// it is read whatever its expiry by now.
 		read: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where,
 		readBatch: `SELECT scope, event_id, now(), ` + recordColumns + ` FROM ` + table + `
 WHERE (scope, event_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
@@ -417,7 +419,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 	if err != nil {
 		return err
 	}
-	err = scanBatch(rows, index, func(i int, r *pgRecord, at time.Time, previous pgtype.Text) error {
+	err = scanBatch(rows, index, true, func(i int, r *pgRecord, at time.Time, previous pgtype.Text) error {
 		key := b.reqs[i].Key
 		c, err := acquired(key, r, previous)
 		if err != nil {
@@ -426,7 +428,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		b.claims[i] = c
 		b.known[key] = postgresObserved{rec: c.Record, at: at}
 		return nil
-	}, true)
+	})
 	if err != nil || len(index) == 0 {
 		return err
 	}
@@ -439,7 +441,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 	if err != nil {
 		return err
 	}
-	err = scanBatch(rows, index, func(i int, r *pgRecord, at time.Time, _ pgtype.Text) error {
+	err = scanBatch(rows, index, false, func(i int, r *pgRecord, at time.Time, _ pgtype.Text) error {
 		req := b.reqs[i]
 		rec, err := r.decode(req.Key)
 		if err != nil {
@@ -448,7 +450,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		b.claims[i] = Claim{Status: Classify(rec, req.Fingerprint), Record: rec}
 		b.known[req.Key] = postgresObserved{rec: rec, at: at}
 		return nil
-	}, false)
+	})
 	if err != nil {
 		return err
 	}
@@ -471,7 +473,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 // scanBatch hands each row of a batch statement (scope, event_id, now(),
 // [previous_status,] record columns) to answer with its request index, and
 // removes that key from index.
-func scanBatch(rows pgx.Rows, index map[Key]int, answer func(int, *pgRecord, time.Time, pgtype.Text) error, withPrevious bool) error {
+func scanBatch(rows pgx.Rows, index map[Key]int, withPrevious bool, answer func(int, *pgRecord, time.Time, pgtype.Text) error) error {
 	defer rows.Close()
 	var (
 		key      Key
@@ -633,16 +635,16 @@ func scanError(err error) error {
 // pgRecord receives the record columns as nullable values, so that a bad
 // row is reported by decode instead of failing inside pgx.
 type pgRecord struct {
-	status, fingerprint, owner, lastError                              pgtype.Text
-	attempts                                                           pgtype.Int4
-	leaseUntil, createdAt, updatedAt, expiresAt, firstFail, lastFailed pgtype.Timestamptz
-	result                                                             []byte
+	status, fingerprint, owner, lastError                                  pgtype.Text
+	attempts                                                               pgtype.Int4
+	leaseUntil, createdAt, updatedAt, expiresAt, firstFailure, lastFailure pgtype.Timestamptz
+	result                                                                 []byte
 }
 
 // targets returns head followed by the scan targets of recordColumns.
 func (r *pgRecord) targets(head ...any) []any {
 	return append(head, &r.status, &r.fingerprint, &r.attempts, &r.owner, &r.leaseUntil,
-		&r.createdAt, &r.updatedAt, &r.expiresAt, &r.lastError, &r.firstFail, &r.lastFailed, &r.result)
+		&r.createdAt, &r.updatedAt, &r.expiresAt, &r.lastError, &r.firstFailure, &r.lastFailure, &r.result)
 }
 
 func (r *pgRecord) decode(key Key) (Record, error) {
@@ -680,8 +682,8 @@ func (r *pgRecord) decode(key Key) (Record, error) {
 		{"created_at", r.createdAt, &rec.CreatedAt, true},
 		{"updated_at", r.updatedAt, &rec.UpdatedAt, true},
 		{"expires_at", r.expiresAt, &rec.ExpiresAt, true},
-		{"first_failure", r.firstFail, &rec.FirstFailure, false},
-		{"last_failure", r.lastFailed, &rec.LastFailure, false},
+		{"first_failure", r.firstFailure, &rec.FirstFailure, false},
+		{"last_failure", r.lastFailure, &rec.LastFailure, false},
 	} {
 		switch {
 		case !c.src.Valid && c.required:
