@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"time"
 )
 
@@ -104,12 +105,10 @@ type Wrapper[M any] struct {
 	msgs    Messages[M]
 	handler Handler[M]
 	cfg     config
-	// process claims, runs and settles one valid delivery; it is the store
-	// claim path, or the PostgreSQL transactional inbox.
-	process func(ctx context.Context, d *delivery[M]) (Result, error)
-	// batchClaims is set when process is the store claim path, whose claims
-	// HandleBatch can make in one call.
-	batchClaims bool
+	// inbox is set for the PostgreSQL transactional inbox (WrapTx), which
+	// replaces the store claim path.
+	inbox      *inbox[M]
+	heartbeats sync.Pool // of *heartbeat
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -123,8 +122,6 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
 	w.handler = h
-	w.process = w.claimAndRun
-	w.batchClaims = true
 	return w, nil
 }
 
@@ -142,7 +139,9 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
 		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
 	}
-	return &Wrapper[M]{store: store, msgs: msgs, cfg: cfg}, nil
+	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg}
+	w.heartbeats.New = func() any { return &heartbeat{store: store, logger: cfg.logger} }
+	return w, nil
 }
 
 // Scope returns the scope the wrapper's keys live in.
@@ -208,8 +207,10 @@ func (w *Wrapper[M]) finish(ctx context.Context, d *delivery[M]) (Result, error)
 	var err error
 	if d.bad != "" {
 		res, err = w.parkBad(ctx, d)
+	} else if w.inbox != nil {
+		res, err = w.runInTx(ctx, d)
 	} else {
-		res, err = w.process(ctx, d)
+		res, err = w.claimAndRun(ctx, d)
 	}
 	if err == nil && w.cfg.observer != nil {
 		w.cfg.observer(ctx, res)
@@ -231,7 +232,7 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 			reqs = append(reqs, ds[i].request(w.cfg.ttl))
 		}
 	}
-	if !w.batchClaims || len(reqs) <= 1 {
+	if w.inbox != nil || len(reqs) <= 1 {
 		for i := range ds {
 			if ctx.Err() != nil {
 				return nil
@@ -368,9 +369,11 @@ func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (
 	}
 
 	hctx, cancel := context.WithCancelCause(ctx)
-	stop := w.heartbeat(hctx, cancel, d, c.Record.Owner)
+	hb := w.heartbeats.Get().(*heartbeat)
+	hb.start(hctx, cancel, d.key, c.Record.Owner, d.leaseTime)
 	err := callHandler(hctx, w.handler, d.msg)
-	stop()
+	hb.stop()
+	w.heartbeats.Put(hb)
 	cancel(nil)
 
 	if err == nil && ctx.Err() != nil {
@@ -485,31 +488,6 @@ func (w *Wrapper[M]) settleError(op string, key Key, err error) error {
 			slog.String("key", key.String()), slog.String("op", op))
 	}
 	return fmt.Errorf("dedup: %s %s: %w", op, key, err)
-}
-
-// heartbeat extends the lease every third of its length while the handler
-// runs, and cancels the handler if the lease is lost. The returned stop waits
-// for an extension in progress, so nothing outlives the attempt.
-func (w *Wrapper[M]) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, d *delivery[M], owner string) (stop func()) {
-	hb := &heartbeat{interval: d.leaseTime / 3}
-	hb.mu.Lock() // the first beat must see hb.timer set
-	defer hb.mu.Unlock()
-	hb.timer = time.AfterFunc(hb.interval, func() {
-		if !hb.begin() {
-			return
-		}
-		defer hb.done.Done()
-		err := w.store.Extend(ctx, d.key, owner, d.leaseTime)
-		switch {
-		case errors.Is(err, ErrLeaseLost):
-			cancel(fmt.Errorf("dedup: extend %s: %w", d.key, err))
-			return
-		case err != nil && ctx.Err() == nil:
-			w.cfg.logger.Warn("dedup: lease extension failed", slog.String("key", d.key.String()), slog.Any("error", err))
-		}
-		hb.rearm()
-	})
-	return hb.stop
 }
 
 // clamp bounds d to [lo, hi].

@@ -32,13 +32,18 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
-	w.process = func(ctx context.Context, d *delivery[M]) (Result, error) {
-		return w.runInTx(ctx, store, h, d)
-	}
+	w.inbox = &inbox[M]{store: store, handler: h}
 	return w, nil
 }
 
-func (w *Wrapper[M]) runInTx(ctx context.Context, s *PostgresStore, h TxHandler[M], d *delivery[M]) (Result, error) {
+// inbox is what a transactional-inbox wrapper runs instead of store claims.
+type inbox[M any] struct {
+	store   *PostgresStore
+	handler TxHandler[M]
+}
+
+func (w *Wrapper[M]) runInTx(ctx context.Context, d *delivery[M]) (Result, error) {
+	s, h := w.inbox.store, w.inbox.handler
 	req := d.request(w.cfg.ttl)
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
