@@ -25,6 +25,10 @@ type Messages[M any] struct {
 	// DeadLetter returns the original message as a dead letter: payload,
 	// message key, headers and origin. The wrapper adds the rest.
 	DeadLetter func(M) DeadLetter
+	// Tenant optionally returns the message's tenant. When set, keys live in
+	// the wrapper's scope plus the tenant, so tenants never share a record;
+	// a message whose tenant is missing is dead-lettered with ReasonInvalidID.
+	Tenant func(M) (string, error)
 	// Attempts optionally returns the transport's own delivery count (SQS
 	// ApproximateReceiveCount), counted beside the store's attempts when
 	// deciding whether a failed event has had its last attempt.
@@ -88,11 +92,6 @@ func (r Result) Settled() bool {
 	return false
 }
 
-// ErrHandlerCanceled is returned when a handler returned nil after its
-// context was canceled: its success cannot be trusted, so the attempt is
-// recorded as failed and the message is not acknowledged.
-var ErrHandlerCanceled = errors.New("dedup: handler returned nil after its context was canceled")
-
 // settleTimeout bounds the store and sink writes that record an attempt's
 // outcome once the caller's context is done: a handler that finished must be
 // recorded, or its effect would be repeated.
@@ -144,8 +143,11 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	return w, nil
 }
 
-// Scope returns the scope the wrapper's keys live in.
+// Scope returns the scope the wrapper's keys live in (before any tenant).
 func (w *Wrapper[M]) Scope() string { return w.cfg.scope }
+
+// TenantScope returns the scope of a tenant's keys within scope.
+func TenantScope(scope, tenant string) string { return scope + "/tenant=" + tenant }
 
 // delivery is one message on its way through the wrapper.
 type delivery[M any] struct {
@@ -166,6 +168,17 @@ func (w *Wrapper[M]) prepare(ctx context.Context, msg M) delivery[M] {
 		return d
 	}
 	d.key = Key{Scope: w.cfg.scope, EventID: id}
+	if w.msgs.Tenant != nil {
+		tenant, err := w.msgs.Tenant(msg)
+		if err == nil && tenant == "" {
+			err = errors.New("dedup: message has no tenant")
+		}
+		if err != nil {
+			d.bad, d.badErr = ReasonInvalidID, err
+			return d
+		}
+		d.key.Scope = TenantScope(w.cfg.scope, tenant)
+	}
 	if err := d.key.Validate(); err != nil {
 		d.bad, d.badErr = ReasonInvalidID, err
 		return d
@@ -377,7 +390,7 @@ func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (
 	cancel(nil)
 
 	if err == nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w: %w", ErrHandlerCanceled, context.Cause(ctx))
+		w.warnNilAfterCancel(d.key)
 	}
 	sctx, scancel := settleContext(ctx)
 	defer scancel()
@@ -468,10 +481,13 @@ func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, ca
 	now := time.Now()
 	dl.Reason = reason
 	dl.Error = cause.Error()
-	dl.Cause = rootCause(cause).Error()
+	root := rootCause(cause)
+	dl.Cause = root.Error()
+	dl.ErrorType = fmt.Sprintf("%T", cause)
+	dl.CauseType = fmt.Sprintf("%T", root)
 	dl.Attempts = rec.Attempts
 	dl.EventID = d.key.EventID
-	dl.Scope = w.cfg.scope
+	dl.Scope = orDefault(d.key.Scope, w.cfg.scope)
 	dl.FirstFailure = orNow(rec.FirstFailure, now)
 	dl.LastFailure = now
 	if err := w.cfg.sink.Send(ctx, dl); err != nil {
@@ -488,6 +504,15 @@ func (w *Wrapper[M]) settleError(op string, key Key, err error) error {
 			slog.String("key", key.String()), slog.String("op", op))
 	}
 	return fmt.Errorf("dedup: %s %s: %w", op, key, err)
+}
+
+// warnNilAfterCancel reports a handler that returned nil after its context
+// was cancelled. Its success is trusted, because running it again could apply
+// its effect twice, but a handler that gives up on cancellation must return
+// an error: nil means done.
+func (w *Wrapper[M]) warnNilAfterCancel(key Key) {
+	w.cfg.logger.Warn("dedup: handler returned nil after its context was cancelled; recorded as processed",
+		slog.String("key", key.String()))
 }
 
 // clamp bounds d to [lo, hi].

@@ -302,22 +302,27 @@ func TestWrapper(t *testing.T) {
 				require.Equal(t, 3, res.Attempts)
 			})
 
-			t.Run("NilAfterCanceledContextIsNotTrusted", func(t *testing.T) {
+			t.Run("NilAfterCanceledContextIsTrustedAndRecorded", func(t *testing.T) {
 				store, sink := newStore(t), &dedup.MemorySink{}
 				ctx, cancel := context.WithCancel(context.Background())
+				var effects atomic.Int32
 				w, err := dedup.Wrap(store, events, func(hctx context.Context, e event) error {
-					cancel()
+					effects.Add(1) // the effect happened...
+					cancel()       // ...as the worker began shutting down
 					<-hctx.Done()
 					return nil
 				}, fastOpts(t, sink)...)
 				require.NoError(t, err)
 				res, err := w.Handle(ctx, event{ID: "cx", Body: "x"})
-				require.ErrorIs(t, err, dedup.ErrHandlerCanceled)
-				require.ErrorIs(t, err, context.Canceled)
-				require.False(t, res.Settled())
-				rec, err := store.Get(context.Background(), dedup.Key{Scope: w.Scope(), EventID: "cx"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.StatusFailedRetryable, rec.Status, "the attempt is recorded even though ctx was done")
+				require.Equal(t, dedup.Processed, res.Outcome)
+				rec, err := store.Get(context.Background(), res.Key)
+				require.NoError(t, err)
+				require.Equal(t, dedup.StatusSucceeded, rec.Status, "recorded although ctx was done, so it never runs twice")
+				res, err = w.Handle(context.Background(), event{ID: "cx", Body: "x"})
+				require.NoError(t, err)
+				require.Equal(t, dedup.Duplicate, res.Outcome)
+				require.EqualValues(t, 1, effects.Load())
 			})
 
 			t.Run("HeartbeatKeepsLeaseOfSlowHandler", func(t *testing.T) {

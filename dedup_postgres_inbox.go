@@ -73,10 +73,12 @@ func (w *Wrapper[M]) runInTx(ctx context.Context, d *delivery[M]) (Result, error
 
 	err = callHandler(ctx, func(ctx context.Context, msg M) error { return h(ctx, tx, msg) }, d.msg)
 	if err == nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w: %w", ErrHandlerCanceled, context.Cause(ctx))
+		w.warnNilAfterCancel(d.key)
 	}
 	if err == nil {
-		if err := tx.Commit(ctx); err != nil {
+		sctx, cancel := settleContext(ctx)
+		defer cancel()
+		if err := tx.Commit(sctx); err != nil {
 			return Result{Key: d.key}, fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)
 		}
 		return Result{Outcome: Processed, Key: d.key, Attempts: c.Record.Attempts}, nil
