@@ -175,6 +175,8 @@ func (c *cluster) sink(opts ...kafkadedup.SinkOpt) *kafkadedup.Sink {
 type running struct {
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
+	err    error
 }
 
 func start(t *testing.T, c *kafkadedup.Consumer) *running {
@@ -182,24 +184,29 @@ func start(t *testing.T, c *kafkadedup.Consumer) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
+	t.Cleanup(func() { _ = r.wait(t) })
 	return r
 }
 
-// stop cancels the run and waits for it; it may be called more than once.
+// wait cancels the run and returns Run's error; it may be called again.
+func (r *running) wait(t *testing.T) error {
+	t.Helper()
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case r.err = <-r.done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("Run did not return 20 s after its context was canceled")
+		}
+	})
+	return r.err
+}
+
+// stop cancels the run and fails t if Run returned an error.
 func (r *running) stop(t *testing.T) {
 	t.Helper()
-	r.cancel()
-	select {
-	case err, ok := <-r.done:
-		if ok {
-			close(r.done)
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return 20 s after its context was canceled")
+	if err := r.wait(t); err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }
 
