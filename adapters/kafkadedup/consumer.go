@@ -71,10 +71,19 @@ func WithDrainTimeout(d time.Duration) Opt { return func(c *consumerConfig) { c.
 func WithErrorBackoff(b dedup.Backoff) Opt { return func(c *consumerConfig) { c.errBackoff = b } }
 
 // Consumer runs a consumer-group poll loop that passes every record through
-// a dedup wrapper, one goroutine per assigned partition. A record's offset is
-// marked for commit only once its outcome is durable, and never past a
-// record that is not yet settled, so a crash or rebalance redelivers at
-// worst what the wrapper will recognise as duplicates.
+// a dedup wrapper, one goroutine per assigned partition: a partition's
+// records run in order, partitions in parallel. Each fetched partition batch
+// is claimed in one store round trip (Wrapper.HandleBatch). A record's
+// offset is marked for commit only once its outcome is durable, and never
+// past a record that is not yet settled: a record to retry (or held by
+// another worker) waits in place and runs again, and a record whose outcome
+// could not be recorded (store or dead-letter topic unreachable) is retried
+// with backoff, holding back its partition. A crash or rebalance therefore
+// redelivers at worst records the wrapper recognises as duplicates.
+//
+// Marked offsets are committed by kgo's autocommit, synchronously when
+// partitions are revoked, and at shutdown. A partition whose worker is more
+// than the partition buffer behind stops being fetched until it catches up.
 type Consumer struct {
 	w       *dedup.Wrapper[*kgo.Record]
 	cfg     consumerConfig
@@ -110,11 +119,12 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 }
 
 // Run creates the client, joins the group and consumes until ctx is done.
-// It then shuts down within about the drain timeout plus a few seconds:
-// stops fetching, lets running handlers finish (unfinished records are not
-// marked), commits the marked offsets, leaves the group and closes the
-// client. It returns nil after a clean shutdown, or the error that prevented
-// starting or the final commit.
+// It then shuts down: it stops fetching, lets running handlers finish within
+// the drain timeout (then cancels them; a record not settled is not marked),
+// commits the marked offsets, leaves the group and closes the client. The
+// commit and the leave are bounded by 10 s together, the settling of a
+// canceled attempt by the wrapper's own bound. It returns nil after a clean
+// shutdown, or the error that prevented starting or the final commit.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -132,10 +142,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kafkadedup: new client: %w", err)
 	}
-	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	// Workers, started by the poll loop below, read these; the rebalance
+	// callbacks, which may run earlier, do not.
 	s.cl = cl
-	s.log = c.cfg.logger.With(slog.String("group", group))
-	s.base = withGroup(context.WithoutCancel(ctx), group)
+	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
+	s.base = withGroup(context.WithoutCancel(ctx), s.group)
 
 	s.poll(ctx)
 	return s.shutdown()
@@ -145,9 +156,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 type session struct {
 	cfg  *consumerConfig
 	w    *dedup.Wrapper[*kgo.Record]
-	cl   *kgo.Client
-	log  *slog.Logger
-	base context.Context // parent of the handlers' contexts; carries the group
+	log   *slog.Logger
+	cl    *kgo.Client
+	group string
+	base  context.Context // parent of the handlers' contexts; carries the group
 
 	mu    sync.Mutex
 	parts map[topicPartition]*partition

@@ -39,7 +39,7 @@ func newPartition(s *session, tp topicPartition) *partition {
 	return &partition{
 		s:      s,
 		tp:     tp,
-		log:    s.log.With(slog.String("topic", tp.topic), slog.Int("partition", int(tp.partition))),
+		log:    s.log.With(slog.String("group", s.group), slog.String("topic", tp.topic), slog.Int("partition", int(tp.partition))),
 		wake:   make(chan struct{}, 1),
 		quit:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -125,6 +125,9 @@ func (p *partition) run() {
 		var wait time.Duration
 		var err error
 		pending, wait, err = p.process(pending)
+		if p.stopping() {
+			return
+		}
 		if err != nil {
 			errs++
 			wait = p.s.cfg.errBackoff(errs)
@@ -132,9 +135,6 @@ func (p *partition) run() {
 				slog.Int("consecutive_errors", errs), slog.Duration("backoff", wait), slog.Any("error", err))
 		} else {
 			errs = 0
-		}
-		if p.stopping() {
-			return
 		}
 		if len(pending) > 0 && !p.sleep(wait) {
 			return
