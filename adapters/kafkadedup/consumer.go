@@ -154,8 +154,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // session is the state of one Run.
 type session struct {
-	cfg  *consumerConfig
-	w    *dedup.Wrapper[*kgo.Record]
+	cfg   *consumerConfig
+	w     *dedup.Wrapper[*kgo.Record]
 	log   *slog.Logger
 	cl    *kgo.Client
 	group string

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -285,5 +286,57 @@ func TestStoreOutageHoldsProgress(t *testing.T) {
 		if got := fx.order[p]; !slices.Equal(got, ids) {
 			t.Errorf("partition %d: effects %v, want %v", p, got, ids)
 		}
+	}
+}
+
+// countingStore counts the claim calls made of the store it wraps.
+type countingStore struct {
+	dedup.Store
+	mu      sync.Mutex
+	claims  int
+	batches []int
+}
+
+func (s *countingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
+	s.mu.Lock()
+	s.claims++
+	s.mu.Unlock()
+	return s.Store.Claim(ctx, req)
+}
+
+func (s *countingStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
+	s.mu.Lock()
+	s.batches = append(s.batches, len(reqs))
+	s.mu.Unlock()
+	return s.Store.ClaimBatch(ctx, reqs)
+}
+
+// The records of a fetched partition batch are claimed with one store call,
+// not one call per record.
+func TestFetchedBatchIsClaimedInOneCall(t *testing.T) {
+	c := newCluster(t, 2)
+	evs := events("bc", 1000, 8)
+	recs := c.produce(evs...)
+	store := &countingStore{Store: dedup.NewMemoryStore()}
+	w := wrap(t, store, c.sink(), kafkadedup.Scope(c.group, "apply"),
+		func(context.Context, *kgo.Record) error { return nil })
+	run := start(t, newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...)))
+	want := endOffsets(recs)
+	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
+		"committed offsets never reached %v", want)
+	run.stop(t)
+
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	claimed := store.claims
+	for _, n := range store.batches {
+		claimed += n
+	}
+	t.Logf("%d single claims, batch claims of %v", store.claims, store.batches)
+	if claimed != len(evs) {
+		t.Errorf("%d keys claimed, want %d", claimed, len(evs))
+	}
+	if calls := store.claims + len(store.batches); calls > len(evs)/10 {
+		t.Errorf("%d claim calls for %d records, want batches", calls, len(evs))
 	}
 }
