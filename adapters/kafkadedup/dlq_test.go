@@ -3,6 +3,7 @@ package kafkadedup_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -87,7 +88,9 @@ func TestPoisonRecordIsDeadLetteredAndConsumerMovesOn(t *testing.T) {
 		"dedup-origin-timestamp":            poison.Timestamp.UTC().Format(time.RFC3339Nano),
 		"kafka_dlt-original-topic":          c.topic,
 		"kafka_dlt-original-consumer-group": c.group,
-		"kafka_dlt-exception-fqcn":          string(dedup.ReasonHandlerError),
+		"kafka_dlt-exception-fqcn":          fmt.Sprintf("%T", errPoison),
+		"kafka_dlt-exception-cause-fqcn":    fmt.Sprintf("%T", errPoison),
+		"dedup-error-type":                  fmt.Sprintf("%T", errPoison),
 	} {
 		if got, _ := header(dl, k); got != v {
 			t.Errorf("dead letter header %s = %q, want %q", k, got, v)

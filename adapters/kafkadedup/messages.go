@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/dedupkit/dedup"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -32,11 +31,6 @@ const (
 	// absent.
 	CloudEventsIDHeader = "ce_id"
 )
-
-// originTimestampHeader carries the record's timestamp inside
-// DeadLetter.Headers until dedup.Origin has a field for it; the Sink moves
-// it into the dead letter's metadata.
-const originTimestampHeader = dedup.MetadataPrefix + "origin-timestamp"
 
 // Errors returned when a record has no usable event ID; such a record is
 // dead-lettered with dedup.ReasonInvalidID.
@@ -141,20 +135,15 @@ func deadLetter(r *kgo.Record) dedup.DeadLetter {
 	if r == nil {
 		return dedup.DeadLetter{}
 	}
-	hs := make([]dedup.Header, 0, len(r.Headers)+1)
+	hs := make([]dedup.Header, 0, len(r.Headers))
 	for _, h := range r.Headers {
-		if h.Key != originTimestampHeader {
-			hs = append(hs, dedup.Header{Key: h.Key, Value: h.Value})
-		}
-	}
-	if !r.Timestamp.IsZero() {
-		hs = append(hs, dedup.Header{Key: originTimestampHeader, Value: []byte(r.Timestamp.UTC().Format(time.RFC3339Nano))})
+		hs = append(hs, dedup.Header{Key: h.Key, Value: h.Value})
 	}
 	return dedup.DeadLetter{
 		Payload:    r.Value,
 		MessageKey: r.Key,
 		Headers:    hs,
-		Origin:     dedup.Origin{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset},
+		Origin:     dedup.Origin{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp},
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/dedupkit/dedup"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -52,7 +51,7 @@ func WithDLQTopic(f func(origin string) string) SinkOpt {
 // WithSpringHeaders also writes Spring Kafka's kafka_dlt-* headers, replacing
 // any the original carried, so tools built for Spring dead-letter topics can
 // read the letters. Go has no exception classes: the *-fqcn headers carry
-// the dedup reason (handler-error, panic, ...).
+// the Go types of the error and of its root cause (as %T prints them).
 func WithSpringHeaders() SinkOpt {
 	return func(s *Sink) { s.spring = true }
 }
@@ -93,11 +92,7 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	if topic == "" {
 		return fmt.Errorf("%w: %s/%s from topic %q", ErrNoDLQTopic, dl.Scope, dl.EventID, dl.Origin.Topic)
 	}
-	ts, tsText := originTimestamp(dl.Headers)
 	hs := dl.HeadersWithMetadata()
-	if tsText != "" {
-		hs = append(hs, dedup.Header{Key: originTimestampHeader, Value: []byte(tsText)})
-	}
 	rec := &kgo.Record{Topic: topic, Key: dl.MessageKey, Value: dl.Payload, Headers: make([]kgo.RecordHeader, 0, len(hs)+8)}
 	for _, h := range hs {
 		if s.spring && strings.HasPrefix(h.Key, springPrefix) {
@@ -106,7 +101,7 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 	}
 	if s.spring {
-		rec.Headers = append(rec.Headers, springHeaders(&dl, ts)...)
+		rec.Headers = append(rec.Headers, springHeaders(&dl)...)
 	}
 	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return fmt.Errorf("kafkadedup: produce dead letter %s/%s to %s: %w", dl.Scope, dl.EventID, topic, err)
@@ -114,37 +109,22 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	return nil
 }
 
-// originTimestamp returns the record timestamp that [Messages] put in the
-// letter's headers.
-func originTimestamp(hs []dedup.Header) (time.Time, string) {
-	for i := len(hs) - 1; i >= 0; i-- {
-		if hs[i].Key == originTimestampHeader {
-			t, err := time.Parse(time.RFC3339Nano, string(hs[i].Value))
-			if err != nil {
-				return time.Time{}, ""
-			}
-			return t, string(hs[i].Value)
-		}
-	}
-	return time.Time{}, ""
-}
-
-func springHeaders(dl *dedup.DeadLetter, ts time.Time) []kgo.RecordHeader {
+func springHeaders(dl *dedup.DeadLetter) []kgo.RecordHeader {
 	o := dl.Origin
 	hs := []kgo.RecordHeader{
 		{Key: springOriginalTopic, Value: []byte(o.Topic)},
 		{Key: springOriginalPartition, Value: binary.BigEndian.AppendUint32(nil, uint32(o.Partition))},
 		{Key: springOriginalOffset, Value: binary.BigEndian.AppendUint64(nil, uint64(o.Offset))},
 	}
-	if !ts.IsZero() {
-		hs = append(hs, kgo.RecordHeader{Key: springOriginalTimestamp, Value: binary.BigEndian.AppendUint64(nil, uint64(ts.UnixMilli()))})
+	if !o.Timestamp.IsZero() {
+		hs = append(hs, kgo.RecordHeader{Key: springOriginalTimestamp, Value: binary.BigEndian.AppendUint64(nil, uint64(o.Timestamp.UnixMilli()))})
 	}
 	if o.Group != "" {
 		hs = append(hs, kgo.RecordHeader{Key: springOriginalGroup, Value: []byte(o.Group)})
 	}
 	return append(hs,
-		kgo.RecordHeader{Key: springExceptionFQCN, Value: []byte(dl.Reason)},
-		kgo.RecordHeader{Key: springExceptionCause, Value: []byte(dl.Reason)},
+		kgo.RecordHeader{Key: springExceptionFQCN, Value: []byte(dl.ErrorType)},
+		kgo.RecordHeader{Key: springExceptionCause, Value: []byte(dl.CauseType)},
 		kgo.RecordHeader{Key: springExceptionMessage, Value: []byte(dl.Error)},
 	)
 }
