@@ -234,8 +234,10 @@ func (w *Wrapper[M]) finish(ctx context.Context, d *delivery[M]) (Result, error)
 // HandleBatch processes msgs in order, claiming all their keys in one store
 // call first, and calls yield with each message's index and result as soon as
 // it is settled. When yield returns false, or ctx is done, it stops and gives
-// back the claims of the messages not yet run. It returns an error, having
-// processed nothing, only when the batch claim itself fails.
+// back the claims of the messages not yet run. A message whose key it took
+// over from a worker that died running it is run holding no claim behind
+// it: the messages after it are claimed one at a time. It returns an error,
+// having processed nothing, only when the batch claim itself fails.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
 	ds := make([]delivery[M], len(msgs))
 	reqs := make([]ClaimRequest, 0, len(msgs))
@@ -266,21 +268,34 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
 	}
 	seen := make(map[Key]struct{}, len(reqs))
-	next := 0 // index into claims
+	next := 0    // index into claims
+	held := true // the claims from next on are held, not given back
 	for i := range ds {
 		d := &ds[i]
 		var c *Claim
-		if d.bad == "" {
+		if d.bad == "" && held {
 			c = &claims[next]
 			next++
 		}
 		if ctx.Err() != nil {
-			w.releaseFrom(ctx, ds[i:], claims[next-boolInt(c != nil):])
+			if held {
+				w.releaseFrom(ctx, ds[i:], claims[next-boolInt(c != nil):])
+			}
 			return nil
+		}
+		if c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing {
+			// A worker died running this key, and this attempt may kill its
+			// worker too. Claims held behind it would then count an attempt
+			// for messages that never ran, until they too were parked as a
+			// crash loop: give them back and claim those messages one by one.
+			w.releaseFrom(ctx, ds[i+1:], claims[next:])
+			held = false
 		}
 		res, err := w.handleClaimed(ctx, d, c, seen, claimedAt)
 		if !yield(i, res, err) {
-			w.releaseFrom(ctx, ds[i+1:], claims[next:])
+			if held {
+				w.releaseFrom(ctx, ds[i+1:], claims[next:])
+			}
 			return nil
 		}
 	}
