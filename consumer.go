@@ -92,6 +92,13 @@ func (r Result) Settled() bool {
 	return false
 }
 
+// maxInFlightWait bounds the wait before a delivery whose key another
+// worker holds is tried again. The holder is usually about to settle it, and
+// a Kafka partition waits in place meanwhile: waiting for the whole lease
+// would stall the partition for up to the lease on every duplicate that
+// races its original.
+const maxInFlightWait = time.Second
+
 // settleTimeout bounds the store and sink writes that record an attempt's
 // outcome once the caller's context is done: a handler that finished must be
 // recorded, or its effect would be repeated.
@@ -236,17 +243,15 @@ func (w *Wrapper[M]) finish(ctx context.Context, d *delivery[M]) (Result, error)
 // it is settled. When yield returns false, or ctx is done, it stops and gives
 // back the claims of the messages not yet run. A message whose key it took
 // over from a worker that died running it is run holding no claim behind
-// it: the messages after it are claimed one at a time. It returns an error,
-// having processed nothing, only when the batch claim itself fails.
+// it: the messages after it are claimed again once it is settled. It
+// returns an error, having processed nothing, only when the first batch
+// claim fails.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
 	ds := make([]delivery[M], len(msgs))
-	reqs := make([]ClaimRequest, 0, len(msgs))
 	for i, m := range msgs {
 		ds[i] = w.prepare(ctx, m)
-		if ds[i].bad == "" {
-			reqs = append(reqs, ds[i].request(w.cfg.ttl))
-		}
 	}
+	reqs := w.requests(ds)
 	if w.inbox != nil || len(reqs) <= 1 {
 		for i := range ds {
 			if ctx.Err() != nil {
@@ -260,17 +265,21 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 		return nil
 	}
 	claimedAt := time.Now()
-	claims, err := w.store.ClaimBatch(ctx, reqs)
+	claims, err := w.claimBatch(ctx, reqs)
 	if err != nil {
-		return fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
-	}
-	if len(claims) != len(reqs) {
-		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
+		return err
 	}
 	seen := make(map[Key]struct{}, len(reqs))
-	next := 0    // index into claims
-	held := true // the claims from next on are held, not given back
+	next := 0        // index into claims
+	held := true     // claims[next:] are held, not given back
+	reclaim := false // claim the messages from here on afresh
 	for i := range ds {
+		if reclaim {
+			// Without claims, the messages are claimed one by one.
+			claimedAt = time.Now()
+			claims, err = w.claimBatch(ctx, w.requests(ds[i:]))
+			next, held, reclaim = 0, err == nil, false
+		}
 		d := &ds[i]
 		var c *Claim
 		if d.bad == "" && held {
@@ -283,13 +292,14 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 			}
 			return nil
 		}
-		if c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing {
+		if c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing && i+1 < len(ds) {
 			// A worker died running this key, and this attempt may kill its
 			// worker too. Claims held behind it would then count an attempt
-			// for messages that never ran, until they too were parked as a
-			// crash loop: give them back and claim those messages one by one.
+			// for messages that never ran, and after a few such deaths park
+			// them as a crash loop: give them back, and claim those messages
+			// again once this one is settled.
 			w.releaseFrom(ctx, ds[i+1:], claims[next:])
-			held = false
+			held, reclaim = false, true
 		}
 		res, err := w.handleClaimed(ctx, d, c, seen, claimedAt)
 		if !yield(i, res, err) {
@@ -300,6 +310,29 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 		}
 	}
 	return nil
+}
+
+// requests returns the claim requests of the deliveries that have a key.
+func (w *Wrapper[M]) requests(ds []delivery[M]) []ClaimRequest {
+	reqs := make([]ClaimRequest, 0, len(ds))
+	for i := range ds {
+		if ds[i].bad == "" {
+			reqs = append(reqs, ds[i].request(w.cfg.ttl))
+		}
+	}
+	return reqs
+}
+
+// claimBatch claims reqs with one store call.
+func (w *Wrapper[M]) claimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
+	claims, err := w.store.ClaimBatch(ctx, reqs)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
+	}
+	if len(claims) != len(reqs) {
+		return nil, fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
+	}
+	return claims, nil
 }
 
 func boolInt(b bool) int {
@@ -375,13 +408,17 @@ func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (
 		return res, nil
 	case ClaimInFlight:
 		res.Outcome = InFlight
-		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, d.leaseTime)
+		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, min(d.leaseTime, maxInFlightWait))
 		return res, nil
 	case ClaimConflict:
 		return w.parkConflict(ctx, d, c.Record)
 	case ClaimAcquired:
 	default:
 		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
+	}
+	owner := c.Record.Owner
+	fail := func(ctx context.Context, f Failure) error {
+		return w.settleHeld(ctx, d, owner, func(ctx context.Context) error { return w.store.Fail(ctx, d.key, owner, f) })
 	}
 	if c.Record.Attempts > w.cfg.maxAttempts {
 		// The last attempt never reached a verdict (its worker died) or its
@@ -391,14 +428,12 @@ func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (
 			reason = ReasonCrashLoop
 		}
 		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))
-		return w.parkFinal(ctx, d, c.Record, reason, cause, func(ctx context.Context, f Failure) error {
-			return w.store.Fail(ctx, d.key, c.Record.Owner, f)
-		})
+		return w.parkFinal(ctx, d, c.Record, reason, cause, fail)
 	}
 
 	hctx, cancel := context.WithCancelCause(ctx)
 	hb := w.heartbeats.Get().(*heartbeat)
-	hb.start(hctx, cancel, d.key, c.Record.Owner, d.leaseTime)
+	hb.start(hctx, cancel, d.key, owner, d.leaseTime)
 	err := callHandler(hctx, w.handler, d.msg)
 	hb.stop()
 	w.heartbeats.Put(hb)
@@ -410,13 +445,15 @@ func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (
 	sctx, scancel := settleContext(ctx)
 	defer scancel()
 	if err == nil {
-		if err := w.store.Complete(sctx, d.key, c.Record.Owner, nil, w.cfg.ttl); err != nil {
+		err := w.settleHeld(sctx, d, owner, func(ctx context.Context) error {
+			return w.store.Complete(ctx, d.key, owner, nil, w.cfg.ttl)
+		})
+		if err != nil {
 			return res, w.settleError("complete", d.key, err)
 		}
 		res.Outcome = Processed
 		return res, nil
 	}
-	fail := func(ctx context.Context, f Failure) error { return w.store.Fail(ctx, d.key, c.Record.Owner, f) }
 	res, serr := w.afterFailure(sctx, d, c.Record, err, fail)
 	if serr == nil && ctx.Err() != nil {
 		// Shutting down: the attempt is recorded, the caller must not ack.

@@ -369,7 +369,8 @@ type figures struct {
 	extraLetters                  int // dead letters beyond one per event
 	lost                          int // good events without effect, poison events not dead-lettered
 	appliedTwice                  int // events with more than one effect
-	goodDeadLettered              int // good events found in the dead-letter topic
+	goodDeadLettered              int // good events dead-lettered for another reason than a crash loop
+	collateral                    int // good events parked as a crash loop: in flight in a worker that died again and again
 	poisonApplied                 int // poison events with an effect
 	reasons                       map[string]int
 	elapsed                       time.Duration
@@ -383,10 +384,10 @@ func (f figures) String() string {
 	slices.Sort(reasons)
 	return fmt.Sprintf("events=%d records=%d duplicates_injected=%d poison=%d crashers=%d kills=%d crashes=%d restarts=%d late_restarts=%d outages=%d "+
 		"effects=%d dead_letters=%d dead_lettered_events=%d extra_dead_letters=%d lost=%d applied_twice=%d "+
-		"good_dead_lettered=%d poison_applied=%d reasons=[%s] elapsed=%v",
+		"good_dead_lettered=%d crash_loop_collateral=%d poison_applied=%d reasons=[%s] elapsed=%v",
 		f.events, f.records, f.dups, f.poison, f.crashers, f.kills, f.crashes, f.restarts, f.rebalances, f.outages,
 		f.effects, f.deadLetters, f.deadLettered, f.extraLetters, f.lost, f.appliedTwice,
-		f.goodDeadLettered, f.poisonApplied, strings.Join(reasons, " "), f.elapsed.Round(time.Millisecond))
+		f.goodDeadLettered, f.collateral, f.poisonApplied, strings.Join(reasons, " "), f.elapsed.Round(time.Millisecond))
 }
 
 // count checks a campaign's end state: the effects (workers per event) and
@@ -396,12 +397,14 @@ func count(p *plan, effects map[string][]string, dlq []*kgo.Record) (figures, []
 	f := figures{events: len(p.events), records: len(p.records), dups: p.dups, poison: p.poison,
 		crashers: p.crashers, deadLetters: len(dlq), reasons: map[string]int{}}
 	letters := map[string]int{}
-	crashLoops := map[string]bool{}
+	crashLoops := map[string]int{} // letters with reason crash-loop
 	for _, r := range dlq {
 		id := header(r, "dedup-event-id")
 		letters[id]++
 		f.reasons[header(r, "dedup-reason")]++
-		crashLoops[id] = crashLoops[id] || header(r, "dedup-reason") == string(dedup.ReasonCrashLoop)
+		if header(r, "dedup-reason") == string(dedup.ReasonCrashLoop) {
+			crashLoops[id]++
+		}
 	}
 	var twice []string
 	for _, e := range p.events {
@@ -419,8 +422,10 @@ func count(p *plan, effects map[string][]string, dlq []*kgo.Record) (figures, []
 		switch {
 		case bad && n > 0:
 			f.poisonApplied++
-		case bad && letters[e.id] == 0, e.crasher && !crashLoops[e.id]:
+		case bad && letters[e.id] == 0, e.crasher && crashLoops[e.id] == 0:
 			f.lost++ // a crasher must be parked as a crash loop
+		case !bad && letters[e.id] > 0 && crashLoops[e.id] == letters[e.id] && n == 0:
+			f.collateral++
 		case !bad && letters[e.id] > 0:
 			f.goodDeadLettered++
 		case !bad && n == 0:
@@ -497,14 +502,28 @@ func (s *settled) watchCommits(ctx context.Context, k *kafka, group string, recs
 	return out
 }
 
-// eventually fails t unless cond holds within timeout.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, format string, args ...any) {
+// eventually fails t, saying what and how far it got, unless cond holds
+// within timeout.
+func eventually(t *testing.T, timeout time.Duration, cond func() bool, what string, progress func() string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v: "+format, append([]any{timeout}, args...)...)
+			t.Fatalf("timed out after %v: %s (%s)", timeout, what, progress())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// progress describes how far a group got: events settled (when st is not
+// nil), committed and end offsets.
+func (k *kafka) progress(group string, st *settled) func() string {
+	return func() string {
+		committed, err := k.committed(group)
+		s := fmt.Sprintf("committed %v (%v), end %v", committed, err, k.endOffsets(k.topic))
+		if st != nil {
+			s = fmt.Sprintf("%d events settled, %s", st.count(), s)
+		}
+		return s
 	}
 }

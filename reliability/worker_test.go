@@ -68,6 +68,7 @@ func workerMain(raw string) int {
 	log = log.With(slog.String("worker", cfg.Name))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	fmt.Fprintln(os.Stderr, workerReady)
 	if err := runWorker(ctx, cfg, log); err != nil {
 		log.Error("worker failed", slog.Any("error", err))
 		if errors.Is(err, errRun) {
@@ -77,6 +78,10 @@ func workerMain(raw string) int {
 	}
 	return 0
 }
+
+// workerReady is the first line of a worker's log, written once it handles
+// SIGTERM: a SIGTERM sent earlier would kill it instead of stopping it.
+const workerReady = "worker ready"
 
 // errRun marks an error returned by Consumer.Run, as opposed to one that
 // kept the worker from starting.
@@ -149,7 +154,10 @@ func runWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) error {
 	}
 	consumer, err := kafkadedup.NewConsumer(w,
 		kafkadedup.WithLogger(log),
-		kafkadedup.WithMaxPollRecords(250),
+		// Small batches: each retry of a record gives back the claims of the
+		// rest of its batch and claims them again, one store write per record
+		// (see RELIABILITY.md), and 2% poison means many retries.
+		kafkadedup.WithMaxPollRecords(50),
 		kafkadedup.WithDrainTimeout(time.Second),
 		kafkadedup.WithErrorBackoff(dedup.ExponentialBackoff(50*time.Millisecond, time.Second)),
 		kafkadedup.WithClientOpts(
@@ -199,12 +207,13 @@ const (
 // in worker mode, each writing its own log file under the test's temporary
 // directory.
 type fleet struct {
-	t     *testing.T
-	cfg   workerConfig
-	dir   string
-	procs []*workerProc // by slot; nil while the slot is down
-	kills int
-	logs  []string // one per process started
+	t       *testing.T
+	cfg     workerConfig
+	dir     string
+	procs   []*workerProc // by slot; nil while the slot is down
+	kills   int
+	logs    []string // one per process started
+	slotLog []int    // by slot, the index in logs of its current process
 }
 
 type workerProc struct {
@@ -219,7 +228,7 @@ func newFleet(t *testing.T, cfg workerConfig, n int) *fleet {
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{t: t, cfg: cfg, dir: dir, procs: make([]*workerProc, n)}
+	f := &fleet{t: t, cfg: cfg, dir: dir, procs: make([]*workerProc, n), slotLog: make([]int, n)}
 	t.Cleanup(func() {
 		for i, p := range f.procs {
 			if p != nil {
@@ -262,6 +271,7 @@ func (f *fleet) start(i int) {
 	p := &workerProc{cmd: cmd, done: make(chan error, 1)}
 	go func() { p.done <- cmd.Wait() }()
 	f.procs[i] = p
+	f.slotLog[i] = len(f.logs)
 	f.logs = append(f.logs, logPath)
 }
 
@@ -274,7 +284,7 @@ func (f *fleet) kill(i int) {
 	f.kills++
 }
 
-// restarts returns how many workers were started again after a kill.
+// restarts returns how many workers were started again after they died.
 func (f *fleet) restarts() int { return len(f.logs) - len(f.procs) }
 
 // reap returns the slots whose worker died on its own since the last call,
@@ -299,8 +309,9 @@ func (f *fleet) reap() map[int]error {
 // exit cleanly within 30 s.
 func (f *fleet) stop() {
 	f.t.Helper()
-	for _, p := range f.procs {
+	for i, p := range f.procs {
 		if p != nil {
+			f.waitReady(i)
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
@@ -323,6 +334,15 @@ func (f *fleet) stop() {
 			<-p.done
 		}
 		f.procs[i] = nil
+	}
+}
+
+// waitReady waits up to 10 s for worker slot i to handle SIGTERM.
+func (f *fleet) waitReady(i int) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if b, _ := os.ReadFile(f.logs[f.slotLog[i]]); strings.HasPrefix(string(b), workerReady) {
+			return
+		}
 	}
 }
 

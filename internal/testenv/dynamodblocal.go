@@ -17,8 +17,8 @@ import (
 
 // DynamoDBServer is a private DynamoDB Local that a test may kill and start
 // again without disturbing the shared one other tests use. Its tables live in
-// a temporary directory, not in memory, so that they survive a restart as a
-// real service's data would.
+// a temporary directory (on tmpfs where there is one), not in the process's
+// memory, so that they survive a restart as a real service's data would.
 type DynamoDBServer struct {
 	t    testing.TB
 	jar  string
@@ -40,7 +40,9 @@ func StartDynamoDBLocal(t testing.TB) *DynamoDBServer {
 	if err != nil {
 		Unavailable(t, "DynamoDB Local jar", err)
 	}
-	dir, err := os.MkdirTemp("", "dedup-ddb-")
+	// DynamoDB Local syncs every write to its SQLite file: on a disk that
+	// makes each write take tens of milliseconds, on tmpfs well under one.
+	dir, err := os.MkdirTemp(memoryDir(), "dedup-ddb-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,4 +155,13 @@ func dynamoDBLocalJar() (string, error) {
 		return "", fmt.Errorf("no DynamoDBLocal.jar under %s/.cache (run `make services`, or set DEDUP_DYNAMODB_JAR)", dir)
 	}
 	return matches[len(matches)-1], nil
+}
+
+// memoryDir returns a directory in memory (tmpfs) when the machine has one,
+// else the default temporary directory.
+func memoryDir() string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		return "/dev/shm"
+	}
+	return ""
 }
