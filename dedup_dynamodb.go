@@ -330,9 +330,24 @@ func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 		return nil
 	})
 	if err != nil {
+		s.giveBack(ctx, claims)
 		return nil, err
 	}
 	return claims, nil
+}
+
+// giveBack releases the claims a failed ClaimBatch acquired: the caller gets
+// no owner token to settle them with, so kept they would hold their keys
+// until the lease ran out and count an attempt that never ran.
+func (s *DynamoDBStore) giveBack(ctx context.Context, claims []Claim) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	_ = forEachLimit(ctx, len(claims), func(ctx context.Context, i int) error {
+		if c := claims[i]; c.Status == ClaimAcquired {
+			_ = s.Release(ctx, c.Record.Key, c.Record.Owner) // best effort: the lease frees it otherwise
+		}
+		return nil
+	})
 }
 
 // Complete marks the record succeeded with result, if owner still holds it.

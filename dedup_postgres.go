@@ -105,6 +105,7 @@ type postgresSQL struct {
 	claim, claimBatch, claimInTx, recordFailure string
 	read, readBatch, get                        string
 	complete, fail, extend, release, purge      string
+	releaseBatch                                string
 }
 
 // recordColumns are scanned by pgRecord.targets, in this order.
@@ -226,6 +227,11 @@ WHERE (scope, event_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
 		extend: `UPDATE ` + table + ` SET lease_until = now() + $4::interval, updated_at = now() ` + held,
 		release: `UPDATE ` + table + ` SET status = 'FAILED_RETRYABLE', attempts = attempts - 1,
 	lease_until = now(), updated_at = now() ` + held,
+		releaseBatch: `UPDATE ` + table + ` AS t SET status = 'FAILED_RETRYABLE', attempts = t.attempts - 1,
+	lease_until = now(), updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::text[]) AS r(scope, event_id, owner)
+WHERE t.scope = r.scope AND t.event_id = r.event_id AND t.owner = r.owner
+	AND t.status = 'PROCESSING' AND t.expires_at > now()`,
 		// A row taken over between the subquery and the delete has a new
 		// ctid and a later expiry, so it is skipped, never deleted live.
 		purge: fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
@@ -349,6 +355,7 @@ func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 			break
 		}
 		if err := s.runWave(ctx, &b, wave); err != nil {
+			s.giveBack(ctx, &b)
 			return nil, s.opError("claim batch", err)
 		}
 	}
@@ -362,6 +369,18 @@ type postgresBatch struct {
 	known   map[Key]postgresObserved
 	pending []int // request indexes still unanswered, ascending
 	retried map[int]bool
+	// sent are the keys and owner tokens of every claim sent so far.
+	sent struct{ scopes, ids, owners []string }
+}
+
+// giveBack releases whatever a failed ClaimBatch acquired, by the owner
+// tokens it sent (a failure can come before the acquired rows are read):
+// the caller gets no token to settle them with, so kept they would hold
+// their keys until the lease ran out and count an attempt that never ran.
+func (s *PostgresStore) giveBack(ctx context.Context, b *postgresBatch) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	_, _ = s.pool.Exec(ctx, s.sql.releaseBatch, b.sent.scopes, b.sent.ids, b.sent.owners) // best effort: the lease frees them otherwise
 }
 
 // postgresObserved is a record as the database had it at time at.
@@ -417,6 +436,9 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		leases[w], ttls[w] = req.Lease, req.TTL
 		index[req.Key] = i
 	}
+	b.sent.scopes = append(b.sent.scopes, scopes...)
+	b.sent.ids = append(b.sent.ids, ids...)
+	b.sent.owners = append(b.sent.owners, owners...)
 	rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, ids, fps, owners, leases, ttls)
 	if err != nil {
 		return err
