@@ -1,6 +1,6 @@
 module github.com/dedupkit/dedup
 
-go 1.25.0
+go 1.26.0
 
 require (
 	github.com/aws/aws-lambda-go v1.55.1 // indirect
