@@ -98,13 +98,15 @@ func VisibilityTimeout(ctx context.Context, client *sqs.Client, queueURL string)
 	return time.Duration(secs) * time.Second, nil
 }
 
-// Run receives and handles messages until ctx is done, then shuts down:
-// it stops receiving, lets running handlers finish (cancelling their
-// contexts after [WithShutdownTimeout]), deletes what settled, gives the
-// messages it will not handle back with visibility 0, and returns nil. It
-// returns within about the shutdown timeout plus 25 s, even if SQS or a
-// handler hangs; a handler still running then is reported as an error.
-// Run fails at once if the queue's visibility timeout cannot be read.
+// Run receives and handles messages until ctx is done, then shuts down and
+// returns nil: it stops receiving (a long poll in progress is waited for, up
+// to [WithWaitTime], and what it brings is given back), lets running
+// handlers finish (cancelling their contexts after [WithShutdownTimeout]),
+// deletes what settled, and gives the messages it will not handle back with
+// visibility 0. It returns within about the wait time plus the shutdown
+// timeout plus 25 s even if SQS or a handler hangs; a handler still running
+// then is reported as an error. Run fails at once if the queue's visibility
+// timeout cannot be read.
 func (c *Consumer) Run(ctx context.Context) error {
 	vis := c.cfg.visibility
 	if vis == 0 {
@@ -119,27 +121,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 			dedup.ErrConfig, c.url)
 	}
 
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBg()
-	r := &runner{Consumer: c, vis: vis, slots: make(chan struct{}, c.cfg.workers), work: work, bg: bg}
-	r.hb = newHeartbeat(r)
-	r.del = newDeleter(r)
-	var services sync.WaitGroup
-	services.Go(func() { r.hb.run(bg) })
-	services.Go(func() { r.del.run(bg) })
-
+	r := c.start(ctx, vis)
 	var pollers sync.WaitGroup
 	for range c.cfg.pollers {
 		pollers.Go(func() { r.poll(ctx) })
 	}
 	pollers.Wait()
 	c.log.Info("sqsdedup: stopping; waiting for running handlers")
-	err := r.drain(cancelWork)
-	r.del.stop()
-	stopBg()
-	services.Wait()
+	err := r.drain()
+	r.stop()
 	return err
 }
 
@@ -150,12 +140,35 @@ type runner struct {
 	slots chan struct{} // one per message held, up to the worker count
 	// work is the handlers' context: it outlives Run's until the shutdown
 	// timeout, so that running handlers can finish.
-	work context.Context
+	work       context.Context
+	cancelWork context.CancelFunc
 	// bg is for the consumer's own calls, until Run returns.
 	bg       context.Context
+	stopBg   context.CancelFunc
 	handlers sync.WaitGroup
+	services sync.WaitGroup
 	hb       *heartbeat
 	del      *deleter
+}
+
+// start returns a runner with its heartbeat and deleter running.
+func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
+	r := &runner{Consumer: c, vis: vis, slots: make(chan struct{}, c.cfg.workers)}
+	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
+	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
+	r.hb = newHeartbeat(r)
+	r.del = newDeleter(r)
+	r.services.Go(func() { r.hb.run(r.bg) })
+	r.services.Go(func() { r.del.run(r.bg) })
+	return r
+}
+
+// stop flushes the deletes and stops the heartbeat, once handlers are done.
+func (r *runner) stop() {
+	r.del.stop()
+	r.stopBg()
+	r.services.Wait()
+	r.cancelWork()
 }
 
 func (r *runner) poll(ctx context.Context) {
@@ -165,7 +178,7 @@ func (r *runner) poll(ctx context.Context) {
 		if n == 0 {
 			return
 		}
-		out, err := r.client.ReceiveMessage(ctx, r.receiveInput(n))
+		out, err := r.receive(ctx, n)
 		if err != nil {
 			r.release(n)
 			if ctx.Err() != nil {
@@ -185,7 +198,13 @@ func (r *runner) poll(ctx context.Context) {
 	}
 }
 
-func (r *runner) receiveInput(n int) *sqs.ReceiveMessageInput {
+// receive receives up to n messages. A receive in progress when ctx ends is
+// not cancelled but waited for: SQS goes on with a long poll whose client has
+// gone, and hides the messages it takes for a whole visibility timeout.
+// What it returns is then given back at once.
+func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.waitTime+callTimeout)
+	defer cancel()
 	in := &sqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(r.url),
 		MaxNumberOfMessages:         int32(n),
@@ -199,7 +218,7 @@ func (r *runner) receiveInput(n int) *sqs.ReceiveMessageInput {
 		// instead of leaving those of the lost response blocking their groups.
 		in.ReceiveRequestAttemptId = aws.String(rand.Text())
 	}
-	return in
+	return r.client.ReceiveMessage(ctx, in)
 }
 
 // acquire takes between one and maxMessages free worker slots, waiting for
@@ -337,7 +356,7 @@ func (r *runner) giveBack(d time.Duration, msgs ...types.Message) {
 
 // drain waits for running handlers, cancelling them after the shutdown
 // timeout.
-func (r *runner) drain(cancelWork context.CancelFunc) error {
+func (r *runner) drain() error {
 	done := make(chan struct{})
 	go func() {
 		r.handlers.Wait()
@@ -351,7 +370,7 @@ func (r *runner) drain(cancelWork context.CancelFunc) error {
 	case <-t.C:
 	}
 	r.log.Warn("sqsdedup: handlers still running after the shutdown timeout; cancelling them")
-	cancelWork()
+	r.cancelWork()
 	t.Reset(cancelGrace)
 	select {
 	case <-done:
