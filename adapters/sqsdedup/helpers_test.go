@@ -1,10 +1,10 @@
 package sqsdedup_test
 
 import (
-	"log/slog"
 	"context"
 	"crypto/rand"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
