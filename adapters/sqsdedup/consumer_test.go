@@ -440,3 +440,39 @@ func TestRunFailsForMissingQueue(t *testing.T) {
 		t.Errorf("Run: %v, want QueueDoesNotExist", err)
 	}
 }
+
+// A copy of an event that is being handled elsewhere is neither deleted nor
+// kept invisible: it comes back after the short in-flight delay, again and
+// again, until the first copy has settled; then it is deleted as a
+// duplicate.
+func TestInFlightCopyComesBack(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	url := queue(t, c)
+	rec := newRecorder()
+	release := make(chan struct{})
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		<-release
+		rec.effect(eventID(m))
+		return nil
+	})
+	send(t, c, url, "evt-1", "x", nil)
+	stop := start(t, c, url, w)
+	waitFor(t, 10*time.Second, "the first copy running", func() bool {
+		out, err := c.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
+			QueueUrl: aws.String(url), AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessagesNotVisible},
+		})
+		return err == nil && out.Attributes["ApproximateNumberOfMessagesNotVisible"] == "1"
+	})
+	send(t, c, url, "evt-1", "x", nil)
+	waitFor(t, 10*time.Second, "the copy seen in flight twice", func() bool { return rec.outcomes(dedup.InFlight) >= 2 })
+	close(release)
+	waitFor(t, 10*time.Second, "both copies settled", func() bool {
+		return rec.outcomes(dedup.Processed) == 1 && rec.outcomes(dedup.Duplicate) == 1
+	})
+	stop()
+	if n := rec.effectsOf("evt-1"); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	assertDrained(t, c, url)
+}

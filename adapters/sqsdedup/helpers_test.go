@@ -256,3 +256,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
+
+func deleteMessage(t *testing.T, c *sqs.Client, url string, m types.Message) {
+	t.Helper()
+	if _, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+		t.Fatal(err)
+	}
+}
