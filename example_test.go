@@ -1,0 +1,68 @@
+package dedup_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/dedupkit/dedup"
+)
+
+// Order is a transport's native message type in this example.
+type Order struct {
+	ID      string // the producer-assigned event ID
+	Payload string
+}
+
+func ExampleWrap() {
+	orders := dedup.Messages[Order]{
+		EventID:    func(o Order) (string, error) { return o.ID, nil },
+		Payload:    func(o Order) []byte { return []byte(o.Payload) },
+		DeadLetter: func(o Order) dedup.DeadLetter { return dedup.DeadLetter{Payload: []byte(o.Payload)} },
+	}
+	charged := 0
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), orders,
+		func(ctx context.Context, o Order) error {
+			charged++ // the business effect
+			return nil
+		},
+		dedup.WithScope("billing/charge-card"),
+		dedup.WithSink(&dedup.MemorySink{}),
+	)
+	if err != nil {
+		panic(err)
+	}
+	// The broker delivers the same event three times.
+	for i := 0; i < 3; i++ {
+		res, err := w.Handle(context.Background(), Order{ID: "order-42", Payload: `{"amount":10}`})
+		if err != nil {
+			panic(err) // store unreachable: do not ack, it comes back
+		}
+		fmt.Println(res.Outcome, "ack:", res.Settled())
+	}
+	fmt.Println("charged", charged, "time")
+	// Output:
+	// processed ack: true
+	// duplicate ack: true
+	// duplicate ack: true
+	// charged 1 time
+}
+
+func ExampleJSONFingerprint() {
+	fp := dedup.JSONFingerprint("v1", "amount", "account")
+	a, _ := fp([]byte(`{"amount": 10, "account": "A-1", "sent_at": "10:00"}`))
+	b, _ := fp([]byte(`{"account":"A-1","amount":10.0,"sent_at":"10:05"}`))
+	fmt.Println(a == b)
+	// Output: true
+}
+
+func ExamplePermanent() {
+	handler := func(ctx context.Context, o Order) error {
+		if o.Payload == "" {
+			// No retry can fix this: dead-letter at once.
+			return dedup.Permanent(fmt.Errorf("order %s has no payload", o.ID))
+		}
+		return nil
+	}
+	fmt.Println(dedup.IsPermanent(handler(context.Background(), Order{ID: "o-1"})))
+	// Output: true
+}
