@@ -29,10 +29,10 @@ import (
 
 type options struct {
 	region, sqsEndpoint, dynamoEndpoint string
-	queue, dlq, table                  string
-	setup                              bool
-	send                               int
-	maxAttempts                        int
+	queue, dlq, table                   string
+	setup                               bool
+	send                                int
+	maxAttempts                         int
 }
 
 // order is the message body.
