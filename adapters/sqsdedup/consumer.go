@@ -122,12 +122,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	r := c.start(ctx, vis)
+	stopLog := context.AfterFunc(ctx, func() {
+		c.log.Info("sqsdedup: stopping: waiting for receives in progress and running handlers")
+	})
+	defer stopLog()
 	var pollers sync.WaitGroup
 	for range c.cfg.pollers {
 		pollers.Go(func() { r.poll(ctx) })
 	}
 	pollers.Wait()
-	c.log.Info("sqsdedup: stopping; waiting for running handlers")
 	err := r.drain()
 	r.stop()
 	return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"flag"
 	"log/slog"
 	"strings"
 	"sync"
@@ -27,19 +28,17 @@ var ignoreHTTP = []goleak.Option{
 	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
 }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, ignoreHTTP...) }
-
-// storeCase opens one kind of store for a test.
-type storeCase struct {
-	name string
-	open func(t *testing.T) dedup.Store
-}
-
-// stores lists the stores the end-to-end tests run with.
-func stores() []storeCase {
-	return []storeCase{
-		{"memory", func(*testing.T) dedup.Store { return dedup.NewMemoryStore() }},
+func TestMain(m *testing.M) {
+	// These tests spend their time waiting for visibility timeouts, not on
+	// the CPU: unless -test.parallel says otherwise, run more of them at once
+	// than the default of one per CPU.
+	flag.Parse()
+	parallel := false
+	flag.Visit(func(f *flag.Flag) { parallel = parallel || f.Name == "test.parallel" })
+	if !parallel {
+		_ = flag.Set("test.parallel", "8")
 	}
+	goleak.VerifyTestMain(m, ignoreHTTP...)
 }
 
 // errInjected is what injected faults fail with.
