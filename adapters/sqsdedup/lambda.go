@@ -2,6 +2,7 @@ package sqsdedup
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -47,9 +48,13 @@ func NewLambdaMessages(opts ...IDOpt) dedup.Messages[events.SQSMessage] {
 // handler never returns an error: that would fail the whole batch.
 //
 // The store lease defaults to the invocation's remaining time (its
-// context's deadline) unless dedup.WithLease is set.
+// context's deadline) unless dedup.WithLease is set. A nil w makes every
+// invocation fail with dedup.ErrConfig.
 func LambdaHandler(w *dedup.Wrapper[events.SQSMessage]) func(context.Context, events.SQSEvent) (events.SQSEventResponse, error) {
 	return func(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+		if w == nil {
+			return events.SQSEventResponse{}, fmt.Errorf("%w: sqsdedup.LambdaHandler: nil wrapper", dedup.ErrConfig)
+		}
 		var resp events.SQSEventResponse
 		fail := func(recs ...events.SQSMessage) {
 			for _, rec := range recs {

@@ -109,3 +109,9 @@ func TestLambdaCancelledFailsAll(t *testing.T) {
 		t.Errorf("handler ran: %v", rec.callList())
 	}
 }
+
+func TestLambdaNilWrapper(t *testing.T) {
+	if _, err := sqsdedup.LambdaHandler(nil)(context.Background(), events.SQSEvent{}); !errors.Is(err, dedup.ErrConfig) {
+		t.Errorf("nil wrapper: %v, want ErrConfig", err)
+	}
+}

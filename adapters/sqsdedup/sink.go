@@ -79,7 +79,9 @@ type Sink struct {
 	maxSize int
 }
 
-// NewSink returns a Sink sending to the queue at queueURL.
+// NewSink returns a Sink sending to the queue at queueURL. A nil client, an
+// empty URL or a size limit below 1 makes every Send fail with
+// dedup.ErrConfig.
 func NewSink(client *sqs.Client, queueURL string, opts ...SinkOpt) *Sink {
 	s := &Sink{client: client, url: queueURL, fifo: isFIFO(queueURL), maxSize: DefaultMaxMessageSize}
 	for _, o := range opts {
@@ -88,10 +90,25 @@ func NewSink(client *sqs.Client, queueURL string, opts ...SinkOpt) *Sink {
 	return s
 }
 
+func (s *Sink) validate() error {
+	switch {
+	case s.client == nil:
+		return fmt.Errorf("%w: sqsdedup sink: nil SQS client", dedup.ErrConfig)
+	case s.url == "":
+		return fmt.Errorf("%w: sqsdedup sink: empty queue URL", dedup.ErrConfig)
+	case s.maxSize < 1:
+		return fmt.Errorf("%w: sqsdedup sink: WithMaxMessageSize(%d): must be positive", dedup.ErrConfig, s.maxSize)
+	}
+	return nil
+}
+
 func isFIFO(queueURL string) bool { return strings.HasSuffix(queueURL, ".fifo") }
 
 // Send sends dl to the DLQ and returns once SQS has stored it.
 func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
+	if err := s.validate(); err != nil {
+		return err
+	}
 	in, err := s.input(&dl)
 	if err != nil {
 		return fmt.Errorf("sqsdedup: dead letter %s/%s for %s: %w", dl.Scope, dl.EventID, s.url, err)

@@ -190,3 +190,16 @@ func TestSinkFIFO(t *testing.T) {
 		t.Errorf("message groups %v, want customer-7 and a hashed one", groups)
 	}
 }
+
+func TestSinkMisconfigured(t *testing.T) {
+	c := testenv.SQS(t)
+	for _, s := range []*sqsdedup.Sink{
+		sqsdedup.NewSink(nil, "https://sqs/q"),
+		sqsdedup.NewSink(c, ""),
+		sqsdedup.NewSink(c, "https://sqs/q", sqsdedup.WithMaxMessageSize(0)),
+	} {
+		if err := s.Send(context.Background(), letter(0)); !errors.Is(err, dedup.ErrConfig) {
+			t.Errorf("Send: %v, want ErrConfig", err)
+		}
+	}
+}
