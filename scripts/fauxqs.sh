@@ -27,10 +27,12 @@ answers() {
 	curl -s -o /dev/null -m 2 "http://127.0.0.1:$PORT/"
 }
 
+# wait_answers PID: waits up to 30 s for an answer, failing early if PID exits.
 wait_answers() {
 	local i
 	for ((i = 0; i < 60; i++)); do
 		answers && return 0
+		kill -0 "$1" 2>/dev/null || return 1
 		sleep 0.5
 	done
 	return 1
@@ -75,11 +77,13 @@ fi
 install
 write_preload
 log "starting fauxqs $VERSION on 127.0.0.1:$PORT"
-(cd "$DIR" && FAUXQS_PORT="$PORT" FAUXQS_LOGGER=false nohup node -r ./loopback.js node_modules/fauxqs/dist/cli.js \
+cd "$DIR"
+# Backgrounding node alone (not a list) makes $! its own pid.
+FAUXQS_PORT="$PORT" FAUXQS_LOGGER=false nohup node -r ./loopback.js node_modules/fauxqs/dist/cli.js \
 	>"$CACHE/fauxqs.log" 2>&1 </dev/null &
-	echo $! >"$CACHE/fauxqs.pid")
-if ! wait_answers; then
+echo $! >"$CACHE/fauxqs.pid"
+if ! wait_answers "$!"; then
 	tail -20 "$CACHE/fauxqs.log" >&2 || true
-	die "fauxqs did not answer on 127.0.0.1:$PORT within 30 s (log: $CACHE/fauxqs.log)"
+	die "fauxqs did not answer on 127.0.0.1:$PORT (log: $CACHE/fauxqs.log)"
 fi
 log "fauxqs ready on 127.0.0.1:$PORT"
