@@ -103,10 +103,10 @@ func VisibilityTimeout(ctx context.Context, client *sqs.Client, queueURL string)
 // to [WithWaitTime], and what it brings is given back), lets running
 // handlers finish (cancelling their contexts after [WithShutdownTimeout]),
 // deletes what settled, and gives the messages it will not handle back with
-// visibility 0. It returns within about the wait time plus the shutdown
-// timeout plus 25 s even if SQS or a handler hangs; a handler still running
-// then is reported as an error. Run fails at once if the queue's visibility
-// timeout cannot be read.
+// visibility 0. Even if SQS or a handler hangs, it returns within the wait
+// time plus the shutdown timeout plus 35 s; a handler still running then is
+// reported as an error. Run fails at once if the queue's visibility timeout
+// cannot be read.
 func (c *Consumer) Run(ctx context.Context) error {
 	vis := c.cfg.visibility
 	if vis == 0 {
@@ -337,12 +337,8 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 		r.del.add(m)
 	case res.Outcome == dedup.InFlight:
 		r.giveBack(min(res.RetryAfter, r.cfg.inFlightDelay), m)
-	case res.Outcome == dedup.Retry:
+	default: // dedup.Retry
 		r.giveBack(res.RetryAfter, m)
-	default:
-		r.log.Error("sqsdedup: unknown outcome; the message will come back", slog.String("outcome", res.Outcome.String()),
-			slog.String("message_id", aws.ToString(m.MessageId)))
-		r.hb.remove(m)
 	}
 }
 
