@@ -7,6 +7,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/deduptest"
@@ -15,6 +16,24 @@ import (
 
 func TestConformance(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { deduptest.Run(t, dedup.NewMemoryStore()) })
+	t.Run("postgres", func(t *testing.T) {
+		pool := testenv.Postgres(t)
+		// A table of its own: the suite's Purge case must not race another purger.
+		table := "dedup_conformance_" + dedup.NewOwnerToken()[:12]
+		s, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if _, err := pool.Exec(context.Background(), "DROP TABLE "+pgx.Identifier{table}.Sanitize()); err != nil {
+				t.Error(err)
+			}
+		})
+		deduptest.Run(t, s)
+	})
 	t.Run("dynamodb", func(t *testing.T) {
 		client := testenv.DynamoDB(t)
 		table := newDynamoDBTable(t, client)

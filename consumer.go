@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"time"
 )
 
@@ -24,6 +25,10 @@ type Messages[M any] struct {
 	// DeadLetter returns the original message as a dead letter: payload,
 	// message key, headers and origin. The wrapper adds the rest.
 	DeadLetter func(M) DeadLetter
+	// Tenant optionally returns the message's tenant. When set, keys live in
+	// the wrapper's scope plus the tenant, so tenants never share a record;
+	// a message whose tenant is missing is dead-lettered with ReasonInvalidID.
+	Tenant func(M) (string, error)
 	// Attempts optionally returns the transport's own delivery count (SQS
 	// ApproximateReceiveCount), counted beside the store's attempts when
 	// deciding whether a failed event has had its last attempt.
@@ -87,11 +92,6 @@ func (r Result) Settled() bool {
 	return false
 }
 
-// ErrHandlerCanceled is returned when a handler returned nil after its
-// context was canceled: its success cannot be trusted, so the attempt is
-// recorded as failed and the message is not acknowledged.
-var ErrHandlerCanceled = errors.New("dedup: handler returned nil after its context was canceled")
-
 // settleTimeout bounds the store and sink writes that record an attempt's
 // outcome once the caller's context is done: a handler that finished must be
 // recorded, or its effect would be repeated.
@@ -104,12 +104,10 @@ type Wrapper[M any] struct {
 	msgs    Messages[M]
 	handler Handler[M]
 	cfg     config
-	// process claims, runs and settles one valid delivery; it is the store
-	// claim path, or the PostgreSQL transactional inbox.
-	process func(ctx context.Context, d *delivery[M]) (Result, error)
-	// batchClaims is set when process is the store claim path, whose claims
-	// HandleBatch can make in one call.
-	batchClaims bool
+	// inbox is set for the PostgreSQL transactional inbox (WrapTx), which
+	// replaces the store claim path.
+	inbox      *inbox[M]
+	heartbeats sync.Pool // of *heartbeat
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -123,8 +121,6 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
 	w.handler = h
-	w.process = w.claimAndRun
-	w.batchClaims = true
 	return w, nil
 }
 
@@ -142,11 +138,16 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
 		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
 	}
-	return &Wrapper[M]{store: store, msgs: msgs, cfg: cfg}, nil
+	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg}
+	w.heartbeats.New = func() any { return &heartbeat{store: store, logger: cfg.logger} }
+	return w, nil
 }
 
-// Scope returns the scope the wrapper's keys live in.
+// Scope returns the scope the wrapper's keys live in (before any tenant).
 func (w *Wrapper[M]) Scope() string { return w.cfg.scope }
+
+// TenantScope returns the scope of a tenant's keys within scope.
+func TenantScope(scope, tenant string) string { return scope + "/tenant=" + tenant }
 
 // delivery is one message on its way through the wrapper.
 type delivery[M any] struct {
@@ -167,6 +168,17 @@ func (w *Wrapper[M]) prepare(ctx context.Context, msg M) delivery[M] {
 		return d
 	}
 	d.key = Key{Scope: w.cfg.scope, EventID: id}
+	if w.msgs.Tenant != nil {
+		tenant, err := w.msgs.Tenant(msg)
+		if err == nil && tenant == "" {
+			err = errors.New("dedup: message has no tenant")
+		}
+		if err != nil {
+			d.bad, d.badErr = ReasonInvalidID, err
+			return d
+		}
+		d.key.Scope = TenantScope(w.cfg.scope, tenant)
+	}
 	if err := d.key.Validate(); err != nil {
 		d.bad, d.badErr = ReasonInvalidID, err
 		return d
@@ -208,8 +220,10 @@ func (w *Wrapper[M]) finish(ctx context.Context, d *delivery[M]) (Result, error)
 	var err error
 	if d.bad != "" {
 		res, err = w.parkBad(ctx, d)
+	} else if w.inbox != nil {
+		res, err = w.runInTx(ctx, d)
 	} else {
-		res, err = w.process(ctx, d)
+		res, err = w.claimAndRun(ctx, d)
 	}
 	if err == nil && w.cfg.observer != nil {
 		w.cfg.observer(ctx, res)
@@ -231,7 +245,7 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 			reqs = append(reqs, ds[i].request(w.cfg.ttl))
 		}
 	}
-	if !w.batchClaims || len(reqs) <= 1 {
+	if w.inbox != nil || len(reqs) <= 1 {
 		for i := range ds {
 			if ctx.Err() != nil {
 				return nil
@@ -368,13 +382,15 @@ func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (
 	}
 
 	hctx, cancel := context.WithCancelCause(ctx)
-	stop := w.heartbeat(hctx, cancel, d, c.Record.Owner)
+	hb := w.heartbeats.Get().(*heartbeat)
+	hb.start(hctx, cancel, d.key, c.Record.Owner, d.leaseTime)
 	err := callHandler(hctx, w.handler, d.msg)
-	stop()
+	hb.stop()
+	w.heartbeats.Put(hb)
 	cancel(nil)
 
 	if err == nil && ctx.Err() != nil {
-		err = fmt.Errorf("%w: %w", ErrHandlerCanceled, context.Cause(ctx))
+		w.warnNilAfterCancel(d.key)
 	}
 	sctx, scancel := settleContext(ctx)
 	defer scancel()
@@ -465,10 +481,13 @@ func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, ca
 	now := time.Now()
 	dl.Reason = reason
 	dl.Error = cause.Error()
-	dl.Cause = rootCause(cause).Error()
+	root := rootCause(cause)
+	dl.Cause = root.Error()
+	dl.ErrorType = fmt.Sprintf("%T", cause)
+	dl.CauseType = fmt.Sprintf("%T", root)
 	dl.Attempts = rec.Attempts
 	dl.EventID = d.key.EventID
-	dl.Scope = w.cfg.scope
+	dl.Scope = orDefault(d.key.Scope, w.cfg.scope)
 	dl.FirstFailure = orNow(rec.FirstFailure, now)
 	dl.LastFailure = now
 	if err := w.cfg.sink.Send(ctx, dl); err != nil {
@@ -487,29 +506,13 @@ func (w *Wrapper[M]) settleError(op string, key Key, err error) error {
 	return fmt.Errorf("dedup: %s %s: %w", op, key, err)
 }
 
-// heartbeat extends the lease every third of its length while the handler
-// runs, and cancels the handler if the lease is lost. The returned stop waits
-// for an extension in progress, so nothing outlives the attempt.
-func (w *Wrapper[M]) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, d *delivery[M], owner string) (stop func()) {
-	hb := &heartbeat{interval: d.leaseTime / 3}
-	hb.mu.Lock() // the first beat must see hb.timer set
-	defer hb.mu.Unlock()
-	hb.timer = time.AfterFunc(hb.interval, func() {
-		if !hb.begin() {
-			return
-		}
-		defer hb.done.Done()
-		err := w.store.Extend(ctx, d.key, owner, d.leaseTime)
-		switch {
-		case errors.Is(err, ErrLeaseLost):
-			cancel(fmt.Errorf("dedup: extend %s: %w", d.key, err))
-			return
-		case err != nil && ctx.Err() == nil:
-			w.cfg.logger.Warn("dedup: lease extension failed", slog.String("key", d.key.String()), slog.Any("error", err))
-		}
-		hb.rearm()
-	})
-	return hb.stop
+// warnNilAfterCancel reports a handler that returned nil after its context
+// was cancelled. Its success is trusted, because running it again could apply
+// its effect twice, but a handler that gives up on cancellation must return
+// an error: nil means done.
+func (w *Wrapper[M]) warnNilAfterCancel(key Key) {
+	w.cfg.logger.Warn("dedup: handler returned nil after its context was cancelled; recorded as processed",
+		slog.String("key", key.String()))
 }
 
 // clamp bounds d to [lo, hi].

@@ -258,5 +258,7 @@ func ValidateBatch(reqs []ClaimRequest) error {
 func NewOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error.
-	return hex.EncodeToString(b[:])
+	var buf [32]byte
+	hex.Encode(buf[:], b[:])
+	return string(buf[:])
 }

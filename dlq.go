@@ -34,12 +34,13 @@ type Header struct {
 }
 
 // Origin says where a dead-lettered message came from. Kafka fills Topic,
-// Partition, Offset and Group; SQS fills QueueURL and MessageID.
+// Partition, Offset, Group and Timestamp; SQS fills QueueURL and MessageID.
 type Origin struct {
 	Topic     string
 	Partition int32
 	Offset    int64
 	Group     string
+	Timestamp time.Time
 	QueueURL  string
 	MessageID string
 }
@@ -54,8 +55,11 @@ type DeadLetter struct {
 
 	Reason Reason
 	// Error is the full error text; Cause is the innermost error's text.
+	// ErrorType and CauseType are their Go types, as fmt's %T prints them.
 	Error        string
 	Cause        string
+	ErrorType    string
+	CauseType    string
 	Attempts     int
 	EventID      string
 	Scope        string
@@ -69,6 +73,8 @@ func (d *DeadLetter) Metadata() []Header {
 		{"dedup-reason", []byte(d.Reason)},
 		{"dedup-error", []byte(d.Error)},
 		{"dedup-cause", []byte(d.Cause)},
+		{"dedup-error-type", []byte(d.ErrorType)},
+		{"dedup-cause-type", []byte(d.CauseType)},
 		{"dedup-attempts", []byte(strconv.Itoa(d.Attempts))},
 		{"dedup-event-id", []byte(d.EventID)},
 		{"dedup-scope", []byte(d.Scope)},
@@ -83,6 +89,9 @@ func (d *DeadLetter) Metadata() []Header {
 			Header{"dedup-origin-offset", []byte(strconv.FormatInt(o.Offset, 10))},
 			Header{"dedup-origin-group", []byte(o.Group)},
 		)
+		if !o.Timestamp.IsZero() {
+			h = append(h, Header{"dedup-origin-timestamp", []byte(formatTime(o.Timestamp))})
+		}
 	}
 	if o.QueueURL != "" {
 		h = append(h,

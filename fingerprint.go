@@ -26,7 +26,9 @@ type FingerprintFunc func(payload []byte) (string, error)
 // payload bytes.
 func SHA256Fingerprint(payload []byte) (string, error) {
 	sum := sha256.Sum256(payload)
-	return hex.EncodeToString(sum[:]), nil
+	var buf [2 * sha256.Size]byte
+	hex.Encode(buf[:], sum[:])
+	return string(buf[:]), nil
 }
 
 // JSONFingerprint returns a fingerprint over the canonical JSON of the named

@@ -1,42 +1,77 @@
 package dedup
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 )
 
-// heartbeat is the state of one attempt's lease extensions.
+// heartbeat extends one attempt's lease every third of its length while the
+// handler runs, and cancels the handler if the lease is lost. Heartbeats are
+// pooled per wrapper with their timer, so an attempt costs no allocation here.
 type heartbeat struct {
-	interval time.Duration
-	mu       sync.Mutex
-	timer    *time.Timer
-	stopped  bool
-	done     sync.WaitGroup
+	store  Store
+	logger *slog.Logger
+
+	mu      sync.Mutex // guards the fields below
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	key     Key
+	owner   string
+	lease   time.Duration
+	timer   *time.Timer
+	stopped bool
+	running sync.WaitGroup // extensions in progress
 }
 
-// begin reports whether an extension may run, and counts it as running.
-func (h *heartbeat) begin() bool {
+// start arms h for one attempt.
+func (h *heartbeat) start(ctx context.Context, cancel context.CancelCauseFunc, key Key, owner string, lease time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.ctx, h.cancel, h.key, h.owner, h.lease, h.stopped = ctx, cancel, key, owner, lease, false
+	if h.timer == nil {
+		h.timer = time.AfterFunc(lease/3, h.beat)
+	} else {
+		h.timer.Reset(lease / 3)
+	}
+}
+
+func (h *heartbeat) beat() {
+	h.mu.Lock()
 	if h.stopped {
-		return false
+		h.mu.Unlock()
+		return
 	}
-	h.done.Add(1)
-	return true
-}
+	h.running.Add(1)
+	ctx, cancel, key, owner, lease := h.ctx, h.cancel, h.key, h.owner, h.lease
+	h.mu.Unlock()
+	defer h.running.Done()
 
-func (h *heartbeat) rearm() {
+	err := h.store.Extend(ctx, key, owner, lease)
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		cancel(fmt.Errorf("dedup: extend %s: %w", key, err))
+		return
+	case err != nil && ctx.Err() == nil:
+		h.logger.Warn("dedup: lease extension failed", slog.String("key", key.String()), slog.Any("error", err))
+	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if !h.stopped {
-		h.timer.Reset(h.interval)
+		h.timer.Reset(lease / 3)
 	}
+	h.mu.Unlock()
 }
 
+// stop disarms h and waits for an extension in progress, so nothing of the
+// attempt outlives it.
 func (h *heartbeat) stop() {
 	h.mu.Lock()
 	h.stopped = true
 	h.timer.Stop()
+	h.ctx, h.cancel = nil, nil
 	h.mu.Unlock()
-	h.done.Wait()
+	h.running.Wait()
 }

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // event is the message type of these tests: what a transport would deliver.
@@ -38,8 +41,17 @@ var events = dedup.Messages[event]{
 // stores returns the backends the wrapper tests run on.
 func stores() map[string]func(t *testing.T) dedup.Store {
 	return map[string]func(t *testing.T) dedup.Store{
-		"memory": func(t *testing.T) dedup.Store { return dedup.NewMemoryStore() },
+		"memory":   func(t *testing.T) dedup.Store { return dedup.NewMemoryStore() },
+		"postgres": func(t *testing.T) dedup.Store { return newPostgresStore(t, testenv.Postgres(t)) },
 	}
+}
+
+func newPostgresStore(t testing.TB, pool *pgxpool.Pool) *dedup.PostgresStore {
+	t.Helper()
+	s, err := dedup.NewPostgresStore(pool, dedup.WithTable("dedup_wrapper_test"))
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(context.Background()))
+	return s
 }
 
 func uniqueScope(t testing.TB) string {
@@ -159,8 +171,7 @@ func TestWrapper(t *testing.T) {
 				var calls atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					if calls.Add(1) == 1 {
-						var m map[string]int
-						m["boom"] = 1 // nil map write panics
+						panic(fmt.Sprintf("corrupt state in %s", e.ID))
 					}
 					return nil
 				}, fastOpts(t, sink)...)
@@ -291,22 +302,27 @@ func TestWrapper(t *testing.T) {
 				require.Equal(t, 3, res.Attempts)
 			})
 
-			t.Run("NilAfterCanceledContextIsNotTrusted", func(t *testing.T) {
+			t.Run("NilAfterCanceledContextIsTrustedAndRecorded", func(t *testing.T) {
 				store, sink := newStore(t), &dedup.MemorySink{}
 				ctx, cancel := context.WithCancel(context.Background())
+				var effects atomic.Int32
 				w, err := dedup.Wrap(store, events, func(hctx context.Context, e event) error {
-					cancel()
+					effects.Add(1) // the effect happened...
+					cancel()       // ...as the worker began shutting down
 					<-hctx.Done()
 					return nil
 				}, fastOpts(t, sink)...)
 				require.NoError(t, err)
 				res, err := w.Handle(ctx, event{ID: "cx", Body: "x"})
-				require.ErrorIs(t, err, dedup.ErrHandlerCanceled)
-				require.ErrorIs(t, err, context.Canceled)
-				require.False(t, res.Settled())
-				rec, err := store.Get(context.Background(), dedup.Key{Scope: w.Scope(), EventID: "cx"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.StatusFailedRetryable, rec.Status, "the attempt is recorded even though ctx was done")
+				require.Equal(t, dedup.Processed, res.Outcome)
+				rec, err := store.Get(context.Background(), res.Key)
+				require.NoError(t, err)
+				require.Equal(t, dedup.StatusSucceeded, rec.Status, "recorded although ctx was done, so it never runs twice")
+				res, err = w.Handle(context.Background(), event{ID: "cx", Body: "x"})
+				require.NoError(t, err)
+				require.Equal(t, dedup.Duplicate, res.Outcome)
+				require.EqualValues(t, 1, effects.Load())
 			})
 
 			t.Run("HeartbeatKeepsLeaseOfSlowHandler", func(t *testing.T) {
@@ -476,6 +492,66 @@ func TestWrapRejectsBadConfig(t *testing.T) {
 	require.ErrorIs(t, err, dedup.ErrConfig)
 	_, err = dedup.Wrap[event](nil, events, h, dedup.WithScope("s"), dedup.WithSink(sink))
 	require.ErrorIs(t, err, dedup.ErrConfig)
+}
+
+// TestStoreUnreachable proves that when the store cannot be reached the
+// wrapper returns an error, nothing is acknowledged and the handler does not
+// run, and that it recovers once the database is back.
+func TestStoreUnreachable(t *testing.T) {
+	ctx := context.Background()
+	t.Run("ClosedPort", func(t *testing.T) {
+		pool, err := pgxpool.New(ctx, "postgres://postgres@"+testenv.ClosedPort(t)+"/test?connect_timeout=1")
+		require.NoError(t, err)
+		defer pool.Close()
+		store, err := dedup.NewPostgresStore(pool)
+		require.NoError(t, err)
+		var calls atomic.Int32
+		w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+			calls.Add(1)
+			return nil
+		}, fastOpts(t, &dedup.MemorySink{})...)
+		require.NoError(t, err)
+		res, err := w.Handle(ctx, event{ID: "u", Body: "x"})
+		require.Error(t, err)
+		require.False(t, res.Settled())
+		require.Zero(t, calls.Load())
+	})
+
+	t.Run("ServerStoppedAndStarted", func(t *testing.T) {
+		srv := testenv.StartPostgresServer(t)
+		pool, err := pgxpool.New(ctx, srv.DSN())
+		require.NoError(t, err)
+		defer pool.Close()
+		store := newPostgresStore(t, pool)
+		var effects atomic.Int32
+		w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+			effects.Add(1)
+			return nil
+		}, fastOpts(t, &dedup.MemorySink{})...)
+		require.NoError(t, err)
+
+		res, err := w.Handle(ctx, event{ID: "before", Body: "x"})
+		require.NoError(t, err)
+		require.Equal(t, dedup.Processed, res.Outcome)
+
+		srv.Stop()
+		for i := 0; i < 3; i++ {
+			res, err = w.Handle(ctx, event{ID: "during-" + strconv.Itoa(i), Body: "x"})
+			require.Error(t, err)
+			require.False(t, res.Settled())
+		}
+		require.EqualValues(t, 1, effects.Load(), "no handler ran without a claim")
+
+		srv.Start()
+		for i := 0; i < 3; i++ {
+			res = deliverUntilSettledTolerant(t, w, event{ID: "during-" + strconv.Itoa(i), Body: "x"})
+			require.Equal(t, dedup.Processed, res.Outcome)
+		}
+		res, err = w.Handle(ctx, event{ID: "before", Body: "x"})
+		require.NoError(t, err)
+		require.Equal(t, dedup.Duplicate, res.Outcome, "records written before the outage survive it")
+		require.EqualValues(t, 4, effects.Load())
+	})
 }
 
 // deliverUntilSettledTolerant redelivers through store errors, as a transport

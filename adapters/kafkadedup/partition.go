@@ -1,0 +1,204 @@
+package kafkadedup
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/dedupkit/dedup"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// partition is the worker of one assigned partition: it runs the partition's
+// records through the wrapper strictly in order and marks each one once it is
+// settled.
+type partition struct {
+	s   *session
+	tp  topicPartition
+	log *slog.Logger
+
+	mu     sync.Mutex
+	queue  [][]*kgo.Record // fetched batches not yet taken
+	queued int             // records in queue
+	paused bool            // fetching this partition is paused
+
+	wake chan struct{} // a batch was queued
+	quit chan struct{} // closed to stop the worker
+	done chan struct{} // closed when the worker has returned
+
+	// ctx is the handlers' context; it is canceled when the drain timeout
+	// runs out after quit.
+	ctx    context.Context
+	cancel context.CancelFunc
+	drain  *time.Timer
+}
+
+func newPartition(s *session, tp topicPartition) *partition {
+	ctx, cancel := context.WithCancel(s.base)
+	return &partition{
+		s:      s,
+		tp:     tp,
+		log:    s.log.With(slog.String("group", s.group), slog.String("topic", tp.topic), slog.Int("partition", int(tp.partition))),
+		wake:   make(chan struct{}, 1),
+		quit:   make(chan struct{}),
+		done:   make(chan struct{}),
+		ctx:    ctx,
+		cancel: cancel,
+	}
+}
+
+// push queues a fetched batch, pausing the partition's fetching when the
+// worker is that far behind. It is called by the poll loop only.
+func (p *partition) push(recs []*kgo.Record) {
+	p.mu.Lock()
+	p.queue = append(p.queue, recs)
+	p.queued += len(recs)
+	if !p.paused && p.queued >= p.s.cfg.buffer {
+		p.paused = true
+		p.s.cl.PauseFetchPartitions(p.tpMap())
+	}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// pop takes the next batch, waiting for one; false means the worker must stop.
+func (p *partition) pop() ([]*kgo.Record, bool) {
+	for {
+		p.mu.Lock()
+		if len(p.queue) > 0 {
+			recs := p.queue[0]
+			p.queue[0] = nil
+			p.queue = p.queue[1:]
+			p.queued -= len(recs)
+			if p.paused && p.queued <= p.s.cfg.buffer/2 {
+				p.resumeLocked()
+			}
+			p.mu.Unlock()
+			return recs, true
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.wake:
+		case <-p.quit:
+			return nil, false
+		}
+	}
+}
+
+func (p *partition) resumeLocked() {
+	p.paused = false
+	p.s.cl.ResumeFetchPartitions(p.tpMap())
+}
+
+func (p *partition) tpMap() map[string][]int32 {
+	return map[string][]int32{p.tp.topic: {p.tp.partition}}
+}
+
+func (p *partition) stopping() bool {
+	select {
+	case <-p.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+// run is the worker's goroutine. A record that is not settled (Retry,
+// InFlight, or an error making its outcome durable) is tried again in place
+// after a wait, so nothing after it runs or is marked before it settles.
+func (p *partition) run() {
+	defer close(p.done)
+	var pending []*kgo.Record
+	errs := 0 // consecutive errors, for the backoff
+	for {
+		if len(pending) == 0 {
+			recs, ok := p.pop()
+			if !ok {
+				return
+			}
+			pending = recs
+		}
+		var wait time.Duration
+		var err error
+		pending, wait, err = p.process(pending)
+		if p.stopping() {
+			return
+		}
+		if err != nil {
+			errs++
+			wait = p.s.cfg.errBackoff(errs)
+			p.log.Warn("kafkadedup: record not settled; retrying it in place", slog.Int64("offset", pending[0].Offset),
+				slog.Int("consecutive_errors", errs), slog.Duration("backoff", wait), slog.Any("error", err))
+		} else {
+			errs = 0
+		}
+		if len(pending) > 0 && !p.sleep(wait) {
+			return
+		}
+	}
+}
+
+// process runs recs through the wrapper with one batch claim, marking each
+// settled record. It returns the records still to do, starting with the
+// first unsettled one, and how long to wait before trying it again.
+func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.Duration, err error) {
+	next := 0 // the first record not settled
+	berr := p.s.w.HandleBatch(p.ctx, recs, func(i int, res dedup.Result, rerr error) bool {
+		switch {
+		case rerr != nil:
+			err = rerr
+			return false
+		case !res.Settled():
+			wait = res.RetryAfter
+			p.log.Debug("kafkadedup: record not settled yet; waiting in place", slog.Int64("offset", recs[i].Offset),
+				slog.String("outcome", res.Outcome.String()), slog.Duration("retry_after", wait))
+			return false
+		}
+		p.s.cl.MarkCommitRecords(recs[i])
+		next = i + 1
+		return !p.stopping()
+	})
+	if berr != nil {
+		err = berr
+	}
+	return recs[next:], wait, err
+}
+
+// sleep waits for d; false means the worker must stop.
+func (p *partition) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return !p.stopping()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.quit:
+		return false
+	}
+}
+
+// stop tells the worker to finish the record in hand and return; the
+// record's handler is canceled if the drain timeout runs out first.
+func (p *partition) stop() {
+	close(p.quit)
+	p.drain = time.AfterFunc(p.s.cfg.drainTimeout, p.cancel)
+}
+
+// wait waits for the stopped worker and resumes its partition's fetching,
+// so that a later assignment of the partition is fetched again.
+func (p *partition) wait() {
+	<-p.done
+	p.drain.Stop()
+	p.cancel()
+	p.mu.Lock()
+	if p.paused {
+		p.resumeLocked()
+	}
+	p.mu.Unlock()
+}

@@ -1,0 +1,718 @@
+package dedup
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultPostgresTable is the table a [PostgresStore] uses unless
+// [WithTable] names another.
+const DefaultPostgresTable = "dedup_records"
+
+// purgeBatch bounds the rows one Purge statement deletes, so purging a large
+// backlog never holds many row locks or one long transaction.
+const purgeBatch = 1000
+
+// PostgresStore is a [Store] kept in one PostgreSQL table.
+type PostgresStore struct {
+	pool  *pgxpool.Pool
+	table string // quoted, for messages
+	sql   postgresSQL
+}
+
+// PostgresOption configures a [PostgresStore].
+type PostgresOption func(*postgresConfig)
+
+type postgresConfig struct {
+	table string
+}
+
+// WithTable sets the table name, optionally schema-qualified ("schema.table").
+func WithTable(name string) PostgresOption {
+	return func(c *postgresConfig) { c.table = name }
+}
+
+// TableNameError reports a table name [NewPostgresStore] refused to use.
+type TableNameError struct {
+	Name   string
+	Reason string
+}
+
+func (e *TableNameError) Error() string {
+	return fmt.Sprintf("dedup: postgres table name %q: %s", e.Name, e.Reason)
+}
+
+// NewPostgresStore returns a store on pool; call [PostgresStore.Migrate] once
+// to create its table.
+func NewPostgresStore(pool *pgxpool.Pool, opts ...PostgresOption) (*PostgresStore, error) {
+	if pool == nil {
+		return nil, errors.New("dedup: postgres store: nil pool")
+	}
+	cfg := postgresConfig{table: DefaultPostgresTable}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	ident, err := parseTableName(cfg.table)
+	if err != nil {
+		return nil, err
+	}
+	table := ident.Sanitize()
+	return &PostgresStore{pool: pool, table: table, sql: buildPostgresSQL(table, ident[len(ident)-1])}, nil
+}
+
+// parseTableName splits name into at most a schema and a table, each a plain
+// SQL identifier, so that nothing but a name can reach the SQL text.
+func parseTableName(name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, &TableNameError{Name: name, Reason: "want table or schema.table"}
+	}
+	for _, p := range parts {
+		if !validIdentifier(p) {
+			return nil, &TableNameError{Name: name, Reason: fmt.Sprintf("%q is not an identifier matching ^[A-Za-z_][A-Za-z0-9_]{0,62}$", p)}
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+func validIdentifier(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for i, c := range []byte(s) {
+		letter := c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// postgresSQL holds every statement of a store, built once for its table.
+type postgresSQL struct {
+	createTable, createIndex, migrateLock       string
+	claim, claimBatch, claimInTx, recordFailure string
+	read, readBatch, get                        string
+	complete, fail, extend, release, purge      string
+}
+
+// recordColumns are scanned by pgRecord.targets, in this order.
+const recordColumns = `status, fingerprint, attempts, owner, lease_until, created_at,
+	updated_at, expires_at, last_error, first_failure, last_failure, result`
+
+// takeoverSet applies a claim to an existing row: an expired row starts
+// afresh, a taken-over row counts one more attempt. previous_status keeps the
+// status the row had, because RETURNING only sees the new row.
+const takeoverSet = `status = EXCLUDED.status,
+	fingerprint = EXCLUDED.fingerprint,
+	attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE t.attempts + 1 END,
+	owner = EXCLUDED.owner,
+	lease_until = EXCLUDED.lease_until,
+	created_at = CASE WHEN t.expires_at <= now() THEN now() ELSE t.created_at END,
+	updated_at = now(),
+	expires_at = EXCLUDED.expires_at,
+	last_error = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.last_error END,
+	first_failure = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.first_failure END,
+	last_failure = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.last_failure END,
+	result = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.result END,
+	previous_status = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.status END`
+
+// takeoverAllowed is the state machine's takeover rule; postgresObserved.allows
+// is the same rule in Go.
+const takeoverAllowed = `t.expires_at <= now() OR (t.fingerprint = EXCLUDED.fingerprint AND
+	(t.status = 'FAILED_RETRYABLE' OR (t.status = 'PROCESSING' AND t.lease_until <= now())))`
+
+const insertColumns = `(scope, event_id, status, fingerprint, attempts, owner, lease_until,
+	created_at, updated_at, expires_at)`
+
+func buildPostgresSQL(table, bareName string) postgresSQL {
+	where := `WHERE scope = $1 AND event_id = $2`
+	held := where + ` AND owner = $3 AND status = 'PROCESSING' AND expires_at > now()`
+	// An index name is unqualified (it lives in the table's schema) and at
+	// most 63 bytes; the name is ASCII, so cutting bytes is safe.
+	index := bareName + "_expires_at_idx"
+	if len(index) > 63 {
+		index = index[:63]
+	}
+	return postgresSQL{
+		migrateLock: `SELECT pg_advisory_xact_lock(hashtext($1))`,
+		createTable: `CREATE TABLE IF NOT EXISTS ` + table + ` (
+	scope text NOT NULL,
+	event_id text NOT NULL,
+	status text NOT NULL CONSTRAINT dedup_status_check
+		CHECK (status IN ('PROCESSING', 'SUCCEEDED', 'FAILED_RETRYABLE', 'FAILED_FINAL')),
+	fingerprint text NOT NULL,
+	attempts integer NOT NULL,
+	owner text NOT NULL,
+	lease_until timestamptz NOT NULL,
+	created_at timestamptz NOT NULL,
+	updated_at timestamptz NOT NULL,
+	expires_at timestamptz NOT NULL,
+	last_error text,
+	first_failure timestamptz,
+	last_failure timestamptz,
+	result bytea,
+	previous_status text,
+	PRIMARY KEY (scope, event_id)
+)`,
+		createIndex: `CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{index}.Sanitize() + ` ON ` + table + ` (expires_at)`,
+
+		claim: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
+VALUES ($1, $2, 'PROCESSING', $3, 1, $4, now() + $5::interval, now(), now(), now() + $6::interval)
+ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
+WHERE ` + takeoverAllowed + `
+RETURNING previous_status, ` + recordColumns,
+
+		// Rows are inserted in array order; callers sort the keys so that
+		// concurrent batches lock rows in one order and cannot deadlock.
+		claimBatch: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
+SELECT r.scope, r.event_id, 'PROCESSING', r.fingerprint, 1, r.owner, now() + r.lease, now(), now(), now() + r.ttl
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::interval[], $6::interval[])
+	AS r(scope, event_id, fingerprint, owner, lease, ttl)
+ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
+WHERE ` + takeoverAllowed + `
+RETURNING scope, event_id, now(), previous_status, ` + recordColumns,
+
+		claimInTx: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
+VALUES ($1, $2, 'SUCCEEDED', $3, 1, $4, now(), now(), now(), now() + $5::interval)
+ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
+WHERE ` + takeoverAllowed + `
+RETURNING previous_status, ` + recordColumns,
+
+		recordFailure: `INSERT INTO ` + table + ` AS t (scope, event_id, status, fingerprint, attempts, owner,
+	lease_until, created_at, updated_at, expires_at, last_error, first_failure, last_failure)
+VALUES ($1, $2, $3, $4, 1, $5, now(), now(), now(), now() + $6::interval, $7, now(), now())
+ON CONFLICT (scope, event_id) DO UPDATE SET
+	status = EXCLUDED.status,
+	fingerprint = EXCLUDED.fingerprint,
+	attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE t.attempts + 1 END,
+	owner = EXCLUDED.owner,
+	lease_until = now(),
+	created_at = CASE WHEN t.expires_at <= now() THEN now() ELSE t.created_at END,
+	updated_at = now(),
+	expires_at = EXCLUDED.expires_at,
+	last_error = EXCLUDED.last_error,
+	first_failure = CASE WHEN t.expires_at <= now() THEN now() ELSE COALESCE(t.first_failure, now()) END,
+	last_failure = now(),
+	result = NULL,
+	previous_status = NULL
+WHERE t.expires_at <= now() OR (t.fingerprint = EXCLUDED.fingerprint AND
+	t.status IN ('PROCESSING', 'FAILED_RETRYABLE'))
+RETURNING attempts`,
+
+		// read answers a refused claim: the row was live when it refused, so
+		// it is read whatever its expiry by now.
+		read: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where,
+		readBatch: `SELECT scope, event_id, now(), ` + recordColumns + ` FROM ` + table + `
+WHERE (scope, event_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
+		get: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where + ` AND expires_at > now()`,
+
+		complete: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = $4, updated_at = now(),
+	expires_at = now() + $5::interval ` + held,
+		fail: `UPDATE ` + table + ` SET status = $4, last_error = $5,
+	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
+	expires_at = now() + $6::interval ` + held,
+		extend: `UPDATE ` + table + ` SET lease_until = now() + $4::interval, updated_at = now() ` + held,
+		release: `UPDATE ` + table + ` SET status = 'FAILED_RETRYABLE', attempts = attempts - 1,
+	lease_until = now(), updated_at = now() ` + held,
+		// A row taken over between the subquery and the delete has a new
+		// ctid and a later expiry, so it is skipped, never deleted live.
+		purge: fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM %[1]s WHERE expires_at <= now() LIMIT %[2]d)) AND expires_at <= now()`, table, purgeBatch),
+	}
+}
+
+// Migrate creates the table and its expiry index unless they exist. It is
+// safe to run concurrently from several processes.
+func (s *PostgresStore) Migrate(ctx context.Context) error {
+	// Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog
+	// (pg_type's unique index), so migrations of one table take turns.
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.sql.migrateLock, "dedup migrate "+s.table); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.sql.createTable); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, s.sql.createIndex)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("dedup: postgres migrate %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// Claim atomically creates or takes over the record for req.Key in one
+// statement, or reports why it cannot.
+func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
+	if err := req.Key.Validate(); err != nil {
+		return Claim{}, fmt.Errorf("dedup: postgres claim: %w", err)
+	}
+	c, err := s.claim(ctx, s.pool, s.sql.claim, req,
+		req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.Lease, req.TTL)
+	if err != nil {
+		return Claim{}, s.opError("claim "+req.Key.String(), err)
+	}
+	return c, nil
+}
+
+// pgQuerier is what claim needs from a pool or a transaction.
+type pgQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// claim runs the upsert and, when it returns no row, classifies the record
+// that refused it. A record purged between the two statements gets the
+// upsert one more try.
+func (s *PostgresStore) claim(ctx context.Context, q pgQuerier, upsert string, req ClaimRequest, args ...any) (Claim, error) {
+	for retried := false; ; retried = true {
+		var r pgRecord
+		var previous pgtype.Text
+		err := q.QueryRow(ctx, upsert, args...).Scan(r.targets(&previous)...)
+		if err == nil {
+			return acquired(req.Key, &r, previous)
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Claim{}, scanError(err)
+		}
+		rec, err := s.read(ctx, q, s.sql.read, req.Key)
+		if errors.Is(err, pgx.ErrNoRows) && !retried {
+			continue
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Claim{}, errors.New("record refused the claim, then vanished twice (concurrent purge)")
+		}
+		if err != nil {
+			return Claim{}, err
+		}
+		return Claim{Status: Classify(rec, req.Fingerprint), Record: rec}, nil
+	}
+}
+
+func acquired(key Key, r *pgRecord, previous pgtype.Text) (Claim, error) {
+	rec, err := r.decode(key)
+	if err != nil {
+		return Claim{}, err
+	}
+	c := Claim{Status: ClaimAcquired, Record: rec}
+	if previous.Valid {
+		if c.Previous = Status(previous.String); !c.Previous.Valid() {
+			return Claim{}, fmt.Errorf("%w: previous status %q", ErrMalformedRecord, previous.String)
+		}
+	}
+	return c, nil
+}
+
+func (s *PostgresStore) read(ctx context.Context, q pgQuerier, query string, key Key) (Record, error) {
+	var r pgRecord
+	if err := q.QueryRow(ctx, query, key.Scope, key.EventID).Scan(r.targets()...); err != nil {
+		return Record{}, scanError(err)
+	}
+	return r.decode(key)
+}
+
+// ClaimBatch claims several keys, answering exactly as the same claims made
+// one by one in order would, with one upsert round trip for all first
+// occurrences of each key and one read for the keys it could not acquire.
+func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
+	if err := ValidateBatch(reqs); err != nil {
+		return nil, fmt.Errorf("dedup: postgres claim batch: %w", err)
+	}
+	b := postgresBatch{
+		reqs:    reqs,
+		claims:  make([]Claim, len(reqs)),
+		known:   make(map[Key]postgresObserved, len(reqs)),
+		pending: make([]int, len(reqs)),
+	}
+	for i := range b.pending {
+		b.pending[i] = i
+	}
+	// PostgreSQL refuses to update one row twice in a statement, so each
+	// wave sends a key at most once. Later occurrences are answered from the
+	// record the earlier one left, or go to the next wave when that record
+	// would let them take over (e.g. a lapsed lease with lease <= 0).
+	for len(b.pending) > 0 {
+		wave := b.plan()
+		if len(wave) == 0 {
+			break
+		}
+		if err := s.runWave(ctx, &b, wave); err != nil {
+			return nil, s.opError("claim batch", err)
+		}
+	}
+	return b.claims, nil
+}
+
+// postgresBatch is the progress of one ClaimBatch.
+type postgresBatch struct {
+	reqs    []ClaimRequest
+	claims  []Claim
+	known   map[Key]postgresObserved
+	pending []int // request indexes still unanswered, ascending
+	retried map[int]bool
+}
+
+// postgresObserved is a record as the database had it at time at.
+type postgresObserved struct {
+	rec Record
+	at  time.Time
+}
+
+// allows reports whether a claim with fingerprint would have taken over o
+// at o.at: the SQL takeover rule, evaluated in Go.
+func (o postgresObserved) allows(fingerprint string) bool {
+	r := o.rec
+	return !o.at.Before(r.ExpiresAt) || r.Fingerprint == fingerprint &&
+		(r.Status == StatusFailedRetryable || r.Status == StatusProcessing && !o.at.Before(r.LeaseUntil))
+}
+
+// plan answers the pending requests the known records decide and returns
+// the next wave: the earliest remaining request of each other key.
+func (b *postgresBatch) plan() []int {
+	var wave, rest []int
+	inWave := make(map[Key]bool)
+	for _, i := range b.pending {
+		req := b.reqs[i]
+		if inWave[req.Key] {
+			rest = append(rest, i)
+			continue
+		}
+		if o, ok := b.known[req.Key]; ok && !o.allows(req.Fingerprint) {
+			b.claims[i] = Claim{Status: Classify(o.rec, req.Fingerprint), Record: cloneRecord(o.rec)}
+			continue
+		}
+		inWave[req.Key] = true
+		wave = append(wave, i)
+	}
+	b.pending = rest
+	return wave
+}
+
+// runWave claims the wave's keys (distinct) in one statement and reads the
+// records of those it could not acquire in a second one.
+func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []int) error {
+	slices.SortFunc(wave, func(i, j int) int {
+		ki, kj := b.reqs[i].Key, b.reqs[j].Key
+		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
+	})
+	n := len(wave)
+	scopes, ids, fps, owners := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	leases, ttls := make([]time.Duration, n), make([]time.Duration, n)
+	index := make(map[Key]int, n)
+	for w, i := range wave {
+		req := b.reqs[i]
+		scopes[w], ids[w], fps[w], owners[w] = req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken()
+		leases[w], ttls[w] = req.Lease, req.TTL
+		index[req.Key] = i
+	}
+	rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, ids, fps, owners, leases, ttls)
+	if err != nil {
+		return err
+	}
+	err = scanBatch(rows, index, true, func(i int, r *pgRecord, at time.Time, previous pgtype.Text) error {
+		key := b.reqs[i].Key
+		c, err := acquired(key, r, previous)
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		b.claims[i] = c
+		b.known[key] = postgresObserved{rec: c.Record, at: at}
+		return nil
+	})
+	if err != nil || len(index) == 0 {
+		return err
+	}
+
+	scopes, ids = scopes[:0], ids[:0]
+	for key := range index {
+		scopes, ids = append(scopes, key.Scope), append(ids, key.EventID)
+	}
+	rows, err = s.pool.Query(ctx, s.sql.readBatch, scopes, ids)
+	if err != nil {
+		return err
+	}
+	err = scanBatch(rows, index, false, func(i int, r *pgRecord, at time.Time, _ pgtype.Text) error {
+		req := b.reqs[i]
+		rec, err := r.decode(req.Key)
+		if err != nil {
+			return fmt.Errorf("%s: %w", req.Key, err)
+		}
+		b.claims[i] = Claim{Status: Classify(rec, req.Fingerprint), Record: rec}
+		b.known[req.Key] = postgresObserved{rec: rec, at: at}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// What is left refused the claim and was purged before the read: claim
+	// it again in the next wave, once.
+	for key, i := range index {
+		if b.retried[i] {
+			return fmt.Errorf("%s: record refused the claim, then vanished twice (concurrent purge)", key)
+		}
+		if b.retried == nil {
+			b.retried = make(map[int]bool)
+		}
+		b.retried[i] = true
+		b.pending = append(b.pending, i)
+	}
+	slices.Sort(b.pending)
+	return nil
+}
+
+// scanBatch hands each row of a batch statement (scope, event_id, now(),
+// [previous_status,] record columns) to answer with its request index, and
+// removes that key from index.
+func scanBatch(rows pgx.Rows, index map[Key]int, withPrevious bool, answer func(int, *pgRecord, time.Time, pgtype.Text) error) error {
+	defer rows.Close()
+	var (
+		key      Key
+		at       time.Time
+		previous pgtype.Text
+		r        pgRecord
+	)
+	head := []any{&key.Scope, &key.EventID, &at}
+	if withPrevious {
+		head = append(head, &previous)
+	}
+	targets := r.targets(head...)
+	for rows.Next() {
+		r = pgRecord{}
+		if err := rows.Scan(targets...); err != nil {
+			return scanError(err)
+		}
+		i, ok := index[key]
+		if !ok {
+			return fmt.Errorf("%w: unexpected row for %s", ErrMalformedRecord, key)
+		}
+		delete(index, key)
+		if err := answer(i, &r, at, previous); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// Complete marks the record succeeded, keeping result, if owner still holds
+// it; otherwise it returns ErrLeaseLost.
+func (s *PostgresStore) Complete(ctx context.Context, key Key, owner string, result []byte, ttl time.Duration) error {
+	return s.settle(ctx, "complete", key, s.sql.complete, key.Scope, key.EventID, owner, result, ttl)
+}
+
+// Fail records a failed attempt if owner still holds the record; otherwise
+// it returns ErrLeaseLost.
+func (s *PostgresStore) Fail(ctx context.Context, key Key, owner string, f Failure) error {
+	status := StatusFailedRetryable
+	if f.Final {
+		status = StatusFailedFinal
+	}
+	return s.settle(ctx, "fail", key, s.sql.fail, key.Scope, key.EventID, owner, string(status), f.Error, f.TTL)
+}
+
+// Extend pushes the lease of a held record to lease from now, or returns
+// ErrLeaseLost.
+func (s *PostgresStore) Extend(ctx context.Context, key Key, owner string, lease time.Duration) error {
+	return s.settle(ctx, "extend", key, s.sql.extend, key.Scope, key.EventID, owner, lease)
+}
+
+// Release gives back a claim whose handler never started: the record is
+// claimable at once and the attempt is not counted.
+func (s *PostgresStore) Release(ctx context.Context, key Key, owner string) error {
+	return s.settle(ctx, "release", key, s.sql.release, key.Scope, key.EventID, owner)
+}
+
+// settle runs an update fenced on the owner token.
+func (s *PostgresStore) settle(ctx context.Context, op string, key Key, query string, args ...any) error {
+	if err := key.Validate(); err != nil {
+		return fmt.Errorf("dedup: postgres %s: %w", op, err)
+	}
+	tag, err := s.pool.Exec(ctx, query, args...)
+	if err != nil {
+		return s.opError(op+" "+key.String(), err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("dedup: postgres %s %s: %w", op, key, ErrLeaseLost)
+	}
+	return nil
+}
+
+// Get returns the live record for key, or ErrNotFound.
+func (s *PostgresStore) Get(ctx context.Context, key Key) (Record, error) {
+	if err := key.Validate(); err != nil {
+		return Record{}, fmt.Errorf("dedup: postgres get: %w", err)
+	}
+	rec, err := s.read(ctx, s.pool, s.sql.get, key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, fmt.Errorf("dedup: postgres get %s: %w", key, ErrNotFound)
+	}
+	if err != nil {
+		return Record{}, s.opError("get "+key.String(), err)
+	}
+	return rec, nil
+}
+
+// Purge deletes expired records, a bounded batch per statement until none
+// is left, and returns how many it removed.
+func (s *PostgresStore) Purge(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("dedup: postgres purge: %w", err)
+		}
+		tag, err := s.pool.Exec(ctx, s.sql.purge)
+		if err != nil {
+			return total, s.opError("purge", err)
+		}
+		total += int(tag.RowsAffected())
+		if tag.RowsAffected() < purgeBatch {
+			return total, nil
+		}
+	}
+}
+
+// claimInTx records req as SUCCEEDED inside the caller's transaction, for the
+// transactional inbox: the record commits or vanishes with the handler's own
+// writes. A concurrent claim of the same key waits for this transaction and
+// then sees a duplicate (commit) or acquires the key itself (rollback).
+func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (Claim, error) {
+	if err := req.Key.Validate(); err != nil {
+		return Claim{}, fmt.Errorf("dedup: postgres claim in tx: %w", err)
+	}
+	c, err := s.claim(ctx, tx, s.sql.claimInTx, req,
+		req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.TTL)
+	if err != nil {
+		return Claim{}, s.opError("claim in tx "+req.Key.String(), err)
+	}
+	return c, nil
+}
+
+// recordFailure counts a failed inbox attempt after its transaction rolled
+// back, and returns the attempts so far. It returns ErrLeaseLost when the
+// event was settled (succeeded or failed for good) meanwhile.
+func (s *PostgresStore) recordFailure(ctx context.Context, req ClaimRequest, f Failure) (int, error) {
+	if err := req.Key.Validate(); err != nil {
+		return 0, fmt.Errorf("dedup: postgres record failure: %w", err)
+	}
+	status := StatusFailedRetryable
+	if f.Final {
+		status = StatusFailedFinal
+	}
+	var attempts int
+	err := s.pool.QueryRow(ctx, s.sql.recordFailure, req.Key.Scope, req.Key.EventID, string(status),
+		req.Fingerprint, NewOwnerToken(), f.TTL, f.Error).Scan(&attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("dedup: postgres record failure %s: already settled: %w", req.Key, ErrLeaseLost)
+	}
+	if err != nil {
+		return 0, s.opError("record failure "+req.Key.String(), err)
+	}
+	return attempts, nil
+}
+
+// opError wraps err with the operation, and with a hint when the table is
+// missing.
+func (s *PostgresStore) opError(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("dedup: postgres %s: table %s does not exist (run Migrate): %w", op, s.table, err)
+	}
+	return fmt.Errorf("dedup: postgres %s: %w", op, err)
+}
+
+// scanError marks a column that cannot be decoded as a malformed record.
+func scanError(err error) error {
+	var scanErr pgx.ScanArgError
+	if errors.As(err, &scanErr) {
+		return fmt.Errorf("%w: %w", ErrMalformedRecord, err)
+	}
+	return err
+}
+
+// pgRecord receives the record columns as nullable values, so that a bad
+// row is reported by decode instead of failing inside pgx.
+type pgRecord struct {
+	status, fingerprint, owner, lastError                                  pgtype.Text
+	attempts                                                               pgtype.Int4
+	leaseUntil, createdAt, updatedAt, expiresAt, firstFailure, lastFailure pgtype.Timestamptz
+	result                                                                 []byte
+}
+
+// targets returns head followed by the scan targets of recordColumns.
+func (r *pgRecord) targets(head ...any) []any {
+	return append(head, &r.status, &r.fingerprint, &r.attempts, &r.owner, &r.leaseUntil,
+		&r.createdAt, &r.updatedAt, &r.expiresAt, &r.lastError, &r.firstFailure, &r.lastFailure, &r.result)
+}
+
+func (r *pgRecord) decode(key Key) (Record, error) {
+	rec := Record{
+		Key:         key,
+		Status:      Status(r.status.String),
+		Fingerprint: r.fingerprint.String,
+		Attempts:    int(r.attempts.Int32),
+		Owner:       r.owner.String,
+		LastError:   r.lastError.String,
+		Result:      r.result,
+	}
+	var problems []string
+	if !rec.Status.Valid() {
+		problems = append(problems, fmt.Sprintf("status %q", rec.Status))
+	}
+	for _, c := range []struct {
+		name  string
+		valid bool
+	}{{"fingerprint", r.fingerprint.Valid}, {"owner", r.owner.Valid}, {"attempts", r.attempts.Valid}} {
+		if !c.valid {
+			problems = append(problems, c.name+" is NULL")
+		}
+	}
+	if rec.Attempts < 0 {
+		problems = append(problems, fmt.Sprintf("attempts %d", rec.Attempts))
+	}
+	for _, c := range []struct {
+		name     string
+		src      pgtype.Timestamptz
+		dst      *time.Time
+		required bool
+	}{
+		{"lease_until", r.leaseUntil, &rec.LeaseUntil, true},
+		{"created_at", r.createdAt, &rec.CreatedAt, true},
+		{"updated_at", r.updatedAt, &rec.UpdatedAt, true},
+		{"expires_at", r.expiresAt, &rec.ExpiresAt, true},
+		{"first_failure", r.firstFailure, &rec.FirstFailure, false},
+		{"last_failure", r.lastFailure, &rec.LastFailure, false},
+	} {
+		switch {
+		case !c.src.Valid && c.required:
+			problems = append(problems, c.name+" is NULL")
+		case c.src.Valid && c.src.InfinityModifier != pgtype.Finite:
+			problems = append(problems, c.name+" is infinite")
+		case c.src.Valid:
+			*c.dst = c.src.Time
+		}
+	}
+	if problems != nil {
+		return Record{}, fmt.Errorf("%w: %s", ErrMalformedRecord, strings.Join(problems, ", "))
+	}
+	return rec, nil
+}
+
+// cloneRecord returns rec with its own Result, so that answers for one key
+// in a batch do not share a slice.
+func cloneRecord(rec Record) Record {
+	rec.Result = bytes.Clone(rec.Result)
+	return rec
+}
+
+var _ Store = (*PostgresStore)(nil)

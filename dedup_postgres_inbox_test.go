@@ -1,0 +1,195 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/testenv"
+)
+
+// newLedger creates a business table for the inbox tests: one row per effect.
+func newLedger(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	table := "inbox_ledger_" + dedup.NewOwnerToken()[:12]
+	_, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (event_id text NOT NULL, body text NOT NULL)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE `+table) })
+	return table
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, table, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table+` WHERE event_id = $1`, id).Scan(&n))
+	return n
+}
+
+func TestInbox(t *testing.T) {
+	pool := testenv.Postgres(t)
+	store := newPostgresStore(t, pool)
+	ctx := context.Background()
+
+	t.Run("ConcurrentDeliveriesOneRow", func(t *testing.T) {
+		ledger := newLedger(t, pool)
+		var runs atomic.Int32
+		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+			runs.Add(1)
+			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
+			time.Sleep(5 * time.Millisecond) // hold the row lock while others queue on it
+			return err
+		}, fastOpts(t, &dedup.MemorySink{})...)
+		require.NoError(t, err)
+
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		outcomes := make(chan dedup.Outcome, 50)
+		for i := 0; i < 50; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, err := w.Handle(ctx, event{ID: "pay-1", Body: "10 EUR"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				outcomes <- res.Outcome
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(outcomes)
+		counts := map[dedup.Outcome]int{}
+		for o := range outcomes {
+			counts[o]++
+		}
+		require.Equal(t, map[dedup.Outcome]int{dedup.Processed: 1, dedup.Duplicate: 49}, counts)
+		require.Equal(t, 1, countRows(t, pool, ledger, "pay-1"))
+		require.EqualValues(t, 1, runs.Load(), "duplicates waited on the row instead of running")
+	})
+
+	t.Run("FailedAttemptRollsBackEffectAndIsCounted", func(t *testing.T) {
+		ledger := newLedger(t, pool)
+		var calls atomic.Int32
+		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
+				return err
+			}
+			if calls.Add(1) <= 2 {
+				return errors.New("downstream refused after our insert")
+			}
+			return nil
+		}, fastOpts(t, &dedup.MemorySink{})...)
+		require.NoError(t, err)
+
+		res, err := w.Handle(ctx, event{ID: "e", Body: "x"})
+		require.NoError(t, err)
+		require.Equal(t, dedup.Retry, res.Outcome)
+		require.Equal(t, 0, countRows(t, pool, ledger, "e"), "the failed attempt's insert rolled back")
+		rec, err := store.Get(ctx, res.Key)
+		require.NoError(t, err)
+		require.Equal(t, dedup.StatusFailedRetryable, rec.Status)
+		require.Equal(t, 1, rec.Attempts)
+
+		res = deliverUntilSettled(t, w, event{ID: "e", Body: "x"})
+		require.Equal(t, dedup.Processed, res.Outcome)
+		require.Equal(t, 3, res.Attempts)
+		require.Equal(t, 1, countRows(t, pool, ledger, "e"))
+		res, err = w.Handle(ctx, event{ID: "e", Body: "x"})
+		require.NoError(t, err)
+		require.Equal(t, dedup.Duplicate, res.Outcome)
+		require.Equal(t, 1, countRows(t, pool, ledger, "e"))
+	})
+
+	t.Run("PoisonIsDeadLetteredWithNoEffect", func(t *testing.T) {
+		ledger := newLedger(t, pool)
+		sink := &dedup.MemorySink{}
+		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
+				return err
+			}
+			panic("bug")
+		}, fastOpts(t, sink, dedup.WithMaxAttempts(3))...)
+		require.NoError(t, err)
+		res := deliverUntilSettled(t, w, event{ID: "poison", Body: "x"})
+		require.Equal(t, dedup.DeadLettered, res.Outcome)
+		require.Equal(t, dedup.ReasonPanic, res.Reason)
+		require.Equal(t, 0, countRows(t, pool, ledger, "poison"))
+		require.Len(t, sink.Letters(), 1)
+		require.Equal(t, 3, sink.Letters()[0].Attempts)
+		rec, err := store.Get(ctx, res.Key)
+		require.NoError(t, err)
+		require.Equal(t, dedup.StatusFailedFinal, rec.Status)
+		res, err = w.Handle(ctx, event{ID: "poison", Body: "x"})
+		require.NoError(t, err)
+		require.Equal(t, dedup.Duplicate, res.Outcome)
+	})
+
+	t.Run("FailingSinkKeepsEventRetryable", func(t *testing.T) {
+		sink := &dedup.MemorySink{}
+		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+			return dedup.Permanent(errors.New("unsupported"))
+		}, fastOpts(t, sink)...)
+		require.NoError(t, err)
+		sink.FailWith(errors.New("dlq down"))
+		res, err := w.Handle(ctx, event{ID: "s", Body: "x"})
+		require.Error(t, err)
+		require.False(t, res.Settled())
+		sink.FailWith(nil)
+		res = deliverUntilSettled(t, w, event{ID: "s", Body: "x"})
+		require.Equal(t, dedup.DeadLettered, res.Outcome)
+		require.Len(t, sink.Letters(), 1)
+	})
+
+	t.Run("ConflictLeavesOriginalAlone", func(t *testing.T) {
+		ledger := newLedger(t, pool)
+		sink := &dedup.MemorySink{}
+		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
+			return err
+		}, fastOpts(t, sink)...)
+		require.NoError(t, err)
+		res, err := w.Handle(ctx, event{ID: "c", Body: "10"})
+		require.NoError(t, err)
+		require.Equal(t, dedup.Processed, res.Outcome)
+		res, err = w.Handle(ctx, event{ID: "c", Body: "9999"})
+		require.NoError(t, err)
+		require.Equal(t, dedup.Conflict, res.Outcome)
+		require.Equal(t, 1, countRows(t, pool, ledger, "c"))
+		require.Equal(t, dedup.ReasonConflict, sink.Letters()[0].Reason)
+	})
+
+	t.Run("BatchRunsEachInItsOwnTransaction", func(t *testing.T) {
+		ledger := newLedger(t, pool)
+		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
+			return err
+		}, fastOpts(t, &dedup.MemorySink{})...)
+		require.NoError(t, err)
+		var got []dedup.Outcome
+		err = w.HandleBatch(ctx, []event{{ID: "a", Body: "1"}, {ID: "a", Body: "1"}, {ID: "b", Body: "1"}},
+			func(i int, res dedup.Result, err error) bool {
+				require.NoError(t, err)
+				got = append(got, res.Outcome)
+				return true
+			})
+		require.NoError(t, err)
+		require.Equal(t, []dedup.Outcome{dedup.Processed, dedup.Duplicate, dedup.Processed}, got)
+		require.Equal(t, 1, countRows(t, pool, ledger, "a"))
+	})
+}
+
+func TestWrapTxRejectsNil(t *testing.T) {
+	_, err := dedup.WrapTx[event](nil, events, func(context.Context, pgx.Tx, event) error { return nil },
+		dedup.WithScope("s"), dedup.WithSink(&dedup.MemorySink{}))
+	require.ErrorIs(t, err, dedup.ErrConfig)
+}

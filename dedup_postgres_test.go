@@ -1,0 +1,875 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup/internal/testenv"
+)
+
+const (
+	testLease = 30 * time.Second
+	testTTL   = time.Hour
+)
+
+// newTestPostgresStore returns a store on a fresh migrated table, dropped
+// when t ends.
+func newTestPostgresStore(t testing.TB, pool *pgxpool.Pool) *PostgresStore {
+	t.Helper()
+	table := "dedup_test_" + NewOwnerToken()[:12]
+	s, err := NewPostgresStore(pool, WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+s.table); err != nil {
+			t.Errorf("drop %s: %v", s.table, err)
+		}
+	})
+	return s
+}
+
+func claimReq(scope, id, fingerprint string) ClaimRequest {
+	return ClaimRequest{Key: Key{Scope: scope, EventID: id}, Fingerprint: fingerprint, Lease: testLease, TTL: testTTL}
+}
+
+func mustClaim(t *testing.T, s *PostgresStore, req ClaimRequest, want ClaimStatus) Claim {
+	t.Helper()
+	c, err := s.Claim(context.Background(), req)
+	if err != nil {
+		t.Fatalf("claim %s: %v", req.Key, err)
+	}
+	if c.Status != want {
+		t.Fatalf("claim %s = %v (record %+v), want %v", req.Key, c.Status, c.Record, want)
+	}
+	return c
+}
+
+func TestPostgresTableName(t *testing.T) {
+	pool := testenv.Postgres(t)
+	for _, name := range []string{"dedup_records", "Events", "_x1", "myschema.my_table", strings.Repeat("a", 63)} {
+		if _, err := NewPostgresStore(pool, WithTable(name)); err != nil {
+			t.Errorf("WithTable(%q): %v", name, err)
+		}
+	}
+	bad := []string{"", "1abc", "a-b", `x"; DROP TABLE users; --`, "a.b.c", ".t", "s.", "tbl ", "tabla_ñ", strings.Repeat("a", 64)}
+	for _, name := range bad {
+		_, err := NewPostgresStore(pool, WithTable(name))
+		var nameErr *TableNameError
+		if !errors.As(err, &nameErr) || nameErr.Name != name {
+			t.Errorf("WithTable(%q) = %v, want *TableNameError", name, err)
+		}
+	}
+	if _, err := NewPostgresStore(nil); err == nil {
+		t.Error("nil pool accepted")
+	}
+	s, err := NewPostgresStore(pool)
+	if err != nil || s.table != `"dedup_records"` {
+		t.Errorf("default table = %q, %v", s.table, err)
+	}
+}
+
+func TestPostgresMigrate(t *testing.T) {
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	schema := "dedup_schema_" + NewOwnerToken()[:12]
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	s, err := NewPostgresStore(pool, WithTable(schema+".Records"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Twice, and from two goroutines at once: both must succeed.
+	for range 2 {
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			wg.Go(func() { errs[i] = s.Migrate(ctx) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var indexes int
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND tablename = 'Records'
+		AND indexdef LIKE '%(expires_at)'`, schema).Scan(&indexes)
+	if err != nil || indexes != 1 {
+		t.Fatalf("expiry indexes = %d, %v", indexes, err)
+	}
+	mustClaim(t, s, claimReq("migrate", "e1", "f"), ClaimAcquired)
+}
+
+func TestPostgresClaimLifecycle(t *testing.T) {
+	s := newTestPostgresStore(t, testenv.Postgres(t))
+	ctx := context.Background()
+	req := claimReq("billing", "evt-1", "fp-1")
+
+	c := mustClaim(t, s, req, ClaimAcquired)
+	rec := c.Record
+	if c.Previous != "" || rec.Status != StatusProcessing || rec.Attempts != 1 || rec.Owner == "" ||
+		rec.Key != req.Key || rec.Fingerprint != "fp-1" {
+		t.Fatalf("new claim = %+v", c)
+	}
+	// Lease and expiry come from the database clock, both from one now().
+	if d := rec.LeaseUntil.Sub(rec.CreatedAt); d != testLease {
+		t.Errorf("lease = %v, want %v", d, testLease)
+	}
+	if d := rec.ExpiresAt.Sub(rec.CreatedAt); d != testTTL {
+		t.Errorf("ttl = %v, want %v", d, testTTL)
+	}
+
+	mustClaim(t, s, req, ClaimInFlight)
+	conflict := mustClaim(t, s, claimReq("billing", "evt-1", "fp-2"), ClaimConflict)
+	if conflict.Record.Owner != rec.Owner {
+		t.Errorf("conflict record owner = %q, want %q", conflict.Record.Owner, rec.Owner)
+	}
+
+	if err := s.Complete(ctx, req.Key, "someone-else", nil, testTTL); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("complete by stranger = %v, want ErrLeaseLost", err)
+	}
+	if err := s.Complete(ctx, req.Key, rec.Owner, []byte("receipt"), testTTL); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, req.Key, rec.Owner, nil, testTTL); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("second complete = %v, want ErrLeaseLost", err)
+	}
+	got, err := s.Get(ctx, req.Key)
+	if err != nil || got.Status != StatusSucceeded || string(got.Result) != "receipt" || got.Attempts != 1 {
+		t.Fatalf("get = %+v, %v", got, err)
+	}
+	dup := mustClaim(t, s, req, ClaimDuplicate)
+	if string(dup.Record.Result) != "receipt" {
+		t.Errorf("duplicate result = %q", dup.Record.Result)
+	}
+	mustClaim(t, s, claimReq("billing", "evt-1", "fp-2"), ClaimConflict)
+	// Another scope is another key.
+	mustClaim(t, s, claimReq("shipping", "evt-1", "fp-2"), ClaimAcquired)
+
+	if _, err := s.Get(ctx, Key{Scope: "billing", EventID: "nope"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get absent = %v, want ErrNotFound", err)
+	}
+}
+
+func TestPostgresLeaseTakeoverAndFencing(t *testing.T) {
+	s := newTestPostgresStore(t, testenv.Postgres(t))
+	ctx := context.Background()
+	req := claimReq("orders", "evt-1", "fp")
+	req.Lease = time.Millisecond
+	first := mustClaim(t, s, req, ClaimAcquired)
+	time.Sleep(5 * time.Millisecond)
+
+	req.Lease = testLease
+	second := mustClaim(t, s, req, ClaimAcquired)
+	if second.Previous != StatusProcessing || second.Record.Attempts != 2 || second.Record.Owner == first.Record.Owner ||
+		!second.Record.CreatedAt.Equal(first.Record.CreatedAt) {
+		t.Fatalf("takeover = %+v", second)
+	}
+	old, cur := first.Record.Owner, second.Record.Owner
+	if err := s.Extend(ctx, req.Key, old, time.Minute); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("extend by old owner = %v", err)
+	}
+	if err := s.Fail(ctx, req.Key, old, Failure{Error: "late", TTL: testTTL}); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("fail by old owner = %v", err)
+	}
+	if err := s.Complete(ctx, req.Key, old, nil, testTTL); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("complete by old owner = %v", err)
+	}
+	if err := s.Extend(ctx, req.Key, cur, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, req.Key)
+	if err != nil || got.Owner != cur || got.Status != StatusProcessing || got.LeaseUntil.Sub(got.UpdatedAt) != time.Hour {
+		t.Fatalf("after extend: %+v, %v", got, err)
+	}
+}
+
+func TestPostgresFailures(t *testing.T) {
+	s := newTestPostgresStore(t, testenv.Postgres(t))
+	ctx := context.Background()
+	req := claimReq("mail", "evt-1", "fp")
+
+	c := mustClaim(t, s, req, ClaimAcquired)
+	if err := s.Fail(ctx, req.Key, c.Record.Owner, Failure{Error: "smtp down", TTL: testTTL}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Get(ctx, req.Key)
+	if err != nil || first.Status != StatusFailedRetryable || first.LastError != "smtp down" ||
+		first.FirstFailure.IsZero() || !first.FirstFailure.Equal(first.LastFailure) {
+		t.Fatalf("after fail: %+v, %v", first, err)
+	}
+	mustClaim(t, s, claimReq("mail", "evt-1", "other"), ClaimConflict)
+
+	c = mustClaim(t, s, req, ClaimAcquired)
+	if c.Previous != StatusFailedRetryable || c.Record.Attempts != 2 || c.Record.LastError != "smtp down" {
+		t.Fatalf("retry claim = %+v", c)
+	}
+	if err := s.Fail(ctx, req.Key, c.Record.Owner, Failure{Final: true, Error: "bounced", TTL: testTTL}); err != nil {
+		t.Fatal(err)
+	}
+	final, err := s.Get(ctx, req.Key)
+	if err != nil || final.Status != StatusFailedFinal || final.LastError != "bounced" || final.Attempts != 2 ||
+		!final.FirstFailure.Equal(first.FirstFailure) || !final.LastFailure.After(first.LastFailure) {
+		t.Fatalf("after final fail: %+v, %v", final, err)
+	}
+	mustClaim(t, s, req, ClaimFinal)
+}
+
+func TestPostgresExpiry(t *testing.T) {
+	s := newTestPostgresStore(t, testenv.Postgres(t))
+	ctx := context.Background()
+	req := claimReq("expiry", "evt-1", "fp")
+	c := mustClaim(t, s, req, ClaimAcquired)
+	if err := s.Fail(ctx, req.Key, c.Record.Owner, Failure{Error: "x", TTL: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, err := s.Get(ctx, req.Key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get expired = %v, want ErrNotFound", err)
+	}
+	if err := s.Complete(ctx, req.Key, c.Record.Owner, nil, testTTL); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("complete expired = %v, want ErrLeaseLost", err)
+	}
+	// An expired record is absent: a new fingerprint starts afresh.
+	fresh := mustClaim(t, s, claimReq("expiry", "evt-1", "fp-new"), ClaimAcquired)
+	r := fresh.Record
+	if fresh.Previous != "" || r.Attempts != 1 || r.LastError != "" || !r.FirstFailure.IsZero() ||
+		!r.LastFailure.IsZero() || !r.CreatedAt.After(c.Record.CreatedAt) {
+		t.Fatalf("claim after expiry = %+v", fresh)
+	}
+}
+
+func TestPostgresClaimRace(t *testing.T) {
+	s := newTestPostgresStore(t, testenv.Postgres(t))
+	req := claimReq("race", "evt-1", "fp")
+	var acquired, inFlight atomic.Int32
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			<-start
+			c, err := s.Claim(context.Background(), req)
+			switch {
+			case err != nil:
+				t.Error(err)
+			case c.Status == ClaimAcquired:
+				acquired.Add(1)
+			case c.Status == ClaimInFlight:
+				inFlight.Add(1)
+			default:
+				t.Errorf("claim = %v", c.Status)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if acquired.Load() != 1 || inFlight.Load() != 49 {
+		t.Fatalf("acquired %d, in flight %d; want 1 and 49", acquired.Load(), inFlight.Load())
+	}
+}
+
+func TestPostgresInvalidKeyWritesNothing(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	bad := []Key{{"", "e"}, {"s", ""}, {"s", "a\x00b"}, {"s", strings.Repeat("x", MaxIDLen+1)}, {"s", "\xff"}}
+	for _, k := range bad {
+		if _, err := s.Claim(ctx, ClaimRequest{Key: k, Fingerprint: "f", Lease: testLease, TTL: testTTL}); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("claim %q = %v, want ErrInvalidKey", k, err)
+		}
+		if _, err := s.Get(ctx, k); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("get %q = %v, want ErrInvalidKey", k, err)
+		}
+	}
+	batch := []ClaimRequest{claimReq("s", "ok-1", "f"), {Key: bad[2], Fingerprint: "f"}, claimReq("s", "ok-2", "f")}
+	if _, err := s.ClaimBatch(ctx, batch); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("batch with a bad key = %v, want ErrInvalidKey", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+s.table).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("rows written = %d, %v", n, err)
+	}
+}
+
+// countingTracer counts statements sent to the server.
+type countingTracer struct{ n atomic.Int32 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func TestPostgresClaimBatchMatchesSingleClaims(t *testing.T) {
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	batchStore, singleStore := newTestPostgresStore(t, pool), newTestPostgresStore(t, pool)
+
+	// The same existing records in both tables, one per state.
+	const scope = "batch"
+	rnd := rand.New(rand.NewPCG(1, 2))
+	var reqs []ClaimRequest
+	for i := range 60 {
+		reqs = append(reqs, claimReq(scope, fmt.Sprintf("seed-%d", i), "fp"))
+	}
+	for _, s := range []*PostgresStore{batchStore, singleStore} {
+		for i, req := range reqs {
+			if i%6 == 5 {
+				req.Lease = -time.Second // a worker that died: lease already lapsed
+			}
+			c := mustClaim(t, s, req, ClaimAcquired)
+			var err error
+			switch i % 6 {
+			case 1:
+				err = s.Complete(ctx, req.Key, c.Record.Owner, []byte("r"), testTTL)
+			case 2:
+				err = s.Fail(ctx, req.Key, c.Record.Owner, Failure{Error: "e", TTL: testTTL})
+			case 3:
+				err = s.Fail(ctx, req.Key, c.Record.Owner, Failure{Final: true, Error: "e", TTL: testTTL})
+			case 4:
+				err = s.Complete(ctx, req.Key, c.Record.Owner, nil, -time.Second) // expired
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// 500 claims: existing keys, new keys, repeats, other fingerprints, lapsed leases.
+	batch := make([]ClaimRequest, 500)
+	for i := range batch {
+		var req ClaimRequest
+		if rnd.IntN(2) == 0 {
+			req = reqs[rnd.IntN(len(reqs))]
+		} else {
+			req = claimReq(scope, fmt.Sprintf("new-%d", rnd.IntN(300)), "fp")
+		}
+		if rnd.IntN(5) == 0 {
+			req.Fingerprint = "fp-other"
+		}
+		if rnd.IntN(10) == 0 {
+			req.Lease = 0
+		}
+		batch[i] = req
+	}
+	got, err := batchStore.ClaimBatch(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(batch) {
+		t.Fatalf("%d answers for %d claims", len(got), len(batch))
+	}
+	counts := map[ClaimStatus]int{}
+	for i, req := range batch {
+		want, err := singleStore.Claim(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := got[i]
+		counts[g.Status]++
+		if g.Status != want.Status || g.Previous != want.Previous || g.Record.Status != want.Record.Status ||
+			g.Record.Attempts != want.Record.Attempts || g.Record.Fingerprint != want.Record.Fingerprint ||
+			g.Record.Key != req.Key || string(g.Record.Result) != string(want.Record.Result) {
+			t.Errorf("claim %d (%s %s lease %v): batch %v/%v %+v, single %v/%v %+v", i, req.Key, req.Fingerprint, req.Lease,
+				g.Status, g.Previous, g.Record, want.Status, want.Previous, want.Record)
+		}
+	}
+	for _, st := range []ClaimStatus{ClaimAcquired, ClaimDuplicate, ClaimInFlight, ClaimConflict, ClaimFinal} {
+		if counts[st] == 0 {
+			t.Errorf("the batch never answered %v: %v", st, counts)
+		}
+	}
+}
+
+func TestPostgresClaimBatchRepeatedKey(t *testing.T) {
+	s := newTestPostgresStore(t, testenv.Postgres(t))
+	ctx := context.Background()
+	c := mustClaim(t, s, claimReq("rep", "k", "a"), ClaimAcquired)
+	if err := s.Fail(ctx, c.Record.Key, c.Record.Owner, Failure{Error: "e", TTL: testTTL}); err != nil {
+		t.Fatal(err)
+	}
+	lapsed := claimReq("rep", "z", "a")
+	lapsed.Lease = 0
+	// One by one: the first is refused, the second takes the retryable
+	// record over, the third finds it in flight; a zero lease lapses at once,
+	// so each claim of z takes the previous one over.
+	got, err := s.ClaimBatch(ctx, []ClaimRequest{
+		claimReq("rep", "k", "b"), claimReq("rep", "k", "a"), claimReq("rep", "k", "a"), lapsed, lapsed, lapsed,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		status   ClaimStatus
+		previous Status
+		attempts int
+	}{
+		{ClaimConflict, "", 1}, {ClaimAcquired, StatusFailedRetryable, 2}, {ClaimInFlight, "", 2},
+		{ClaimAcquired, "", 1}, {ClaimAcquired, StatusProcessing, 2}, {ClaimAcquired, StatusProcessing, 3},
+	}
+	for i, w := range want {
+		if g := got[i]; g.Status != w.status || g.Previous != w.previous || g.Record.Attempts != w.attempts {
+			t.Errorf("answer %d = %v/%q attempts %d, want %v/%q attempts %d", i, g.Status, g.Previous, g.Record.Attempts,
+				w.status, w.previous, w.attempts)
+		}
+	}
+	if got[1].Record.Owner != got[2].Record.Owner {
+		t.Error("in-flight answer does not show the record the earlier claim made")
+	}
+}
+
+func TestPostgresClaimBatchRoundTrips(t *testing.T) {
+	base := testenv.Postgres(t)
+	cfg := base.Config()
+	tracer := &countingTracer{}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := newTestPostgresStore(t, base)
+	s.pool = pool
+	ctx := context.Background()
+	reqs := make([]ClaimRequest, 500)
+	for i := range reqs {
+		reqs[i] = claimReq("trips", fmt.Sprintf("e-%d", i), "fp")
+	}
+
+	tracer.n.Store(0)
+	if _, err := s.ClaimBatch(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	if n := tracer.n.Load(); n != 1 {
+		t.Errorf("500 new keys took %d statements, want 1", n)
+	}
+	tracer.n.Store(0)
+	got, err := s.ClaimBatch(ctx, append(reqs, reqs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := tracer.n.Load(); n != 2 {
+		t.Errorf("1000 held keys took %d statements, want 2", n)
+	}
+	for i, c := range got {
+		if c.Status != ClaimInFlight {
+			t.Fatalf("answer %d = %v, want in-flight", i, c.Status)
+		}
+	}
+}
+
+func TestPostgresClaimBatchConcurrentOrders(t *testing.T) {
+	s := newTestPostgresStore(t, testenv.Postgres(t))
+	reqs := make([]ClaimRequest, 200)
+	for i := range reqs {
+		reqs[i] = claimReq("orders", fmt.Sprintf("e-%d", i), "fp")
+	}
+	// Overlapping batches in different orders must neither deadlock nor
+	// let two claims acquire one key.
+	var acquired atomic.Int32
+	var wg sync.WaitGroup
+	for w := range 6 {
+		batch := append([]ClaimRequest(nil), reqs...)
+		rand.New(rand.NewPCG(uint64(w), 9)).Shuffle(len(batch), func(i, j int) { batch[i], batch[j] = batch[j], batch[i] })
+		wg.Go(func() {
+			got, err := s.ClaimBatch(context.Background(), batch)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, c := range got {
+				if c.Status == ClaimAcquired {
+					acquired.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := acquired.Load(); n != int32(len(reqs)) {
+		t.Fatalf("%d keys acquired, want %d", n, len(reqs))
+	}
+}
+
+func TestPostgresPurge(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
+		lease_until, created_at, updated_at, expires_at)
+		SELECT 'purge', 'old-' || i, 'SUCCEEDED', 'fp', 1, 'o', now(), now(), now(), now() - interval '1 second'
+		FROM generate_series(1, 2500) AS i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		mustClaim(t, s, claimReq("purge", fmt.Sprintf("live-%d", i), "fp"), ClaimAcquired)
+	}
+	n, err := s.Purge(ctx)
+	if err != nil || n != 2500 {
+		t.Fatalf("purge = %d, %v; want 2500", n, err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+s.table).Scan(&left); err != nil || left != 3 {
+		t.Fatalf("rows left = %d, %v; want the 3 live ones", left, err)
+	}
+	if n, err := s.Purge(ctx); err != nil || n != 0 {
+		t.Fatalf("second purge = %d, %v", n, err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Purge(cancelled); !errors.Is(err, context.Canceled) {
+		t.Fatalf("purge with cancelled context = %v", err)
+	}
+}
+
+func TestPostgresMalformedRecords(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `ALTER TABLE `+s.table+` DROP CONSTRAINT dedup_status_check,
+		ALTER COLUMN fingerprint DROP NOT NULL, ALTER COLUMN lease_until DROP NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
+		lease_until, created_at, updated_at, expires_at) VALUES
+		('bad', 'status', 'DONE', 'fp', 1, 'o', now(), now(), now(), now() + interval '1 hour'),
+		('bad', 'null-fp', 'SUCCEEDED', NULL, 1, 'o', now(), now(), now(), now() + interval '1 hour'),
+		('bad', 'null-lease', 'PROCESSING', 'fp', 1, 'o', NULL, now(), now(), now() + interval '1 hour'),
+		('bad', 'infinite', 'SUCCEEDED', 'fp', 1, 'o', now(), now(), now(), 'infinity'),
+		('bad', 'negative', 'SUCCEEDED', 'fp', -3, 'o', now(), now(), now(), now() + interval '1 hour')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"status", "null-fp", "null-lease", "infinite", "negative"} {
+		req := claimReq("bad", id, "fp")
+		if _, err := s.Get(ctx, req.Key); !errors.Is(err, ErrMalformedRecord) {
+			t.Errorf("get %s = %v, want ErrMalformedRecord", id, err)
+		}
+		if _, err := s.Claim(ctx, req); !errors.Is(err, ErrMalformedRecord) {
+			t.Errorf("claim %s = %v, want ErrMalformedRecord", id, err)
+		}
+		if _, err := s.ClaimBatch(ctx, []ClaimRequest{claimReq("bad", "fine", "fp"), req}); !errors.Is(err, ErrMalformedRecord) {
+			t.Errorf("claim batch %s = %v, want ErrMalformedRecord", id, err)
+		}
+	}
+	// A column of the wrong type cannot be scanned: malformed, not a panic.
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+s.table+` ALTER COLUMN attempts TYPE text`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `UPDATE `+s.table+` SET attempts = 'many' WHERE event_id = 'null-fp'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A fresh pool: cached statements on the old one describe the old column type.
+	fresh, err := pgxpool.NewWithConfig(ctx, pool.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	s.pool = fresh
+	if _, err := s.Get(ctx, Key{"bad", "null-fp"}); !errors.Is(err, ErrMalformedRecord) {
+		t.Errorf("get with text attempts = %v, want ErrMalformedRecord", err)
+	}
+}
+
+func TestPostgresMissingTable(t *testing.T) {
+	s, err := NewPostgresStore(testenv.Postgres(t), WithTable("dedup_never_migrated"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := claimReq("missing", "e", "fp")
+	_, claimErr := s.Claim(ctx, req)
+	_, batchErr := s.ClaimBatch(ctx, []ClaimRequest{req})
+	_, getErr := s.Get(ctx, req.Key)
+	_, purgeErr := s.Purge(ctx)
+	for name, err := range map[string]error{
+		"claim": claimErr, "batch": batchErr, "get": getErr, "purge": purgeErr,
+		"complete": s.Complete(ctx, req.Key, "o", nil, testTTL),
+	} {
+		var pgErr *pgconn.PgError
+		if err == nil || !strings.Contains(err.Error(), "run Migrate") || !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
+			t.Errorf("%s on a missing table = %v, want a hint to run Migrate wrapping undefined_table", name, err)
+		}
+	}
+}
+
+func TestPostgresUnreachable(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := NewPostgresStore(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.Claim(ctx, claimReq("down", "e", "fp")); err == nil || !strings.Contains(err.Error(), "down/e") {
+		t.Errorf("claim with no server = %v, want an error naming the key", err)
+	}
+	if err := s.Migrate(ctx); err == nil {
+		t.Error("migrate with no server succeeded")
+	}
+}
+
+// inboxClaim claims req in a new transaction and returns the transaction.
+func inboxClaim(t *testing.T, pool *pgxpool.Pool, s *PostgresStore, req ClaimRequest) (pgx.Tx, Claim) {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.claimInTx(context.Background(), tx, req)
+	if err != nil {
+		_ = tx.Rollback(context.Background())
+		t.Fatal(err)
+	}
+	return tx, c
+}
+
+// waitForLockWaiter waits until a session is blocked on a lock on table.
+func waitForLockWaiter(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var n int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, table).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+	}
+	t.Fatal("no claim blocked on the first transaction")
+}
+
+func TestPostgresInboxBlocksUntilFirstTxEnds(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	for _, commit := range []bool{true, false} {
+		req := claimReq("inbox", fmt.Sprintf("commit-%v", commit), "fp")
+		tx1, c1 := inboxClaim(t, pool, s, req)
+		if c1.Status != ClaimAcquired || c1.Record.Status != StatusSucceeded || c1.Record.Attempts != 1 {
+			t.Fatalf("first inbox claim = %+v", c1)
+		}
+		second := make(chan Claim, 1)
+		go func() {
+			var c2 Claim
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+				c2, err = s.claimInTx(ctx, tx, req)
+				return err
+			})
+			if err != nil {
+				t.Error(err)
+			}
+			second <- c2
+		}()
+		waitForLockWaiter(t, pool, s.table)
+		var err error
+		if commit {
+			err = tx1.Commit(ctx)
+		} else {
+			err = tx1.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2 := <-second
+		want := ClaimDuplicate
+		if !commit {
+			want = ClaimAcquired
+		}
+		if c2.Status != want || c2.Record.Attempts != 1 {
+			t.Errorf("commit=%v: blocked claim = %v attempts %d, want %v attempts 1", commit, c2.Status, c2.Record.Attempts, want)
+		}
+	}
+}
+
+func TestPostgresInboxRace(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	business := "dedup_test_orders_" + NewOwnerToken()[:12]
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+business+" (event_id text)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+business) })
+
+	req := claimReq("inbox-race", "evt-1", "fp")
+	var acquired, duplicates atomic.Int32
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			<-start
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				c, err := s.claimInTx(ctx, tx, req)
+				if err != nil {
+					return err
+				}
+				switch c.Status {
+				case ClaimAcquired:
+					acquired.Add(1)
+					_, err = tx.Exec(ctx, "INSERT INTO "+business+" VALUES ($1)", req.Key.EventID)
+					time.Sleep(2 * time.Millisecond) // keep the others waiting on the key
+					return err
+				case ClaimDuplicate:
+					duplicates.Add(1)
+					return nil
+				}
+				return fmt.Errorf("inbox claim = %v", c.Status)
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+business).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || acquired.Load() != 1 || duplicates.Load() != 49 {
+		t.Fatalf("business rows %d, acquired %d, duplicates %d; want 1, 1, 49", rows, acquired.Load(), duplicates.Load())
+	}
+}
+
+func TestPostgresInboxAttempts(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	req := claimReq("inbox-attempts", "evt-1", "fp")
+
+	for attempt := 1; attempt <= 3; attempt++ {
+		tx, c := inboxClaim(t, pool, s, req)
+		wantPrevious := Status("")
+		if attempt > 1 {
+			wantPrevious = StatusFailedRetryable
+		}
+		if c.Status != ClaimAcquired || c.Record.Attempts != attempt || c.Previous != wantPrevious {
+			t.Fatalf("attempt %d: claim = %+v", attempt, c)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		n, err := s.recordFailure(ctx, req, Failure{Final: attempt == 3, Error: fmt.Sprint("boom ", attempt), TTL: testTTL})
+		if err != nil || n != attempt {
+			t.Fatalf("attempt %d: recordFailure = %d, %v", attempt, n, err)
+		}
+	}
+	rec, err := s.Get(ctx, req.Key)
+	if err != nil || rec.Status != StatusFailedFinal || rec.Attempts != 3 || rec.LastError != "boom 3" ||
+		rec.FirstFailure.IsZero() || rec.LastFailure.Before(rec.FirstFailure) {
+		t.Fatalf("after three failures: %+v, %v", rec, err)
+	}
+	tx, c := inboxClaim(t, pool, s, req)
+	_ = tx.Rollback(ctx)
+	if c.Status != ClaimFinal {
+		t.Errorf("claim of a final record = %v", c.Status)
+	}
+	if _, err := s.recordFailure(ctx, req, Failure{Error: "again", TTL: testTTL}); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("recordFailure on a final record = %v, want ErrLeaseLost", err)
+	}
+
+	// Committed success is never counted as a failure afterwards.
+	ok := claimReq("inbox-attempts", "evt-2", "fp")
+	tx, _ = inboxClaim(t, pool, s, ok)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.recordFailure(ctx, ok, Failure{Error: "late", TTL: testTTL}); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("recordFailure after commit = %v, want ErrLeaseLost", err)
+	}
+	if rec, err := s.Get(ctx, ok.Key); err != nil || rec.Status != StatusSucceeded || rec.Attempts != 1 {
+		t.Errorf("committed record = %+v, %v", rec, err)
+	}
+}
+
+func TestPostgresInboxAfterClaimMode(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	live := claimReq("mixed", "live", "fp")
+	mustClaim(t, s, live, ClaimAcquired)
+	tx, c := inboxClaim(t, pool, s, live)
+	_ = tx.Rollback(ctx)
+	if c.Status != ClaimInFlight {
+		t.Errorf("inbox claim over a live lease = %v, want in-flight", c.Status)
+	}
+
+	dead := claimReq("mixed", "dead", "fp")
+	dead.Lease = -time.Second
+	mustClaim(t, s, dead, ClaimAcquired)
+	tx, c = inboxClaim(t, pool, s, dead)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Status != ClaimAcquired || c.Previous != StatusProcessing || c.Record.Attempts != 2 || c.Record.Status != StatusSucceeded {
+		t.Errorf("inbox takeover of a lapsed lease = %+v", c)
+	}
+	if _, err := s.claimInTx(ctx, nil, ClaimRequest{Key: Key{"", "x"}}); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("inbox claim of an invalid key = %v", err)
+	}
+}
+
+func BenchmarkPostgresClaimComplete(b *testing.B) {
+	s := newTestPostgresStore(b, testenv.Postgres(b))
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		req := claimReq("bench", fmt.Sprintf("evt-%d", i), "fp")
+		c, err := s.Claim(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Complete(ctx, req.Key, c.Record.Owner, nil, testTTL); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPostgresClaimBatch(b *testing.B) {
+	s := newTestPostgresStore(b, testenv.Postgres(b))
+	ctx := context.Background()
+	for _, size := range []int{1, 10, 100, 500} {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+			b.ReportAllocs()
+			reqs := make([]ClaimRequest, size)
+			batches := 0
+			for b.Loop() {
+				batches++
+				for j := range reqs {
+					reqs[j] = claimReq("bench", fmt.Sprintf("b%d-%d-%d", size, batches, j), "fp")
+				}
+				if _, err := s.ClaimBatch(ctx, reqs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(batches*size), "ns/event")
+		})
+	}
+}
