@@ -167,6 +167,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 			want := map[string]string{
 				"dedup-reason": "handler-error", "dedup-attempts": "3", "dedup-event-id": "poison-1",
 				"dedup-scope": scope, "dedup-cause": "cannot handle this", "dedup-origin-queue": url,
+				"dedup-cause-type": "*errors.errorString",
 			}
 			for k, v := range want {
 				if meta[k] != v {

@@ -58,9 +58,10 @@ func WithMaxMessageSize(n int) SinkOpt { return func(s *Sink) { s.maxSize = n } 
 //
 // A dead letter keeps the original body and message attributes and adds the
 // dedup-* metadata (see dedup.DeadLetter.Metadata): as separate String
-// attributes when all fit in SQS's limit of 10 attributes, otherwise packed
-// as one JSON object in the "dedup-metadata" attribute (read either form back
-// with [DeadLetterMetadata]). Metadata from an earlier dead-lettering is
+// attributes when all fit in SQS's limit of 10 attributes, otherwise (as
+// always for a message from SQS, whose origin adds two) packed as one JSON
+// object in the "dedup-metadata" attribute; read either form back with
+// [DeadLetterMetadata]. Metadata from an earlier dead-lettering is
 // replaced, not kept. An original attribute is never dropped: when the
 // original already has 10, Send fails with [ErrTooManyAttributes] rather than
 // park the message without saying why. Original values that are valid SQS

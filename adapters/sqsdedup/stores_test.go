@@ -24,11 +24,30 @@ type storeCase struct {
 func stores() []storeCase {
 	return []storeCase{
 		{"memory", func(*testing.T) dedup.Store { return dedup.NewMemoryStore() }},
+		{"postgres", postgresStore},
 		{"dynamodb", dynamoDBStore},
 	}
 }
 
 func tableName(prefix string) string { return prefix + strings.ToLower(rand.Text()[:12]) }
+
+func postgresStore(t *testing.T) dedup.Store {
+	pool := testenv.Postgres(t)
+	table := tableName("sqsdedup_test_")
+	s, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
+	return s
+}
 
 func dynamoDBStore(t *testing.T) dedup.Store {
 	client := testenv.DynamoDB(t)
