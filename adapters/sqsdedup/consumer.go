@@ -58,7 +58,7 @@ type Consumer struct {
 }
 
 // NewConsumer returns a Consumer of the queue at queueURL running messages
-// through w, whose Messages should come from [NewMessages] with the same URL.
+// through w, which should read messages with [Messages] for the same URL.
 func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Message], opts ...Opt) (*Consumer, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {

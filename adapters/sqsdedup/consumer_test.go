@@ -138,7 +138,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 			w := wrap(t, sc.open(t), url, rec, func(ctx context.Context, m types.Message) error {
 				rec.call(eventID(m))
 				return errors.New("cannot handle this")
-			}, dedup.WithScope(scope), dedup.WithMaxAttempts(3), dedup.WithSink(sqsdedup.NewSink(c, dlq)))
+			}, dedup.WithScope(scope), dedup.WithMaxAttempts(3), dedup.WithSink(newSink(t, c, dlq)))
 			send(t, c, url, "poison-1", `{"poison":true}`, map[string]types.MessageAttributeValue{"tenant": stringAttr("acme")})
 			stop := start(t, c, url, w)
 			waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
@@ -231,7 +231,7 @@ func TestFailingDeadLetterKeepsOriginal(t *testing.T) {
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		rec.call(eventID(m))
 		return dedup.Permanent(errors.New("malformed order"))
-	}, dedup.WithSink(sqsdedup.NewSink(client(t, noSend.APIOption), dlq)))
+	}, dedup.WithSink(newSink(t, client(t, noSend.APIOption), dlq)))
 	send(t, c, url, "bad-1", "x", nil)
 	noSend.On()
 	stop := start(t, c, url, w)

@@ -4,7 +4,7 @@
 //
 // It has four parts:
 //
-//   - [NewMessages] tells a dedup.Wrapper how to read a types.Message: the
+//   - [Messages] tells a dedup.Wrapper how to read a types.Message: the
 //     event ID from the "event-id" message attribute (or, on a FIFO queue,
 //     the MessageDeduplicationId), the body as the payload, and
 //     ApproximateReceiveCount as the transport's attempt count.
@@ -14,7 +14,7 @@
 //     FIFO groups in order, and shuts down gracefully.
 //   - [Sink] is a dedup.Sink that sends dead letters to an SQS queue.
 //   - [LambdaHandler] does the same for a Lambda function subscribed to a
-//     queue, reporting partial batch failures; [NewLambdaMessages] reads its
+//     queue, reporting partial batch failures; [LambdaMessages] reads its
 //     events.SQSMessage records.
 //
 // A worker:
@@ -22,9 +22,11 @@
 //	client := sqs.NewFromConfig(cfg)
 //	vis, err := sqsdedup.VisibilityTimeout(ctx, client, queueURL)
 //	...
-//	w, err := dedup.Wrap(store, sqsdedup.NewMessages(queueURL), handle,
+//	sink, err := sqsdedup.NewSink(client, dlqURL)
+//	...
+//	w, err := dedup.Wrap(store, sqsdedup.Messages(queueURL), handle,
 //		dedup.WithScope("orders/charge"),
-//		dedup.WithSink(sqsdedup.NewSink(client, dlqURL)),
+//		dedup.WithSink(sink),
 //		dedup.WithLease(vis))
 //	...
 //	consumer, err := sqsdedup.NewConsumer(client, queueURL, w, sqsdedup.WithWorkers(20))

@@ -192,7 +192,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 // eventID reads a message's event ID the way the consumer does.
 func eventID(m types.Message) string {
-	id, _ := sqsdedup.NewMessages("").EventID(m)
+	id, _ := sqsdedup.Messages("").EventID(m)
 	return id
 }
 
@@ -207,7 +207,7 @@ func wrap(t *testing.T, store dedup.Store, url string, rec *recorder, h dedup.Ha
 		dedup.WithBackoff(func(int) time.Duration { return 0 }),
 		dedup.WithObserver(rec.observe),
 	}
-	w, err := dedup.Wrap(store, sqsdedup.NewMessages(url), h, append(base, opts...)...)
+	w, err := dedup.Wrap(store, sqsdedup.Messages(url), h, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,4 +261,13 @@ func deleteMessage(t *testing.T, c *sqs.Client, url string, m types.Message) {
 	if _, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func newSink(t *testing.T, c *sqs.Client, url string, opts ...sqsdedup.SinkOpt) *sqsdedup.Sink {
+	t.Helper()
+	s, err := sqsdedup.NewSink(c, url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -11,11 +11,12 @@ import (
 	"github.com/dedupkit/dedup"
 )
 
-// NewLambdaMessages returns how a dedup.Wrapper reads the SQS records of a
-// Lambda event, as [NewMessages] does for received messages. A dead letter's
+// LambdaMessages returns how a dedup.Wrapper reads the SQS records of a
+// Lambda event, as [Messages] does for received messages. A dead letter's
 // origin names the queue by its ARN (EventSourceARN), which is what the
-// event carries.
-func NewLambdaMessages(opts ...IDOpt) dedup.Messages[events.SQSMessage] {
+// event carries. To compute the event ID yourself, replace the EventID field
+// of the result.
+func LambdaMessages(opts ...MessagesOpt) dedup.Messages[events.SQSMessage] {
 	src := newIDSource(opts)
 	return dedup.Messages[events.SQSMessage]{
 		EventID: func(m events.SQSMessage) (string, error) {

@@ -28,7 +28,7 @@ func record(arn, id, eventID, group string) events.SQSMessage {
 // lambdaWrapper fails the events named in failing and records calls.
 func lambdaWrapper(t *testing.T, rec *recorder, failing ...string) *dedup.Wrapper[events.SQSMessage] {
 	t.Helper()
-	w, err := dedup.Wrap(dedup.NewMemoryStore(), sqsdedup.NewLambdaMessages(),
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), sqsdedup.LambdaMessages(),
 		func(ctx context.Context, m events.SQSMessage) error {
 			id := *m.MessageAttributes["event-id"].StringValue
 			rec.call(id)

@@ -14,27 +14,27 @@ import (
 )
 
 // DefaultIDAttribute is the message attribute the event ID is read from
-// unless [IDAttribute] names another.
+// unless [WithIDAttribute] names another.
 const DefaultIDAttribute = "event-id"
 
 // ErrNoEventID means a message carries no event ID where the consumer looks
 // for one; the message is dead-lettered with dedup.ReasonInvalidID.
 var ErrNoEventID = errors.New("sqsdedup: message carries no event ID")
 
-// IDOpt chooses where [NewMessages] and [NewLambdaMessages] read the event ID.
-type IDOpt func(*idSource)
+// MessagesOpt chooses where [Messages] and [LambdaMessages] read the event ID.
+type MessagesOpt func(*idSource)
 
-// IDAttribute reads the event ID from the named message attribute instead
+// WithIDAttribute reads the event ID from the named message attribute instead
 // of "event-id". As with the default, a message of a FIFO queue without that
 // attribute falls back to its MessageDeduplicationId.
-func IDAttribute(name string) IDOpt {
+func WithIDAttribute(name string) MessagesOpt {
 	return func(s *idSource) { s.attribute = name }
 }
 
-// IDFromMessageID uses the SQS MessageId as the event ID. It catches
+// WithIDFromMessageID uses the SQS MessageId as the event ID. It catches
 // redeliveries but not a producer that sends one event twice (each send gets
 // a new MessageId): use it only when producers cannot set an ID.
-func IDFromMessageID() IDOpt {
+func WithIDFromMessageID() MessagesOpt {
 	return func(s *idSource) { s.messageID = true }
 }
 
@@ -44,7 +44,7 @@ type idSource struct {
 	messageID bool
 }
 
-func newIDSource(opts []IDOpt) idSource {
+func newIDSource(opts []MessagesOpt) idSource {
 	s := idSource{attribute: DefaultIDAttribute}
 	for _, o := range opts {
 		o(&s)
@@ -70,9 +70,9 @@ func (s idSource) eventID(messageID string, attr func(name string) (string, bool
 	return "", fmt.Errorf("%w: no %q message attribute (and no MessageDeduplicationId)", ErrNoEventID, s.attribute)
 }
 
-// NewMessages returns how a dedup.Wrapper reads SQS messages received from
+// Messages returns how a dedup.Wrapper reads SQS messages received from
 // queueURL: the event ID from the "event-id" message attribute (see
-// [IDAttribute], [IDFromMessageID]), or on a FIFO queue from the
+// [WithIDAttribute], [WithIDFromMessageID]), or on a FIFO queue from the
 // MessageDeduplicationId when that attribute is absent; the body as the
 // payload; ApproximateReceiveCount as the transport's attempt count; and the
 // message as a dead letter with its attributes, MessageGroupId (as the
@@ -81,7 +81,7 @@ func (s idSource) eventID(messageID string, attr func(name string) (string, bool
 //
 // The consumer requests every message attribute and system attribute these
 // need; a caller receiving messages itself must request them too.
-func NewMessages(queueURL string, opts ...IDOpt) dedup.Messages[types.Message] {
+func Messages(queueURL string, opts ...MessagesOpt) dedup.Messages[types.Message] {
 	src := newIDSource(opts)
 	return dedup.Messages[types.Message]{
 		EventID: func(m types.Message) (string, error) {

@@ -17,30 +17,30 @@ func TestEventID(t *testing.T) {
 	binary := types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: []byte("bin-1")}
 	for _, tc := range []struct {
 		name   string
-		opts   []sqsdedup.IDOpt
+		opts   []sqsdedup.MessagesOpt
 		attrs  map[string]types.MessageAttributeValue
 		system map[string]string
 		want   string // "" means ErrNoEventID
 	}{
 		{"default attribute", nil, map[string]types.MessageAttributeValue{"event-id": stringAttr("e-1")}, nil, "e-1"},
 		{"binary attribute", nil, map[string]types.MessageAttributeValue{"event-id": binary}, nil, "bin-1"},
-		{"named attribute", []sqsdedup.IDOpt{sqsdedup.IDAttribute("id")}, map[string]types.MessageAttributeValue{"id": stringAttr("e-2"), "event-id": stringAttr("no")}, nil, "e-2"},
+		{"named attribute", []sqsdedup.MessagesOpt{sqsdedup.WithIDAttribute("id")}, map[string]types.MessageAttributeValue{"id": stringAttr("e-2"), "event-id": stringAttr("no")}, nil, "e-2"},
 		{"attribute before deduplication ID", nil, map[string]types.MessageAttributeValue{"event-id": stringAttr("e-3")}, fifo, "e-3"},
 		{"FIFO deduplication ID", nil, nil, fifo, "dedup-1"},
-		{"message ID", []sqsdedup.IDOpt{sqsdedup.IDFromMessageID()}, map[string]types.MessageAttributeValue{"event-id": stringAttr("no")}, fifo, "msg-1"},
+		{"message ID", []sqsdedup.MessagesOpt{sqsdedup.WithIDFromMessageID()}, map[string]types.MessageAttributeValue{"event-id": stringAttr("no")}, fifo, "msg-1"},
 		{"missing", nil, map[string]types.MessageAttributeValue{"other": stringAttr("x")}, nil, ""},
-		{"missing named", []sqsdedup.IDOpt{sqsdedup.IDAttribute("id")}, map[string]types.MessageAttributeValue{"event-id": stringAttr("x")}, nil, ""},
+		{"missing named", []sqsdedup.MessagesOpt{sqsdedup.WithIDAttribute("id")}, map[string]types.MessageAttributeValue{"event-id": stringAttr("x")}, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := types.Message{MessageId: aws.String("msg-1"), Body: aws.String("b"), MessageAttributes: tc.attrs, Attributes: tc.system}
-			got, err := sqsdedup.NewMessages("q", tc.opts...).EventID(m)
+			got, err := sqsdedup.Messages("q", tc.opts...).EventID(m)
 			check(t, got, err, tc.want)
 
 			lm := events.SQSMessage{MessageId: "msg-1", Body: "b", Attributes: tc.system, MessageAttributes: map[string]events.SQSMessageAttribute{}}
 			for k, v := range tc.attrs {
 				lm.MessageAttributes[k] = events.SQSMessageAttribute{DataType: aws.ToString(v.DataType), StringValue: v.StringValue, BinaryValue: v.BinaryValue}
 			}
-			got, err = sqsdedup.NewLambdaMessages(tc.opts...).EventID(lm)
+			got, err = sqsdedup.LambdaMessages(tc.opts...).EventID(lm)
 			check(t, got, err, tc.want)
 		})
 	}
@@ -65,7 +65,7 @@ func TestMessagesPayloadAttemptsDeadLetter(t *testing.T) {
 			"bin": {DataType: aws.String("Binary"), BinaryValue: []byte{0, 1}},
 		},
 	}
-	msgs := sqsdedup.NewMessages("https://sqs/q")
+	msgs := sqsdedup.Messages("https://sqs/q")
 	if got := string(msgs.Payload(m)); got != `{"a":1}` {
 		t.Errorf("Payload = %q", got)
 	}
@@ -89,7 +89,7 @@ func TestMessagesPayloadAttemptsDeadLetter(t *testing.T) {
 
 	lm := events.SQSMessage{MessageId: "msg-2", Body: "b", EventSourceARN: "arn:aws:sqs:us-east-1:1:q",
 		Attributes: map[string]string{"ApproximateReceiveCount": "2"}}
-	lmsgs := sqsdedup.NewLambdaMessages()
+	lmsgs := sqsdedup.LambdaMessages()
 	if lmsgs.Attempts(lm) != 2 || string(lmsgs.Payload(lm)) != "b" {
 		t.Errorf("Lambda attempts %d payload %q", lmsgs.Attempts(lm), lmsgs.Payload(lm))
 	}

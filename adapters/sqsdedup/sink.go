@@ -80,15 +80,16 @@ type Sink struct {
 	maxSize int
 }
 
-// NewSink returns a Sink sending to the queue at queueURL. A nil client, an
-// empty URL or a size limit below 1 makes every Send fail with
-// dedup.ErrConfig.
-func NewSink(client *sqs.Client, queueURL string, opts ...SinkOpt) *Sink {
+// NewSink returns a Sink sending to the queue at queueURL.
+func NewSink(client *sqs.Client, queueURL string, opts ...SinkOpt) (*Sink, error) {
 	s := &Sink{client: client, url: queueURL, fifo: isFIFO(queueURL), maxSize: DefaultMaxMessageSize}
 	for _, o := range opts {
 		o(s)
 	}
-	return s
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func (s *Sink) validate() error {
@@ -105,7 +106,8 @@ func (s *Sink) validate() error {
 
 func isFIFO(queueURL string) bool { return strings.HasSuffix(queueURL, ".fifo") }
 
-// Send sends dl to the DLQ and returns once SQS has stored it.
+// Send sends dl to the DLQ and returns once SQS has stored it. A Sink not
+// made by NewSink fails with dedup.ErrConfig.
 func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	if err := s.validate(); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
@@ -38,7 +39,7 @@ func sendAndReceive(t *testing.T, dl dedup.DeadLetter, opts ...sqsdedup.SinkOpt)
 	t.Helper()
 	c := client(t)
 	dlq := queue(t, c)
-	if err := sqsdedup.NewSink(c, dlq, opts...).Send(context.Background(), dl); err != nil {
+	if err := newSink(t, c, dlq, opts...).Send(context.Background(), dl); err != nil {
 		t.Fatal(err)
 	}
 	msgs := receive(t, c, dlq, time.Second)
@@ -130,7 +131,7 @@ func TestSinkRefusesWhatSQSCannotCarry(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	dlq := queue(t, c)
-	sink := sqsdedup.NewSink(c, dlq)
+	sink := newSink(t, c, dlq)
 	ctx := context.Background()
 
 	if err := sink.Send(ctx, letter(10)); !errors.Is(err, sqsdedup.ErrTooManyAttributes) {
@@ -151,7 +152,7 @@ func TestSinkRefusesWhatSQSCannotCarry(t *testing.T) {
 		t.Errorf("DLQ holds %d messages, want 0", len(msgs))
 	}
 	// A queue that accepts more says so.
-	if err := sqsdedup.NewSink(c, dlq, sqsdedup.WithMaxMessageSize(1<<20)).Send(ctx, big); err != nil {
+	if err := newSink(t, c, dlq, sqsdedup.WithMaxMessageSize(1<<20)).Send(ctx, big); err != nil {
 		t.Errorf("256 KiB body under a 1 MiB limit: %v", err)
 	}
 }
@@ -162,7 +163,7 @@ func TestSinkFIFO(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	dlq := testenv.SQSQueue(t, c, map[string]string{"FifoQueue": "true"})
-	sink := sqsdedup.NewSink(c, dlq)
+	sink := newSink(t, c, dlq)
 	dl := letter(1)
 	dl.MessageKey = []byte("customer-7")
 	for range 2 {
@@ -197,13 +198,20 @@ func TestSinkFIFO(t *testing.T) {
 
 func TestSinkMisconfigured(t *testing.T) {
 	c := testenv.SQS(t)
-	for _, s := range []*sqsdedup.Sink{
-		sqsdedup.NewSink(nil, "https://sqs/q"),
-		sqsdedup.NewSink(c, ""),
-		sqsdedup.NewSink(c, "https://sqs/q", sqsdedup.WithMaxMessageSize(0)),
+	for _, tc := range []struct {
+		client *sqs.Client
+		url    string
+		opts   []sqsdedup.SinkOpt
+	}{
+		{nil, "https://sqs/q", nil},
+		{c, "", nil},
+		{c, "https://sqs/q", []sqsdedup.SinkOpt{sqsdedup.WithMaxMessageSize(0)}},
 	} {
-		if err := s.Send(context.Background(), letter(0)); !errors.Is(err, dedup.ErrConfig) {
-			t.Errorf("Send: %v, want ErrConfig", err)
+		if _, err := sqsdedup.NewSink(tc.client, tc.url, tc.opts...); !errors.Is(err, dedup.ErrConfig) {
+			t.Errorf("NewSink: %v, want ErrConfig", err)
 		}
+	}
+	if err := new(sqsdedup.Sink).Send(context.Background(), letter(0)); !errors.Is(err, dedup.ErrConfig) {
+		t.Errorf("Send on a zero Sink: %v, want ErrConfig", err)
 	}
 }

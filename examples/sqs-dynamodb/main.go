@@ -90,9 +90,13 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w, err := dedup.Wrap(store, sqsdedup.NewMessages(queueURL), charge(log),
+	sink, err := sqsdedup.NewSink(sqsClient, dlqURL)
+	if err != nil {
+		return err
+	}
+	w, err := dedup.Wrap(store, sqsdedup.Messages(queueURL), charge(log),
 		dedup.WithScope("orders/charge"),
-		dedup.WithSink(sqsdedup.NewSink(sqsClient, dlqURL)),
+		dedup.WithSink(sink),
 		dedup.WithMaxAttempts(o.maxAttempts),
 		dedup.WithLease(visibility),
 		dedup.WithLogger(log),
