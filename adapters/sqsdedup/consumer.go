@@ -227,6 +227,9 @@ func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput,
 // acquire takes between one and maxMessages free worker slots, waiting for
 // the first; it returns 0 when ctx is done.
 func (r *runner) acquire(ctx context.Context) int {
+	if ctx.Err() != nil { // a free slot must not win a tie with ctx
+		return 0
+	}
 	select {
 	case r.slots <- struct{}{}:
 	case <-ctx.Done():
