@@ -43,11 +43,9 @@ const cancelGrace = 15 * time.Second
 // back at once (SQS then delivers nothing more of the group before the held
 // message).
 //
-// The store lease is the Wrapper's: set dedup.WithLease to the queue's
-// visibility timeout (see [VisibilityTimeout]), so that after a crash the
-// message comes back about when its claim can be taken over. Handlers run
-// with a context without deadline, so without WithLease the lease is
-// dedup.DefaultLease (30 s, SQS's default visibility timeout).
+// The store lease is the queue's visibility timeout (unless the Wrapper sets
+// dedup.WithLease), so that after a crash the message comes back about when
+// its claim can be taken over; the heartbeat extends both together.
 type Consumer struct {
 	client *sqs.Client
 	url    string
@@ -157,7 +155,9 @@ type runner struct {
 // start returns a runner with its heartbeat and deleter running.
 func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
 	r := &runner{Consumer: c, vis: vis, slots: make(chan struct{}, c.cfg.workers)}
-	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
+	// The store lease defaults to the visibility timeout, unless the wrapper
+	// sets dedup.WithLease.
+	r.work, r.cancelWork = context.WithCancel(dedup.ContextWithLease(context.WithoutCancel(ctx), vis))
 	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.hb = newHeartbeat(r)
 	r.del = newDeleter(r)

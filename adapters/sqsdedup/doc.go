@@ -20,14 +20,11 @@
 // A worker:
 //
 //	client := sqs.NewFromConfig(cfg)
-//	vis, err := sqsdedup.VisibilityTimeout(ctx, client, queueURL)
-//	...
 //	sink, err := sqsdedup.NewSink(client, dlqURL)
 //	...
 //	w, err := dedup.Wrap(store, sqsdedup.Messages(queueURL), handle,
 //		dedup.WithScope("orders/charge"),
-//		dedup.WithSink(sink),
-//		dedup.WithLease(vis))
+//		dedup.WithSink(sink)) // the lease follows the queue's visibility timeout
 //	...
 //	consumer, err := sqsdedup.NewConsumer(client, queueURL, w, sqsdedup.WithWorkers(20))
 //	...

@@ -30,7 +30,7 @@ func LambdaMessages(opts ...MessagesOpt) dedup.Messages[events.SQSMessage] {
 		DeadLetter: func(m events.SQSMessage) dedup.DeadLetter {
 			headers := make([]dedup.Header, 0, len(m.MessageAttributes))
 			for name, v := range m.MessageAttributes {
-				headers = append(headers, dedup.Header{Key: name, Value: attributeBytes(v.StringValue, v.BinaryValue)})
+				headers = append(headers, dedup.Header{Key: name, Value: attributeBytes(v.StringValue, v.BinaryValue), Type: v.DataType})
 			}
 			return deadLetter(m.Body, headers, m.Attributes,
 				dedup.Origin{QueueURL: m.EventSourceARN, MessageID: m.MessageId})

@@ -95,7 +95,7 @@ func Messages(queueURL string, opts ...MessagesOpt) dedup.Messages[types.Message
 		DeadLetter: func(m types.Message) dedup.DeadLetter {
 			headers := make([]dedup.Header, 0, len(m.MessageAttributes))
 			for name, v := range m.MessageAttributes {
-				headers = append(headers, dedup.Header{Key: name, Value: attributeBytes(v.StringValue, v.BinaryValue)})
+				headers = append(headers, dedup.Header{Key: name, Value: attributeBytes(v.StringValue, v.BinaryValue), Type: aws.ToString(v.DataType)})
 			}
 			return deadLetter(aws.ToString(m.Body), headers, m.Attributes,
 				dedup.Origin{QueueURL: queueURL, MessageID: aws.ToString(m.MessageId)})

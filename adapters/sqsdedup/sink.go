@@ -131,7 +131,7 @@ func (s *Sink) input(dl *dedup.DeadLetter) (*sqs.SendMessageInput, error) {
 		if len(h.Value) == 0 {
 			return nil, fmt.Errorf("attribute %q is empty, which SQS cannot carry", h.Key)
 		}
-		attrs[h.Key] = originalAttribute(h.Value)
+		attrs[h.Key] = originalAttribute(h)
 	}
 	if len(attrs) >= maxAttributes {
 		return nil, fmt.Errorf("%w: the original has %d, leaving no room for the metadata", ErrTooManyAttributes, len(attrs))
@@ -190,11 +190,20 @@ func stringAttribute(s string) types.MessageAttributeValue {
 	return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(s)}
 }
 
-func originalAttribute(v []byte) types.MessageAttributeValue {
-	if s := string(v); sqsText(s) == s {
+// originalAttribute restores an original attribute with its data type; one
+// without a type (from another transport) is String when SQS accepts it as
+// text, else Binary.
+func originalAttribute(h dedup.Header) types.MessageAttributeValue {
+	switch {
+	case strings.HasPrefix(h.Type, "Binary"):
+		return types.MessageAttributeValue{DataType: aws.String(h.Type), BinaryValue: h.Value}
+	case h.Type != "":
+		return types.MessageAttributeValue{DataType: aws.String(h.Type), StringValue: aws.String(string(h.Value))}
+	}
+	if s := string(h.Value); sqsText(s) == s {
 		return stringAttribute(s)
 	}
-	return types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: v}
+	return types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: h.Value}
 }
 
 // sqsText replaces what SQS refuses in text (most control characters,

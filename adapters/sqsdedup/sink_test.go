@@ -127,6 +127,27 @@ func TestSinkKeepsBinaryAttributes(t *testing.T) {
 	}
 }
 
+// An original attribute keeps its SQS data type, custom types included.
+func TestSinkKeepsAttributeTypes(t *testing.T) {
+	t.Parallel()
+	dl := letter(0)
+	dl.Headers = []dedup.Header{
+		{Key: "amount", Value: []byte("12.50"), Type: "Number"},
+		{Key: "ratio", Value: []byte("0.5"), Type: "Number.float"},
+		{Key: "blob", Value: []byte{1, 2}, Type: "Binary.gzip"},
+		{Key: "name", Value: []byte("x"), Type: "String"},
+	}
+	m := sendAndReceive(t, dl)
+	for name, want := range map[string]string{"amount": "Number", "ratio": "Number.float", "blob": "Binary.gzip", "name": "String"} {
+		if got := aws.ToString(m.MessageAttributes[name].DataType); got != want {
+			t.Errorf("attribute %s has type %q, want %q", name, got, want)
+		}
+	}
+	if got := aws.ToString(m.MessageAttributes["amount"].StringValue); got != "12.50" {
+		t.Errorf("amount = %q", got)
+	}
+}
+
 func TestSinkRefusesWhatSQSCannotCarry(t *testing.T) {
 	t.Parallel()
 	c := client(t)

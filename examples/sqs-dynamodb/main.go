@@ -84,12 +84,6 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// The store lease follows the queue's visibility timeout: after a crash,
-	// the message comes back about when its claim can be taken over.
-	visibility, err := sqsdedup.VisibilityTimeout(ctx, sqsClient, queueURL)
-	if err != nil {
-		return err
-	}
 	sink, err := sqsdedup.NewSink(sqsClient, dlqURL)
 	if err != nil {
 		return err
@@ -98,7 +92,6 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		dedup.WithScope("orders/charge"),
 		dedup.WithSink(sink),
 		dedup.WithMaxAttempts(o.maxAttempts),
-		dedup.WithLease(visibility),
 		dedup.WithLogger(log),
 		dedup.WithObserver(func(_ context.Context, r dedup.Result) {
 			log.Info("delivery", slog.String("key", r.Key.String()), slog.String("outcome", r.Outcome.String()),
