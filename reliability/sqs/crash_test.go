@@ -125,7 +125,7 @@ func TestSQSCrashCampaign(t *testing.T) {
 	elapsed := time.Since(start)
 	f.checkLogs()
 
-	fig := crashFigures(p, f, readRows(t, pool, cfg.EffectsTable), letters(t, drainDLQ(t, c, dlq)))
+	fig := crashFigures(p, f, cfg.Scope, readRows(t, pool, cfg.EffectsTable), letters(t, drainDLQ(t, c, dlq)))
 	fig.elapsed, fig.chaos = elapsed, chaosEnded
 	statusOf, maxGood := recordStatuses(t, ddb, cfg.Table)
 	fig.maxGoodAttempts = maxGood
@@ -138,7 +138,7 @@ func TestSQSCrashCampaign(t *testing.T) {
 		t.Errorf("%d poison events applied, %d good events dead-lettered", fig.poisonApplied, fig.goodDeadLettered)
 	}
 	if len(fig.unexplained) > 0 {
-		t.Errorf("%d events applied twice without a kill between effect and Complete: %v", len(fig.unexplained), fig.unexplained)
+		t.Errorf("%d events applied twice without a kill between effect and Complete, or a lost lease: %v", len(fig.unexplained), fig.unexplained)
 	}
 	if fig.badLetters > 0 {
 		t.Errorf("%d dead letters with unexpected metadata", fig.badLetters)
@@ -179,6 +179,7 @@ type crashCounts struct {
 	lostIDs                        []string
 	appliedTwice                   int // good events with more than one effect
 	twiceAfterKill                 int // ... whose earlier effects' workers were all killed
+	twiceAfterLeaseLost            int // ... else whose lease a live worker lost mid-handler
 	unexplained                    []string
 	goodDeadLettered               int
 	poisonApplied                  int
@@ -197,18 +198,19 @@ func (c crashCounts) String() string {
 	return fmt.Sprintf("events=%d messages=%d duplicates_injected=%d poison=%d kills=%d restarts=%d "+
 		"handler_starts=%d reruns=%d cut_before_effect=%d effects=%d dead_letters=%d dead_lettered_events=%d "+
 		"extra_dead_letters=%d reasons=[%s] lost=%d applied_twice=%d applied_twice_after_kill=%d "+
-		"applied_twice_unexplained=%d good_dead_lettered=%d poison_applied=%d max_good_attempts=%d "+
+		"applied_twice_after_lease_lost=%d applied_twice_unexplained=%d good_dead_lettered=%d poison_applied=%d max_good_attempts=%d "+
 		"chaos=%v elapsed=%v",
 		c.events, c.messages, c.dups, c.poison, c.kills, c.restarts,
 		c.starts, c.reruns, c.cutBefore, c.effects, c.deadLetters, c.parked,
 		c.extraLetters, strings.Join(reasons, " "), c.lost, c.appliedTwice, c.twiceAfterKill,
-		len(c.unexplained), c.goodDeadLettered, c.poisonApplied, c.maxGoodAttempts,
+		c.twiceAfterLeaseLost, len(c.unexplained), c.goodDeadLettered, c.poisonApplied, c.maxGoodAttempts,
 		c.chaos.Round(time.Second), c.elapsed.Round(time.Second))
 }
 
-func crashFigures(p *plan, f *fleet, rows map[string][]row, dl map[string][]map[string]string) crashCounts {
+func crashFigures(p *plan, f *fleet, scope string, rows map[string][]row, dl map[string][]map[string]string) crashCounts {
 	c := crashCounts{events: len(p.events), messages: len(p.messages), dups: p.dups, poison: p.poison,
 		kills: f.kills(), restarts: f.restarts(), reasons: map[string]int{}}
+	leaseLost := f.leaseLost()
 	for _, e := range p.events {
 		var effects []string
 		runs := 0
@@ -233,7 +235,7 @@ func crashFigures(p *plan, f *fleet, rows map[string][]row, dl map[string][]map[
 		}
 		for _, meta := range letters {
 			c.reasons[meta["dedup-reason"]]++
-			if !goodLetter(meta, e) {
+			if !goodLetter(meta) {
 				c.badLetters++
 			}
 		}
@@ -265,9 +267,13 @@ func crashFigures(p *plan, f *fleet, rows map[string][]row, dl map[string][]map[
 			for _, w := range effects[:len(effects)-1] {
 				explained = explained && f.wasKilled(w)
 			}
-			if explained {
+			switch {
+			case explained:
 				c.twiceAfterKill++
-			} else {
+			case leaseLost[scope+"/"+e.id]:
+				// A live worker stalled past its lease: fenced, and reported.
+				c.twiceAfterLeaseLost++
+			default:
 				c.unexplained = append(c.unexplained, fmt.Sprintf("%s%v", e.id, effects))
 			}
 		}
@@ -276,8 +282,8 @@ func crashFigures(p *plan, f *fleet, rows map[string][]row, dl map[string][]map[
 }
 
 // goodLetter reports whether a poison event's dead letter says what it
-// should: its event, why, and after how many attempts.
-func goodLetter(meta map[string]string, e event) bool {
+// should: why, and after how many attempts.
+func goodLetter(meta map[string]string) bool {
 	attempts, _ := strconv.Atoi(meta["dedup-attempts"])
 	switch meta["dedup-reason"] {
 	case string(dedup.ReasonHandlerError):

@@ -2,7 +2,6 @@ package sqsreliability_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -160,19 +159,6 @@ func (l *logRecords) errors(msg string) []error {
 	return errs
 }
 
-// matching counts the records whose error matches is.
-func (l *logRecords) matching(is func(error) bool) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, r := range l.records {
-		if r.err != nil && is(r.err) {
-			n++
-		}
-	}
-	return n
-}
-
 // keys returns the keys of the records whose message is msg and whose error
 // matches is.
 func (l *logRecords) keys(msg string, is func(error) bool) map[string]bool {
@@ -267,16 +253,4 @@ func runConsumer(t *testing.T, c *sqs.Client, url string, w *dedup.Wrapper[types
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// isAny reports whether err matches any of targets.
-func isAny(targets ...error) func(error) bool {
-	return func(err error) bool {
-		for _, target := range targets {
-			if errors.Is(err, target) {
-				return true
-			}
-		}
-		return false
-	}
 }

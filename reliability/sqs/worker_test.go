@@ -377,6 +377,25 @@ func (f *fleet) checkLogs() {
 	}
 }
 
+// leaseLost returns the keys that workers reported they lost the lease of
+// while their handler ran (the wrapper's loud "lease lost" error).
+func (f *fleet) leaseLost() map[string]bool {
+	keys := map[string]bool{}
+	for _, path := range f.logs {
+		b, _ := os.ReadFile(path)
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, "dedup: lease lost") {
+				continue
+			}
+			if _, rest, ok := strings.Cut(line, " key="); ok {
+				key, _, _ := strings.Cut(rest, " ")
+				keys[key] = true
+			}
+		}
+	}
+	return keys
+}
+
 // dumpLogs prints the tail of every worker's log.
 func (f *fleet) dumpLogs() {
 	for _, path := range f.logs {
