@@ -1,4 +1,4 @@
-.PHONY: services stop-services test
+.PHONY: services stop-services test fuzz
 
 services:
 	scripts/services.sh
@@ -12,6 +12,20 @@ stop-services:
 		fi; \
 		rm -f .cache/dynamodb.pid; \
 	fi
+	@if [ -f .cache/fauxqs.pid ]; then \
+		pid="$$(cat .cache/fauxqs.pid)"; \
+		if ps -p "$$pid" -o args= | grep -q fauxqs; then \
+			kill "$$pid" && echo "stopped fauxqs (pid $$pid)"; \
+		fi; \
+		rm -f .cache/fauxqs.pid; \
+	fi
 
 test: services
 	go test -race -count=1 ./...
+
+# A short run of each fuzz target beyond its committed seed corpus.
+FUZZTIME ?= 10s
+fuzz:
+	go test -run '^$$' -fuzz '^FuzzJSONFingerprint$$' -fuzztime $(FUZZTIME) .
+	go test -run '^$$' -fuzz '^FuzzKeyValidate$$' -fuzztime $(FUZZTIME) .
+	go test -run '^$$' -fuzz '^FuzzSinkInput$$' -fuzztime $(FUZZTIME) ./adapters/sqsdedup
