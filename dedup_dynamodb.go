@@ -319,16 +319,26 @@ func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 		groups[g] = append(groups[g], i)
 	}
 	claims := make([]Claim, len(reqs))
+	errs := make([]error, len(groups))
 	err := forEachLimit(ctx, len(groups), func(ctx context.Context, g int) error {
 		for _, i := range groups[g] {
 			c, err := s.Claim(ctx, reqs[i])
 			if err != nil {
-				return err
+				// The other groups go on rather than being canceled: a claim
+				// canceled in flight may have been applied unseen, and only a
+				// claim that is seen can be given back.
+				errs[g] = err
+				return nil
 			}
 			claims[i] = c
 		}
 		return nil
 	})
+	for _, gerr := range errs {
+		if err == nil {
+			err = gerr
+		}
+	}
 	if err != nil {
 		s.giveBack(ctx, claims)
 		return nil, err
