@@ -36,6 +36,7 @@ func outageEvents() int {
 // back: nothing is lost, nothing applied twice, and the group's committed
 // offsets never pass a record before its outcome was durable.
 func TestPostgresOutage(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{modeInbox, modeClaim} {
 		t.Run(mode, func(t *testing.T) {
 			began := time.Now()
@@ -108,12 +109,6 @@ func TestPostgresOutage(t *testing.T) {
 	}
 }
 
-// leaseOverOutage is the lease of the DynamoDB outage campaign: longer than
-// DynamoDB Local takes to start again on a busy machine (up to about 12 s
-// measured), so that a handler that succeeded just before the outage keeps
-// its claim until its success can be recorded.
-const leaseOverOutage = 20 * time.Second
-
 // A private DynamoDB Local holding the dedup records is killed with SIGKILL
 // while two consumers are mid-run and started again: the consumers hold and
 // back off while it is down and carry on when it is back, with nothing
@@ -121,6 +116,7 @@ const leaseOverOutage = 20 * time.Second
 // outcome was durable. Its data is on disk, so it survives the restart as a
 // real service's would. The effects are applied in memory.
 func TestDynamoDBOutage(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	srv := testenv.StartDynamoDBLocal(t)
 	client := srv.Client()
@@ -134,7 +130,7 @@ func TestDynamoDBOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := newKafka(t, 4)
-	p := newPlan(k.topic, "ddb", outageEvents()/3, 0.30, 0.02, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
+	p := newPlan(k.topic, "ddb", outageEvents()/5, 0.30, 0.02, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
 	k.produce(p.records...)
 	group := "ddb-outage-" + runID()
 	st, logs := newSettled(), &logBuffer{}
@@ -151,20 +147,24 @@ func TestDynamoDBOutage(t *testing.T) {
 			}
 			effects.apply(header(r, "event-id"), name)
 			return nil
-		}, wrapOpts(group+"/apply", sink, st, logs.logger(), leaseOverOutage)...)
+		}, wrapOpts(group+"/apply", sink, st, logs.logger(), 5*time.Second)...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return w
 	})
+	started := time.Since(began)
 	eventually(t, 60*time.Second, func() bool { return st.count() >= len(p.events)/4 }, "progress before the outage", k.progress(group, st))
 	srv.Kill()
 	killed := time.Now()
 	time.Sleep(time.Second)
 	srv.Start()
-	t.Logf("DynamoDB Local down for %v", time.Since(killed).Round(time.Millisecond))
+	down := time.Since(killed)
 	during := logs.count(notSettled)
 	eventually(t, 90*time.Second, func() bool { return k.caughtUp(group) }, "the group catching up after the outage", k.progress(group, st))
+	t.Logf("phases: started in %v, killed at %v, down for %v, caught up %v after it came back",
+		started.Round(time.Millisecond), killed.Sub(began).Round(time.Millisecond), down.Round(time.Millisecond),
+		time.Since(killed.Add(down)).Round(time.Millisecond))
 	cs.stop(t)
 	stopWatch()
 
@@ -185,6 +185,7 @@ func TestDynamoDBOutage(t *testing.T) {
 // write a second letter; this campaign has none, the crash campaign counts
 // them.)
 func TestDLQOutage(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	pool := testenv.Postgres(t)
 	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(t, pool)))
