@@ -57,8 +57,11 @@ func (w *Wrapper[M]) runInTx(ctx context.Context, d *delivery[M]) (Result, error
 		return Result{Key: d.key}, fmt.Errorf("dedup: inbox claim %s: %w", d.key, err)
 	}
 	fail := func(ctx context.Context, f Failure) error {
-		_, err := s.recordFailure(ctx, req, f)
-		return err
+		// Not fenced on a token: a refusal means the event was settled.
+		return w.settleHeld(ctx, d, "", func(ctx context.Context) error {
+			_, err := s.recordFailure(ctx, req, f)
+			return err
+		})
 	}
 	switch {
 	case c.Status != ClaimAcquired:

@@ -6,24 +6,22 @@ import (
 	"time"
 )
 
-// Bounds of the waits between tries of a settling write, and of how long it
-// is tried (the lease, when that is longer).
+// Bounds of the waits between tries of a settling write.
 const (
 	settleRetryMin = 50 * time.Millisecond
 	settleRetryMax = time.Second
-	settleRetryFor = 30 * time.Second
 )
 
-// settleHeld makes write, a store write fenced on owner (Complete or Fail)
+// settleHeld makes write, a store write fenced on owner (Complete or Fail;
+// owner is empty for the inbox's failure write, fenced on the status only)
 // that records the outcome of an attempt that ran, durable. A write that
-// fails for another reason than a lost lease is tried again, for up to
-// 30 s or the lease if longer, while ctx lasts: unless another worker took
-// the claim over (which the fencing reports), waiting for the store to come
-// back records the outcome once, where giving up would have the message
-// redelivered and the handler, whose effect is already applied, run again
-// once the lease lapsed.
+// fails for another reason than a lost lease is tried again, for up to the
+// lease length, while ctx lasts: the claim is still owner's, so waiting for
+// the store to come back records the outcome once, where giving up would
+// have the message redelivered and the handler, whose effect is already
+// applied, run again once the lease lapsed.
 func (w *Wrapper[M]) settleHeld(ctx context.Context, d *delivery[M], owner string, write func(context.Context) error) error {
-	deadline := time.Now().Add(max(d.leaseTime, settleRetryFor))
+	deadline := time.Now().Add(d.leaseTime)
 	wait := settleRetryMin
 	for tries := 1; ; tries++ {
 		err := write(ctx)
@@ -53,6 +51,9 @@ func (w *Wrapper[M]) settleHeld(ctx context.Context, d *delivery[M], owner strin
 // token, no longer processing. Only owner settles its own claim, and a
 // takeover replaces the token.
 func (w *Wrapper[M]) landed(ctx context.Context, key Key, owner string) bool {
+	if owner == "" {
+		return false
+	}
 	rec, err := w.store.Get(ctx, key)
 	return err == nil && rec.Owner == owner && rec.Status != StatusProcessing
 }
