@@ -113,6 +113,36 @@ func (s *MemoryStore) Complete(ctx context.Context, key Key, owner string, resul
 	return nil
 }
 
+// CompleteBatch completes each record its owner still holds, under one lock.
+func (s *MemoryStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("dedup: memory complete batch: %w", err)
+	}
+	if err := validateCompletions(cs); err != nil {
+		return nil, fmt.Errorf("dedup: memory complete batch: %w", err)
+	}
+	results := make([][]byte, len(cs))
+	for i := range cs {
+		results[i] = bytes.Clone(cs[i].Result)
+	}
+	errs := make([]error, len(cs))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for i, c := range cs {
+		rec := s.held(c.Key, c.Owner, now)
+		if rec == nil {
+			errs[i] = fmt.Errorf("dedup: memory complete %s: %w", c.Key, ErrLeaseLost)
+			continue
+		}
+		rec.Status = StatusSucceeded
+		rec.Result = results[i]
+		rec.UpdatedAt = now
+		rec.ExpiresAt = now.Add(c.TTL)
+	}
+	return errs, nil
+}
+
 // Fail records a failed attempt if owner still holds the record.
 func (s *MemoryStore) Fail(ctx context.Context, key Key, owner string, f Failure) error {
 	if err := ctx.Err(); err != nil {
@@ -207,7 +237,10 @@ func copyRecord(rec *Record) Record {
 	return out
 }
 
-var _ Store = (*MemoryStore)(nil)
+var (
+	_ Store          = (*MemoryStore)(nil)
+	_ BatchCompleter = (*MemoryStore)(nil)
+)
 
 // Release gives back a claim whose handler never started: the record becomes
 // claimable at once and the attempt is not counted.

@@ -104,7 +104,8 @@ type postgresSQL struct {
 	createTable, createIndex, migrateLock       string
 	claim, claimBatch, claimInTx, recordFailure string
 	read, readBatch, get                        string
-	complete, fail, extend, release, purge      string
+	complete, completeBatch                     string
+	fail, extend, release, purge                string
 }
 
 // recordColumns are scanned by pgRecord.targets, in this order.
@@ -220,6 +221,15 @@ WHERE (scope, event_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
 
 		complete: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = $4, updated_at = now(),
 	expires_at = now() + $5::interval ` + held,
+		// Rows are locked in array order; callers sort the keys, as for
+		// claimBatch. RETURNING names the completed requests by position.
+		completeBatch: `UPDATE ` + table + ` AS t SET status = 'SUCCEEDED', result = r.result, updated_at = now(),
+	expires_at = now() + r.ttl
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::interval[]) WITH ORDINALITY
+	AS r(scope, event_id, owner, result, ttl, i)
+WHERE t.scope = r.scope AND t.event_id = r.event_id AND t.owner = r.owner AND t.status = 'PROCESSING'
+	AND t.expires_at > now()
+RETURNING r.i`,
 		fail: `UPDATE ` + table + ` SET status = $4, last_error = $5,
 	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
 	expires_at = now() + $6::interval ` + held,
@@ -511,6 +521,52 @@ func (s *PostgresStore) Complete(ctx context.Context, key Key, owner string, res
 	return s.settle(ctx, "complete", key, s.sql.complete, key.Scope, key.EventID, owner, result, ttl)
 }
 
+// CompleteBatch completes the records their owners still hold, in one
+// statement.
+func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
+	if err := validateCompletions(cs); err != nil {
+		return nil, fmt.Errorf("dedup: postgres complete batch: %w", err)
+	}
+	order := make([]int, len(cs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(i, j int) int {
+		ki, kj := cs[i].Key, cs[j].Key
+		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
+	})
+	n := len(cs)
+	scopes, ids, owners := make([]string, n), make([]string, n), make([]string, n)
+	results, ttls := make([][]byte, n), make([]time.Duration, n)
+	for k, i := range order {
+		c := &cs[i]
+		scopes[k], ids[k], owners[k], results[k], ttls[k] = c.Key.Scope, c.Key.EventID, c.Owner, c.Result, c.TTL
+	}
+	rows, err := s.pool.Query(ctx, s.sql.completeBatch, scopes, ids, owners, results, ttls)
+	if err != nil {
+		return nil, s.opError(fmt.Sprintf("complete batch of %d", n), err)
+	}
+	done := make([]bool, n)
+	var pos int64
+	_, err = pgx.ForEachRow(rows, []any{&pos}, func() error {
+		if pos < 1 || pos > int64(n) {
+			return fmt.Errorf("%w: complete batch answered position %d of %d", ErrMalformedRecord, pos, n)
+		}
+		done[order[pos-1]] = true
+		return nil
+	})
+	if err != nil {
+		return nil, s.opError(fmt.Sprintf("complete batch of %d", n), err)
+	}
+	errs := make([]error, n)
+	for i, ok := range done {
+		if !ok {
+			errs[i] = fmt.Errorf("dedup: postgres complete %s: %w", cs[i].Key, ErrLeaseLost)
+		}
+	}
+	return errs, nil
+}
+
 // Fail records a failed attempt if owner still holds the record; otherwise
 // it returns ErrLeaseLost.
 func (s *PostgresStore) Fail(ctx context.Context, key Key, owner string, f Failure) error {
@@ -715,4 +771,7 @@ func cloneRecord(rec Record) Record {
 	return rec
 }
 
-var _ Store = (*PostgresStore)(nil)
+var (
+	_ Store          = (*PostgresStore)(nil)
+	_ BatchCompleter = (*PostgresStore)(nil)
+)
