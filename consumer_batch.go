@@ -46,6 +46,7 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 	}
 	b := &batch[M]{w: w, ds: ds, claims: make([]*Claim, len(ds)), yield: yield,
 		seen: make(map[Key]struct{}, len(reqs)), claimedAt: claimedAt}
+	b.settled = make(map[Key]settledCopy)
 	next := 0
 	for i := range ds {
 		if ds[i].bad == "" {
@@ -68,6 +69,10 @@ type batch[M any] struct {
 	yield     func(i int, res Result, err error) bool
 	seen      map[Key]struct{}
 	claimedAt time.Time
+	// settled holds the keys of this batch whose copy was processed or
+	// dead-lettered: a later copy is a duplicate of it, known without
+	// asking the store.
+	settled map[Key]settledCopy
 	// completer is set when successes are completed together.
 	completer BatchCompleter
 	// pending are the results not yet given to yield, in order. The first
@@ -81,25 +86,31 @@ type pendingResult struct {
 	i    int
 	res  Result
 	err  error
-	comp int // index into comps, or -1
+	comp int  // index into comps, or -1
+	dup  bool // a duplicate of an earlier copy, valid once comp is written
+}
+
+type settledCopy struct {
+	attempts int
+	comp     int // its deferred completion, or -1 once written
 }
 
 func (b *batch[M]) run(ctx context.Context) {
 	for i := range b.ds {
 		d, c := &b.ds[i], b.claims[i]
 		due := len(b.comps) > 0 && !time.Now().Before(b.flushBy)
-		// A repeat of a key the batch holds would find it in flight: its
-		// earlier copy must be recorded first.
-		_, again := b.seen[d.key]
-		repeat := again && c != nil && c.Status == ClaimInFlight && len(b.comps) > 0
-		if ctx.Err() != nil || due || repeat {
+		if ctx.Err() != nil || due {
 			if !b.flush(ctx) || ctx.Err() != nil {
 				b.releaseFrom(ctx, i)
 				return
 			}
 		}
 		res, comp, err := b.handle(ctx, d, c)
-		b.pending = append(b.pending, pendingResult{i: i, res: res, err: err, comp: comp})
+		dup := c != nil && c.Status == ClaimInFlight && res.Outcome == Duplicate
+		b.pending = append(b.pending, pendingResult{i: i, res: res, err: err, comp: comp, dup: dup})
+		if err == nil && !dup && (res.Outcome == Processed || res.Outcome == DeadLettered) {
+			b.settled[d.key] = settledCopy{attempts: res.Attempts, comp: comp}
+		}
 		if b.completer == nil || err != nil || !res.Settled() {
 			if !b.flush(ctx) {
 				b.releaseFrom(ctx, i+1)
@@ -122,8 +133,15 @@ func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim) (res Re
 	b.seen[d.key] = struct{}{}
 	switch {
 	case c.Status == ClaimInFlight && again:
-		// The batch's own earlier copy held the key at claim time and has
-		// settled since: claim afresh.
+		// The batch's own earlier copy held the key at claim time.
+		if e, ok := b.settled[d.key]; ok {
+			res := Result{Outcome: Duplicate, Key: d.key, Attempts: e.attempts}
+			if e.comp < 0 && w.cfg.observer != nil {
+				w.cfg.observer(ctx, res)
+			}
+			return res, e.comp, nil
+		}
+		// It did not settle for good: claim afresh.
 		res, err := w.finish(ctx, d)
 		return res, -1, err
 	case c.Status == ClaimAcquired && time.Since(b.claimedAt) > d.leaseTime/2:
@@ -176,11 +194,21 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 			if cerr == nil {
 				cerr = errs[p.comp]
 			}
-			if cerr != nil {
+			switch {
+			case cerr != nil && p.dup:
+				p.res.Outcome = 0
+				p.err = fmt.Errorf("dedup: %s: its earlier copy in the batch was not recorded: %w", p.res.Key, cerr)
+			case cerr != nil:
 				p.res.Outcome = 0
 				p.err = w.settleError("complete", p.res.Key, cerr)
-			} else if w.cfg.observer != nil {
-				w.cfg.observer(ctx, p.res)
+				delete(b.settled, p.res.Key)
+			default:
+				if !p.dup {
+					b.settled[p.res.Key] = settledCopy{attempts: p.res.Attempts, comp: -1}
+				}
+				if w.cfg.observer != nil {
+					w.cfg.observer(ctx, p.res)
+				}
 			}
 		}
 		if !b.yield(p.i, p.res, p.err) {
