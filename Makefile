@@ -12,6 +12,13 @@ stop-services:
 		fi; \
 		rm -f .cache/dynamodb.pid; \
 	fi
+	@if [ -f .cache/fauxqs.pid ]; then \
+		pid="$$(cat .cache/fauxqs.pid)"; \
+		if ps -p "$$pid" -o args= | grep -q fauxqs; then \
+			kill "$$pid" && echo "stopped fauxqs (pid $$pid)"; \
+		fi; \
+		rm -f .cache/fauxqs.pid; \
+	fi
 
 test: services
 	go test -race -count=1 ./...

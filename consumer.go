@@ -193,6 +193,9 @@ func (w *Wrapper[M]) leaseFor(ctx context.Context) time.Duration {
 	if w.cfg.lease > 0 {
 		return w.cfg.lease
 	}
+	if lease, ok := ctx.Value(leaseKey{}).(time.Duration); ok && lease > 0 {
+		return lease
+	}
 	if dl, ok := ctx.Deadline(); ok {
 		if left := time.Until(dl); left > time.Second {
 			return left

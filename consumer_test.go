@@ -569,3 +569,21 @@ func deliverUntilSettledTolerant[M any](t *testing.T, w *dedup.Wrapper[M], msg M
 	t.Fatal("never settled")
 	return dedup.Result{}
 }
+
+// A transport's lease hint (the SQS visibility timeout) is the lease unless
+// WithLease overrides it.
+func TestContextWithLease(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	var leased time.Duration
+	w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+		rec, err := store.Get(ctx, dedup.Key{Scope: "lease", EventID: e.ID})
+		leased = time.Until(rec.LeaseUntil)
+		return err
+	}, dedup.WithScope("lease"), dedup.WithSink(&dedup.MemorySink{}))
+	require.NoError(t, err)
+	ctx := dedup.ContextWithLease(context.Background(), 7*time.Minute)
+	res, err := w.Handle(ctx, event{ID: "l", Body: "x"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.Processed, res.Outcome)
+	require.InDelta(t, (7 * time.Minute).Seconds(), leased.Seconds(), 5)
+}

@@ -31,6 +31,10 @@ const MetadataPrefix = "dedup-"
 type Header struct {
 	Key   string
 	Value []byte
+	// Type is the transport's data type of the value where it has one (SQS:
+	// String, Number, Binary or a custom type such as Number.float); empty
+	// for Kafka and for dedup's metadata, which is text.
+	Type string
 }
 
 // Origin says where a dead-lettered message came from. Kafka fills Topic,
@@ -70,33 +74,33 @@ type DeadLetter struct {
 // Metadata returns the dedup-* headers describing the dead letter.
 func (d *DeadLetter) Metadata() []Header {
 	h := []Header{
-		{"dedup-reason", []byte(d.Reason)},
-		{"dedup-error", []byte(d.Error)},
-		{"dedup-cause", []byte(d.Cause)},
-		{"dedup-error-type", []byte(d.ErrorType)},
-		{"dedup-cause-type", []byte(d.CauseType)},
-		{"dedup-attempts", []byte(strconv.Itoa(d.Attempts))},
-		{"dedup-event-id", []byte(d.EventID)},
-		{"dedup-scope", []byte(d.Scope)},
-		{"dedup-first-failure", []byte(formatTime(d.FirstFailure))},
-		{"dedup-last-failure", []byte(formatTime(d.LastFailure))},
+		{Key: "dedup-reason", Value: []byte(d.Reason)},
+		{Key: "dedup-error", Value: []byte(d.Error)},
+		{Key: "dedup-cause", Value: []byte(d.Cause)},
+		{Key: "dedup-error-type", Value: []byte(d.ErrorType)},
+		{Key: "dedup-cause-type", Value: []byte(d.CauseType)},
+		{Key: "dedup-attempts", Value: []byte(strconv.Itoa(d.Attempts))},
+		{Key: "dedup-event-id", Value: []byte(d.EventID)},
+		{Key: "dedup-scope", Value: []byte(d.Scope)},
+		{Key: "dedup-first-failure", Value: []byte(formatTime(d.FirstFailure))},
+		{Key: "dedup-last-failure", Value: []byte(formatTime(d.LastFailure))},
 	}
 	o := d.Origin
 	if o.Topic != "" {
 		h = append(h,
-			Header{"dedup-origin-topic", []byte(o.Topic)},
-			Header{"dedup-origin-partition", []byte(strconv.FormatInt(int64(o.Partition), 10))},
-			Header{"dedup-origin-offset", []byte(strconv.FormatInt(o.Offset, 10))},
-			Header{"dedup-origin-group", []byte(o.Group)},
+			Header{Key: "dedup-origin-topic", Value: []byte(o.Topic)},
+			Header{Key: "dedup-origin-partition", Value: []byte(strconv.FormatInt(int64(o.Partition), 10))},
+			Header{Key: "dedup-origin-offset", Value: []byte(strconv.FormatInt(o.Offset, 10))},
+			Header{Key: "dedup-origin-group", Value: []byte(o.Group)},
 		)
 		if !o.Timestamp.IsZero() {
-			h = append(h, Header{"dedup-origin-timestamp", []byte(formatTime(o.Timestamp))})
+			h = append(h, Header{Key: "dedup-origin-timestamp", Value: []byte(formatTime(o.Timestamp))})
 		}
 	}
 	if o.QueueURL != "" {
 		h = append(h,
-			Header{"dedup-origin-queue", []byte(o.QueueURL)},
-			Header{"dedup-origin-message-id", []byte(o.MessageID)},
+			Header{Key: "dedup-origin-queue", Value: []byte(o.QueueURL)},
+			Header{Key: "dedup-origin-message-id", Value: []byte(o.MessageID)},
 		)
 	}
 	return h

@@ -93,10 +93,21 @@ func WithMaxAttempts(n int) Opt { return optFunc(func(c *config) { c.maxAttempts
 func WithBackoff(b Backoff) Opt { return optFunc(func(c *config) { c.backoff = b }) }
 
 // WithLease sets how long a claim stays exclusive between heartbeats. By
-// default it is the handler context's remaining time when that has a
-// deadline, else 30 s. Too short re-runs a slow but alive handler elsewhere;
+// default it is the transport's own deadline: the lease a transport adapter
+// put in the context with [ContextWithLease] (the SQS visibility timeout),
+// else the context's remaining time when it has a deadline, else 30 s. Too short re-runs a slow but alive handler elsewhere;
 // too long delays recovery after a crash.
 func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease = d }) }
+
+// leaseKey is the context key of [ContextWithLease].
+type leaseKey struct{}
+
+// ContextWithLease returns ctx carrying the lease a transport suggests for
+// the deliveries handled with it, such as the SQS visibility timeout. A
+// wrapper without WithLease uses it.
+func ContextWithLease(ctx context.Context, lease time.Duration) context.Context {
+	return context.WithValue(ctx, leaseKey{}, lease)
+}
 
 // WithTTL sets how long records are kept (default 7 days). It must cover the
 // transport's whole redelivery horizon, replays and DLQ redrives included.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts the services the tests talk to (DESIGN.md §10), idempotently:
-# PostgreSQL on 127.0.0.1:5432 and DynamoDB Local on 127.0.0.1:$DEDUP_DYNAMODB_PORT.
+# PostgreSQL on 127.0.0.1:5432, DynamoDB Local on 127.0.0.1:$DEDUP_DYNAMODB_PORT
+# and the fauxqs SQS emulator on 127.0.0.1:$FAUXQS_PORT (scripts/fauxqs.sh).
 # Downloads and logs go to .cache/ (git-ignored); `make stop-services` stops
 # what this script started.
 set -euo pipefail
@@ -107,12 +108,9 @@ start_dynamodb() {
 	die "DynamoDB Local did not start on 127.0.0.1:$DYNAMODB_PORT within 30 s (log: $CACHE/dynamodb.log)"
 }
 
-# start_sqs: PLACEHOLDER for the SQS work. It is to start the SQS emulator
-# (fauxqs 1.9.2, DESIGN.md §10) on the port of DEDUP_SQS_ENDPOINT (default
-# 4566) the same way as DynamoDB Local: cached under .cache/, skipped when
-# something already answers, pid file for `make stop-services`.
+# start_sqs: the fauxqs SQS emulator, by its own script (same conventions).
 start_sqs() {
-	:
+	"$ROOT/scripts/fauxqs.sh"
 }
 
 mkdir -p "$CACHE"

@@ -1,0 +1,383 @@
+package sqsdedup
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/dedupkit/dedup"
+)
+
+// cancelGrace bounds how long Run still waits for handlers once it has
+// cancelled their contexts: time for the wrapper to record the attempt.
+const cancelGrace = 15 * time.Second
+
+// Consumer receives messages from one SQS queue and runs each through a
+// dedup.Wrapper, then acts on the outcome:
+//
+//   - Processed, Duplicate, DeadLettered, Conflict: the message is deleted,
+//     in batches (DeleteMessageBatch, retrying entries reported as failed).
+//   - Retry: the message's visibility is set to Result.RetryAfter, so it
+//     comes back after the backoff.
+//   - InFlight (the event is being handled elsewhere): the message becomes
+//     visible again after a short delay ([WithInFlightDelay]); it is never
+//     deleted nor kept invisible by the heartbeat.
+//   - An error (store or DLQ unreachable): nothing; the message comes back
+//     when its visibility timeout runs out.
+//
+// While a message is held, a heartbeat extends its visibility timeout before
+// it runs out, so a handler may take longer than the queue's timeout.
+//
+// On a FIFO queue (its URL ends in ".fifo"), the messages of one
+// MessageGroupId are handled in order, one at a time; a message that does not
+// settle holds back the rest of its group in that receive, which is given
+// back at once (SQS then delivers nothing more of the group before the held
+// message).
+//
+// The store lease is the queue's visibility timeout (unless the Wrapper sets
+// dedup.WithLease), so that after a crash the message comes back about when
+// its claim can be taken over; the heartbeat extends both together.
+type Consumer struct {
+	client *sqs.Client
+	url    string
+	fifo   bool
+	w      *dedup.Wrapper[types.Message]
+	cfg    config
+	log    *slog.Logger
+}
+
+// NewConsumer returns a Consumer of the queue at queueURL running messages
+// through w, which should read messages with [Messages] for the same URL.
+func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Message], opts ...Opt) (*Consumer, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case client == nil:
+		return nil, fmt.Errorf("%w: nil SQS client", dedup.ErrConfig)
+	case queueURL == "":
+		return nil, fmt.Errorf("%w: empty queue URL", dedup.ErrConfig)
+	case w == nil:
+		return nil, fmt.Errorf("%w: nil wrapper", dedup.ErrConfig)
+	}
+	return &Consumer{
+		client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg,
+		log: cfg.logger.With(slog.String("queue", queueURL)),
+	}, nil
+}
+
+// VisibilityTimeout returns the visibility timeout of the queue at queueURL.
+func VisibilityTimeout(ctx context.Context, client *sqs.Client, queueURL string) (time.Duration, error) {
+	out, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(queueURL),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameVisibilityTimeout},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sqsdedup: read the visibility timeout of %s: %w", queueURL, err)
+	}
+	v := out.Attributes[string(types.QueueAttributeNameVisibilityTimeout)]
+	secs, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("sqsdedup: visibility timeout of %s is %q: %w", queueURL, v, err)
+	}
+	return time.Duration(secs) * time.Second, nil
+}
+
+// Run receives and handles messages until ctx is done, then shuts down and
+// returns nil: it stops receiving (a long poll in progress is waited for, up
+// to [WithWaitTime], and what it brings is given back), lets running
+// handlers finish (cancelling their contexts after [WithShutdownTimeout]),
+// deletes what settled, and gives the messages it will not handle back with
+// visibility 0. Even if SQS or a handler hangs, it returns within the wait
+// time plus the shutdown timeout plus 35 s; a handler still running then is
+// reported as an error. Run fails at once if the queue's visibility timeout
+// cannot be read.
+func (c *Consumer) Run(ctx context.Context) error {
+	vis := c.cfg.visibility
+	if vis == 0 {
+		var err error
+		if vis, err = VisibilityTimeout(ctx, c.client, c.url); err != nil {
+			return err
+		}
+	}
+	vis = time.Duration(seconds(vis)) * time.Second
+	if vis < time.Second {
+		return fmt.Errorf("%w: %s has a visibility timeout of 0, which no heartbeat can keep: use WithVisibilityTimeout",
+			dedup.ErrConfig, c.url)
+	}
+
+	r := c.start(ctx, vis)
+	stopLog := context.AfterFunc(ctx, func() {
+		c.log.Info("sqsdedup: stopping: waiting for receives in progress and running handlers")
+	})
+	defer stopLog()
+	var pollers sync.WaitGroup
+	for range c.cfg.pollers {
+		pollers.Go(func() { r.poll(ctx) })
+	}
+	pollers.Wait()
+	err := r.drain()
+	r.stop()
+	return err
+}
+
+// runner is the state of one Run.
+type runner struct {
+	*Consumer
+	vis   time.Duration
+	slots chan struct{} // one per message held, up to the worker count
+	// work is the handlers' context: it outlives Run's until the shutdown
+	// timeout, so that running handlers can finish.
+	work       context.Context
+	cancelWork context.CancelFunc
+	// bg is for the consumer's own calls, until Run returns.
+	bg       context.Context
+	stopBg   context.CancelFunc
+	handlers sync.WaitGroup
+	services sync.WaitGroup
+	hb       *heartbeat
+	del      *deleter
+}
+
+// start returns a runner with its heartbeat and deleter running.
+func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
+	r := &runner{Consumer: c, vis: vis, slots: make(chan struct{}, c.cfg.workers)}
+	// The store lease defaults to the visibility timeout, unless the wrapper
+	// sets dedup.WithLease.
+	r.work, r.cancelWork = context.WithCancel(dedup.ContextWithLease(context.WithoutCancel(ctx), vis))
+	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
+	r.hb = newHeartbeat(r)
+	r.del = newDeleter(r)
+	r.services.Go(func() { r.hb.run(r.bg) })
+	r.services.Go(func() { r.del.run(r.bg) })
+	return r
+}
+
+// stop flushes the deletes and stops the heartbeat, once handlers are done.
+func (r *runner) stop() {
+	r.del.stop()
+	r.stopBg()
+	r.services.Wait()
+	r.cancelWork()
+}
+
+func (r *runner) poll(ctx context.Context) {
+	failures := 0
+	for {
+		n := r.acquire(ctx)
+		if n == 0 {
+			return
+		}
+		out, err := r.receive(ctx, n)
+		if err != nil {
+			r.release(n)
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			wait := dedup.ExponentialBackoff(time.Second, 30*time.Second)(failures)
+			r.log.Warn("sqsdedup: receive failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+			if sleep(ctx, wait) != nil {
+				return
+			}
+			continue
+		}
+		failures = 0
+		r.release(n - len(out.Messages))
+		r.dispatch(ctx, out.Messages)
+	}
+}
+
+// receive receives up to n messages. A receive in progress when ctx ends is
+// not cancelled but waited for: SQS goes on with a long poll whose client has
+// gone, and hides the messages it takes for a whole visibility timeout.
+// What it returns is then given back at once.
+func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.waitTime+callTimeout)
+	defer cancel()
+	in := &sqs.ReceiveMessageInput{
+		QueueUrl:                    aws.String(r.url),
+		MaxNumberOfMessages:         int32(n),
+		WaitTimeSeconds:             int32(r.cfg.waitTime / time.Second),
+		VisibilityTimeout:           seconds(r.vis),
+		MessageAttributeNames:       []string{"All"},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+	}
+	if r.fifo {
+		// The SDK's retries of this receive then get the same messages
+		// instead of leaving those of the lost response blocking their groups.
+		in.ReceiveRequestAttemptId = aws.String(rand.Text())
+	}
+	return r.client.ReceiveMessage(ctx, in)
+}
+
+// acquire takes between one and maxMessages free worker slots, waiting for
+// the first; it returns 0 when ctx is done.
+func (r *runner) acquire(ctx context.Context) int {
+	if ctx.Err() != nil { // a free slot must not win a tie with ctx
+		return 0
+	}
+	select {
+	case r.slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1
+	for n < r.cfg.maxMessages {
+		select {
+		case r.slots <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+func (r *runner) release(n int) {
+	for range n {
+		<-r.slots
+	}
+}
+
+func (r *runner) dispatch(stop context.Context, msgs []types.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	r.hb.add(msgs...)
+	if !r.fifo {
+		for _, m := range msgs {
+			r.handlers.Go(func() {
+				defer r.release(1)
+				r.handleOne(stop, m)
+			})
+		}
+		return
+	}
+	for _, g := range groups(msgs) {
+		r.handlers.Go(func() { r.handleGroup(stop, g) })
+	}
+}
+
+// groups splits msgs by MessageGroupId, keeping their order.
+func groups(msgs []types.Message) [][]types.Message {
+	var out [][]types.Message
+	index := make(map[string]int)
+	for _, m := range msgs {
+		g := m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+		i, ok := index[g]
+		if !ok {
+			i = len(out)
+			index[g] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], m)
+	}
+	return out
+}
+
+func (r *runner) handleOne(stop context.Context, m types.Message) {
+	if stop.Err() != nil {
+		r.giveBack(0, m)
+		return
+	}
+	res, err := r.w.Handle(r.work, m)
+	r.settle(stop, m, res, err)
+}
+
+// handleGroup handles one FIFO group's messages in order, stopping at the
+// first that does not settle.
+func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
+	next := 0
+	var err error
+	if stop.Err() == nil {
+		err = r.w.HandleBatch(r.work, msgs, func(i int, res dedup.Result, err error) bool {
+			r.settle(stop, msgs[i], res, err)
+			r.release(1)
+			next = i + 1
+			return err == nil && res.Settled() && stop.Err() == nil
+		})
+	}
+	rest := msgs[next:]
+	if len(rest) == 0 {
+		return
+	}
+	if err != nil && stop.Err() == nil {
+		r.log.Warn("sqsdedup: claiming a group's messages failed; they come back when their visibility timeout runs out",
+			slog.Int("messages", len(rest)), slog.Any("error", err))
+		r.hb.remove(rest...)
+	} else {
+		r.giveBack(0, rest...)
+	}
+	r.release(len(rest))
+}
+
+// settle acts on the outcome of one message.
+func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result, err error) {
+	switch {
+	case err != nil:
+		r.log.Warn("sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
+			slog.String("key", res.Key.String()), slog.Any("error", err))
+		if stop.Err() != nil {
+			r.giveBack(0, m)
+		} else {
+			r.hb.remove(m)
+		}
+	case res.Settled():
+		r.del.add(m)
+	case res.Outcome == dedup.InFlight:
+		r.giveBack(min(res.RetryAfter, r.cfg.inFlightDelay), m)
+	default: // dedup.Retry
+		r.giveBack(res.RetryAfter, m)
+	}
+}
+
+// giveBack stops holding msgs and makes them visible again after d.
+func (r *runner) giveBack(d time.Duration, msgs ...types.Message) {
+	r.hb.remove(msgs...)
+	for _, batch := range chunks(msgs) {
+		if lost := r.retryBatch(r.bg, "visibility change", batch, 3, r.visibilityCall(d)); len(lost) > 0 {
+			r.log.Warn("sqsdedup: messages not given back; they come back when their visibility timeout runs out",
+				slog.Int("messages", len(lost)))
+		}
+	}
+}
+
+// drain waits for running handlers, cancelling them after the shutdown
+// timeout.
+func (r *runner) drain() error {
+	done := make(chan struct{})
+	go func() {
+		r.handlers.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(r.cfg.shutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+	}
+	r.log.Warn("sqsdedup: handlers still running after the shutdown timeout; cancelling them")
+	r.cancelWork()
+	t.Reset(cancelGrace)
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return errors.New("sqsdedup: " + r.url + ": handlers still running after their contexts were cancelled")
+	}
+}

@@ -1,0 +1,479 @@
+package sqsdedup_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
+	"go.uber.org/goleak"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/awsfault"
+	"github.com/dedupkit/dedup/internal/testenv"
+)
+
+// Three copies of each of five events, handled by ten workers at once,
+// give one effect per event; every copy is deleted.
+func TestDuplicatesHaveOneEffect(t *testing.T) {
+	t.Parallel()
+	for _, sc := range stores() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			c := client(t)
+			url := queue(t, c)
+			rec := newRecorder()
+			w := wrap(t, sc.open(t), url, rec, func(ctx context.Context, m types.Message) error {
+				time.Sleep(50 * time.Millisecond) // let copies overlap
+				rec.effect(eventID(m))
+				return nil
+			})
+			const events, copies = 5, 3
+			for i := range events * copies {
+				send(t, c, url, fmt.Sprintf("evt-%d", i%events), fmt.Sprintf("body %d", i%events), nil)
+			}
+			stop := start(t, c, url, w)
+			waitFor(t, 20*time.Second, "every copy settled", func() bool {
+				return rec.outcomes(dedup.Processed) == events && rec.outcomes(dedup.Duplicate) == events*(copies-1)
+			})
+			stop()
+			for i := range events {
+				if n := rec.effectsOf(fmt.Sprintf("evt-%d", i)); n != 1 {
+					t.Errorf("evt-%d: %d effects, want 1", i, n)
+				}
+			}
+			assertDrained(t, c, url)
+		})
+	}
+}
+
+// A handler taking 5 s on a queue with a 2 s visibility timeout keeps its
+// message: it is received once and has one effect.
+func TestHeartbeatKeepsSlowMessage(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	url := queue(t, c)
+	rec := newRecorder()
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		time.Sleep(5 * time.Second)
+		rec.effect(eventID(m))
+		return nil
+	})
+	send(t, c, url, "slow-1", "slow", nil)
+	stop := start(t, c, url, w, sqsdedup.WithPollers(2))
+	waitFor(t, 15*time.Second, "the slow message processed", func() bool { return rec.outcomes(dedup.Processed) == 1 })
+	stop()
+	rec.mu.Lock()
+	results := len(rec.results)
+	rec.mu.Unlock()
+	if results != 1 {
+		t.Errorf("%d deliveries, want 1 (the message was delivered again while held)", results)
+	}
+	if n := rec.effectsOf("slow-1"); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	assertDrained(t, c, url)
+}
+
+// A consumer stopped before it could delete a processed message (every
+// delete fails) leaves it in the queue; the next consumer sees it again as a
+// duplicate, without a second effect, and deletes it.
+func TestRedeliveryAfterStopBeforeDelete(t *testing.T) {
+	t.Parallel()
+	for _, sc := range stores() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			noDelete := awsfault.Fail(errInjected, "DeleteMessageBatch")
+			noDelete.On()
+			c1 := client(t, noDelete.APIOption)
+			url := queue(t, c1)
+			store := sc.open(t)
+			rec := newRecorder()
+			scope := dedup.WithScope(uniqueScope())
+			h := func(ctx context.Context, m types.Message) error {
+				rec.effect(eventID(m))
+				return nil
+			}
+			send(t, c1, url, "evt-1", "once", nil)
+
+			stop := start(t, c1, url, wrap(t, store, url, rec, h, scope))
+			waitFor(t, 10*time.Second, "processed and a delete tried", func() bool {
+				return rec.outcomes(dedup.Processed) == 1 && noDelete.Hits() > 0
+			})
+			stop()
+
+			c2 := client(t)
+			stop = start(t, c2, url, wrap(t, store, url, rec, h, scope))
+			waitFor(t, 10*time.Second, "the redelivery seen as a duplicate", func() bool {
+				return rec.outcomes(dedup.Duplicate) == 1
+			})
+			stop()
+			if n := rec.effectsOf("evt-1"); n != 1 {
+				t.Errorf("%d effects, want 1", n)
+			}
+			assertDrained(t, c2, url)
+		})
+	}
+}
+
+// A message that always fails is dead-lettered after MaxAttempts with its
+// body, attributes and metadata, and the original is deleted.
+func TestPoisonMessageIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	for _, sc := range stores() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			c := client(t)
+			url := queue(t, c)
+			dlq := queue(t, c)
+			rec := newRecorder()
+			scope := uniqueScope()
+			w := wrap(t, sc.open(t), url, rec, func(ctx context.Context, m types.Message) error {
+				rec.call(eventID(m))
+				return errors.New("cannot handle this")
+			}, dedup.WithScope(scope), dedup.WithMaxAttempts(3), dedup.WithSink(newSink(t, c, dlq)))
+			send(t, c, url, "poison-1", `{"poison":true}`, map[string]types.MessageAttributeValue{"tenant": stringAttr("acme")})
+			stop := start(t, c, url, w)
+			waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+			stop()
+			if n := len(rec.callList()); n != 3 {
+				t.Errorf("handler ran %d times, want 3", n)
+			}
+
+			letters := receive(t, c, dlq, time.Second)
+			if len(letters) != 1 {
+				t.Fatalf("DLQ holds %d messages, want 1", len(letters))
+			}
+			dl := letters[0]
+			if got := aws.ToString(dl.Body); got != `{"poison":true}` {
+				t.Errorf("body %q", got)
+			}
+			for name, want := range map[string]string{"event-id": "poison-1", "tenant": "acme"} {
+				if got := aws.ToString(dl.MessageAttributes[name].StringValue); got != want {
+					t.Errorf("attribute %s = %q, want %q", name, got, want)
+				}
+			}
+			meta, err := sqsdedup.DeadLetterMetadata(dl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]string{
+				"dedup-reason": "handler-error", "dedup-attempts": "3", "dedup-event-id": "poison-1",
+				"dedup-scope": scope, "dedup-cause": "cannot handle this", "dedup-origin-queue": url,
+				"dedup-cause-type": "*errors.errorString",
+			}
+			for k, v := range want {
+				if meta[k] != v {
+					t.Errorf("%s = %q, want %q", k, meta[k], v)
+				}
+			}
+			if meta["dedup-origin-message-id"] == "" || meta["dedup-first-failure"] == "" {
+				t.Errorf("metadata lacks origin message ID or failure time: %v", meta)
+			}
+			assertDrained(t, c, url)
+		})
+	}
+}
+
+// SQS's own receive count counts toward MaxAttempts: a message already
+// received three times (by a consumer that crashed before recording
+// anything) is dead-lettered after its first failed attempt here.
+func TestReceiveCountCountsAsAttempts(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	url := queue(t, c)
+	rec := newRecorder()
+	sink := &dedup.MemorySink{}
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		rec.call(eventID(m))
+		return errors.New("still failing")
+	}, dedup.WithMaxAttempts(4), dedup.WithSink(sink))
+	send(t, c, url, "counted-1", "x", nil)
+	for range 3 {
+		msgs := receive(t, c, url, time.Second)
+		if len(msgs) != 1 {
+			t.Fatalf("received %d messages, want 1", len(msgs))
+		}
+		if _, err := c.ChangeMessageVisibility(context.Background(), &sqs.ChangeMessageVisibilityInput{
+			QueueUrl: aws.String(url), ReceiptHandle: msgs[0].ReceiptHandle, VisibilityTimeout: 0,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := start(t, c, url, w)
+	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+	stop()
+	if n := len(rec.callList()); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+	if letters := sink.Letters(); len(letters) != 1 || letters[0].Attempts != 4 {
+		t.Errorf("dead letters %+v, want one with 4 attempts", letters)
+	}
+	assertDrained(t, c, url)
+}
+
+// When the DLQ cannot be written, the original stays in its queue; once the
+// DLQ works again, the message is parked and deleted.
+func TestFailingDeadLetterKeepsOriginal(t *testing.T) {
+	t.Parallel()
+	noSend := awsfault.Fail(errInjected, "SendMessage")
+	c := client(t)
+	url := queue(t, c)
+	dlq := queue(t, c)
+	rec := newRecorder()
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		rec.call(eventID(m))
+		return dedup.Permanent(errors.New("malformed order"))
+	}, dedup.WithSink(newSink(t, client(t, noSend.APIOption), dlq)))
+	send(t, c, url, "bad-1", "x", nil)
+	noSend.On()
+	stop := start(t, c, url, w)
+	waitFor(t, 10*time.Second, "a dead letter refused", func() bool { return noSend.Hits() > 0 })
+	if msgs := receive(t, c, dlq, 0); len(msgs) != 0 {
+		t.Fatalf("DLQ holds %d messages, want 0", len(msgs))
+	}
+	noSend.Off()
+	// The message comes back only if it was not deleted.
+	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+	stop()
+	letters := receive(t, c, dlq, time.Second)
+	if len(letters) != 1 {
+		t.Fatalf("DLQ holds %d messages, want 1", len(letters))
+	}
+	if meta, _ := sqsdedup.DeadLetterMetadata(letters[0]); meta["dedup-reason"] != "permanent" {
+		t.Errorf("dead letter metadata %v, want reason permanent", meta)
+	}
+	assertDrained(t, c, url)
+}
+
+// Deletes that fail, as a whole call or entry by entry behind a success, are
+// retried until they succeed: no message comes back.
+func TestFailedDeletesAreRetried(t *testing.T) {
+	t.Parallel()
+	whole := awsfault.Fail(errInjected, "DeleteMessageBatch")
+	entry := &failFirstEntry{}
+	for _, tc := range []struct {
+		name  string
+		fault func(*middleware.Stack) error
+		on    func(n int)
+		hits  func() int
+	}{
+		{"whole call", whole.APIOption, whole.Times, whole.Hits},
+		{"per entry", entry.APIOption, entry.times, entry.hits},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := client(t, tc.fault)
+			url := queue(t, c)
+			rec := newRecorder()
+			w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+				rec.effect(eventID(m))
+				return nil
+			})
+			for i := range 3 {
+				send(t, c, url, "del-"+strconv.Itoa(i), "x", nil)
+			}
+			tc.on(2)
+			stop := start(t, c, url, w, sqsdedup.WithDeleteInterval(300*time.Millisecond))
+			waitFor(t, 10*time.Second, "all processed and the faults used", func() bool {
+				return rec.outcomes(dedup.Processed) == 3 && tc.hits() == 2
+			})
+			assertDrained(t, c, url)
+			stop()
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if len(rec.results) != 3 {
+				t.Errorf("%d deliveries, want 3: a message whose delete failed came back", len(rec.results))
+			}
+		})
+	}
+}
+
+// On a FIFO queue, each group's messages are handled in order, a failed
+// message holding back the rest of its group until it succeeds. The event ID
+// is the MessageDeduplicationId.
+func TestFIFOOrder(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	url := fifoQueue(t, c)
+	rec := newRecorder()
+	failedOnce := false
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		id := eventID(m)
+		rec.call(id)
+		if id == "A2" && !failedOnce {
+			failedOnce = true
+			return errors.New("first try fails")
+		}
+		rec.effect(id)
+		return nil
+	}, dedup.WithBackoff(func(int) time.Duration { return time.Second }))
+	var want = map[string][]string{"A": nil, "B": nil}
+	for i := 1; i <= 4; i++ {
+		for _, g := range []string{"A", "B"} {
+			id := g + strconv.Itoa(i)
+			want[g] = append(want[g], id)
+			_, err := c.SendMessage(context.Background(), &sqs.SendMessageInput{
+				QueueUrl: aws.String(url), MessageBody: aws.String(id),
+				MessageGroupId: aws.String(g), MessageDeduplicationId: aws.String(id),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	stop := start(t, c, url, w)
+	waitFor(t, 20*time.Second, "all processed", func() bool { return rec.outcomes(dedup.Processed) == 8 })
+	stop()
+	got := map[string][]string{}
+	for _, id := range rec.callList() {
+		got[id[:1]] = append(got[id[:1]], id)
+	}
+	wantA := []string{"A1", "A2", "A2", "A3", "A4"}
+	if fmt.Sprint(got["A"]) != fmt.Sprint(wantA) || fmt.Sprint(got["B"]) != fmt.Sprint(want["B"]) {
+		t.Errorf("handler calls by group %v, want A %v and B %v", got, wantA, want["B"])
+	}
+	assertDrained(t, c, url)
+}
+
+// Cancelling Run lets the running handler finish, deletes its message, and
+// leaves no goroutine behind.
+func TestShutdownFinishesWorkAndLeaksNothing(t *testing.T) {
+	defer goleak.VerifyNone(t, append(ignoreHTTP, goleak.IgnoreCurrent())...)
+	c := client(t)
+	url := queue(t, c)
+	rec := newRecorder()
+	started := make(chan struct{}, 1)
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		started <- struct{}{}
+		time.Sleep(time.Second)
+		rec.effect(eventID(m))
+		return nil
+	})
+	send(t, c, url, "shutdown-1", "x", nil)
+	stop := start(t, c, url, w, sqsdedup.WithPollers(3))
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never started")
+	}
+	begin := time.Now()
+	stop()
+	if d := time.Since(begin); d > 5*time.Second {
+		t.Errorf("Run took %v to return", d)
+	}
+	if rec.outcomes(dedup.Processed) != 1 || rec.effectsOf("shutdown-1") != 1 {
+		t.Errorf("the running handler did not finish: %d processed", rec.outcomes(dedup.Processed))
+	}
+	assertDrained(t, c, url)
+}
+
+// A handler that outlives the shutdown timeout gets its context cancelled;
+// its message is given back at once and handled by the next consumer.
+func TestShutdownTimeoutGivesMessageBack(t *testing.T) {
+	t.Parallel()
+
+	c := client(t)
+	url := testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "30"})
+	rec := newRecorder()
+	store := dedup.NewMemoryStore()
+	scope := dedup.WithScope(uniqueScope())
+	slow := wrap(t, store, url, rec, func(ctx context.Context, m types.Message) error {
+		rec.call(eventID(m))
+		<-ctx.Done()
+		return ctx.Err()
+	}, scope)
+	send(t, c, url, "stuck-1", "x", nil)
+	stop := start(t, c, url, slow, sqsdedup.WithShutdownTimeout(200*time.Millisecond))
+	waitFor(t, 10*time.Second, "the handler started", func() bool { return len(rec.callList()) == 1 })
+	stop()
+
+	fast := wrap(t, store, url, rec, func(ctx context.Context, m types.Message) error {
+		rec.effect(eventID(m))
+		return nil
+	}, scope)
+	stop = start(t, c, url, fast)
+	// Well before the queue's 30 s visibility timeout.
+	waitFor(t, 5*time.Second, "the message handled again", func() bool { return rec.effectsOf("stuck-1") == 1 })
+	stop()
+}
+
+func TestNewConsumerRejectsBadOptions(t *testing.T) {
+	c := testenv.SQS(t)
+	w := wrap(t, dedup.NewMemoryStore(), "u", newRecorder(), func(context.Context, types.Message) error { return nil })
+	for _, opts := range [][]sqsdedup.Opt{
+		{sqsdedup.WithPollers(0)},
+		{sqsdedup.WithWorkers(0)},
+		{sqsdedup.WithMaxMessages(11)},
+		{sqsdedup.WithWaitTime(21 * time.Second)},
+		{sqsdedup.WithVisibilityTimeout(13 * time.Hour)},
+		{sqsdedup.WithLogger(nil)},
+	} {
+		if _, err := sqsdedup.NewConsumer(c, "u", w, opts...); !errors.Is(err, dedup.ErrConfig) {
+			t.Errorf("NewConsumer: %v, want ErrConfig", err)
+		}
+	}
+	if _, err := sqsdedup.NewConsumer(c, "", w); !errors.Is(err, dedup.ErrConfig) {
+		t.Errorf("empty URL: %v, want ErrConfig", err)
+	}
+}
+
+// Run fails at once when the queue does not exist.
+func TestRunFailsForMissingQueue(t *testing.T) {
+	c := testenv.SQS(t)
+	url := queue(t, c) + "-missing"
+	w := wrap(t, dedup.NewMemoryStore(), url, newRecorder(), func(context.Context, types.Message) error { return nil })
+	consumer, err := sqsdedup.NewConsumer(c, url, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var missing *types.QueueDoesNotExist
+	if err := consumer.Run(ctx); !errors.As(err, &missing) {
+		t.Errorf("Run: %v, want QueueDoesNotExist", err)
+	}
+}
+
+// A copy of an event that is being handled elsewhere is neither deleted nor
+// kept invisible: it comes back after the short in-flight delay, again and
+// again, until the first copy has settled; then it is deleted as a
+// duplicate.
+func TestInFlightCopyComesBack(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	url := queue(t, c)
+	rec := newRecorder()
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		started <- struct{}{}
+		<-release
+		rec.effect(eventID(m))
+		return nil
+	})
+	send(t, c, url, "evt-1", "x", nil)
+	stop := start(t, c, url, w)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first copy never started")
+	}
+	send(t, c, url, "evt-1", "x", nil)
+	waitFor(t, 10*time.Second, "the copy seen in flight twice", func() bool { return rec.outcomes(dedup.InFlight) >= 2 })
+	close(release)
+	waitFor(t, 10*time.Second, "both copies settled", func() bool {
+		return rec.outcomes(dedup.Processed) == 1 && rec.outcomes(dedup.Duplicate) == 1
+	})
+	stop()
+	if n := rec.effectsOf("evt-1"); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	assertDrained(t, c, url)
+}

@@ -1,0 +1,32 @@
+// Package sqsdedup runs Amazon SQS messages through a dedup.Wrapper, so that
+// each event has one effect however often SQS delivers it, and parks poison
+// messages in a dead-letter queue.
+//
+// It has four parts:
+//
+//   - [Messages] tells a dedup.Wrapper how to read a types.Message: the
+//     event ID from the "event-id" message attribute (or, on a FIFO queue,
+//     the MessageDeduplicationId), the body as the payload, and
+//     ApproximateReceiveCount as the transport's attempt count.
+//   - [Consumer] long-polls a queue with a bounded number of workers, keeps
+//     held messages invisible with a heartbeat, deletes settled messages in
+//     batches, backs failed ones off through their visibility timeout, keeps
+//     FIFO groups in order, and shuts down gracefully.
+//   - [Sink] is a dedup.Sink that sends dead letters to an SQS queue.
+//   - [LambdaHandler] does the same for a Lambda function subscribed to a
+//     queue, reporting partial batch failures; [LambdaMessages] reads its
+//     events.SQSMessage records.
+//
+// A worker:
+//
+//	client := sqs.NewFromConfig(cfg)
+//	sink, err := sqsdedup.NewSink(client, dlqURL)
+//	...
+//	w, err := dedup.Wrap(store, sqsdedup.Messages(queueURL), handle,
+//		dedup.WithScope("orders/charge"),
+//		dedup.WithSink(sink)) // the lease follows the queue's visibility timeout
+//	...
+//	consumer, err := sqsdedup.NewConsumer(client, queueURL, w, sqsdedup.WithWorkers(20))
+//	...
+//	err = consumer.Run(ctx) // until ctx is cancelled
+package sqsdedup

@@ -1,0 +1,21 @@
+package sqsdedup
+
+import (
+	"context"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+)
+
+// HandleGroup runs msgs, held by one receive, through c as one FIFO message
+// group, with stop standing for Run's context, and returns once their
+// deletes are flushed.
+func HandleGroup(c *Consumer, stop context.Context, vis time.Duration, msgs []types.Message) {
+	r := c.start(context.Background(), vis)
+	for range msgs {
+		r.slots <- struct{}{}
+	}
+	r.hb.add(msgs...)
+	r.handleGroup(stop, msgs)
+	r.stop()
+}

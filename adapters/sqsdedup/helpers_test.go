@@ -1,0 +1,273 @@
+package sqsdedup_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go/middleware"
+	"go.uber.org/goleak"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/internal/testenv"
+)
+
+// The SDK's HTTP transport keeps idle connections, each with two goroutines.
+var ignoreHTTP = []goleak.Option{
+	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+}
+
+func TestMain(m *testing.M) {
+	// These tests spend their time waiting for visibility timeouts, not on
+	// the CPU: unless -test.parallel says otherwise, run more of them at once
+	// than the default of one per CPU.
+	flag.Parse()
+	parallel := false
+	flag.Visit(func(f *flag.Flag) { parallel = parallel || f.Name == "test.parallel" })
+	if !parallel {
+		_ = flag.Set("test.parallel", "8")
+	}
+	goleak.VerifyTestMain(m, ignoreHTTP...)
+}
+
+// errInjected is what injected faults fail with.
+var errInjected = errors.New("injected fault")
+
+// client returns an SQS client for the test endpoint, with extra API options.
+func client(t *testing.T, apiOptions ...func(*middleware.Stack) error) *sqs.Client {
+	base := testenv.SQS(t)
+	if len(apiOptions) == 0 {
+		return base
+	}
+	return sqs.New(base.Options(), func(o *sqs.Options) { o.APIOptions = append(o.APIOptions, apiOptions...) })
+}
+
+// queue creates a standard queue with a 2 s visibility timeout.
+func queue(t *testing.T, c *sqs.Client) string {
+	return testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "2"})
+}
+
+func fifoQueue(t *testing.T, c *sqs.Client) string {
+	return testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "2", "FifoQueue": "true"})
+}
+
+func uniqueScope() string { return "sqs-test-" + strings.ToLower(rand.Text()[:10]) }
+
+func stringAttr(v string) types.MessageAttributeValue {
+	return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(v)}
+}
+
+// send sends body with the event-id attribute and extra attributes.
+func send(t *testing.T, c *sqs.Client, url, eventID, body string, extra map[string]types.MessageAttributeValue) {
+	t.Helper()
+	attrs := map[string]types.MessageAttributeValue{"event-id": stringAttr(eventID)}
+	for k, v := range extra {
+		attrs[k] = v
+	}
+	_, err := c.SendMessage(context.Background(), &sqs.SendMessageInput{
+		QueueUrl: aws.String(url), MessageBody: aws.String(body), MessageAttributes: attrs,
+	})
+	if err != nil {
+		t.Fatalf("send %s: %v", eventID, err)
+	}
+}
+
+// receive receives up to 10 messages from url, waiting up to wait.
+func receive(t *testing.T, c *sqs.Client, url string, wait time.Duration) []types.Message {
+	t.Helper()
+	out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
+		QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: int32(wait / time.Second),
+		MessageAttributeNames:       []string{"All"},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+	})
+	if err != nil {
+		t.Fatalf("receive from %s: %v", url, err)
+	}
+	return out.Messages
+}
+
+// assertDrained fails t unless every message of url is deleted: none
+// visible, none in flight. SQS's counts are approximate but lag only behind
+// changes, and before the deletes they were not zero.
+func assertDrained(t *testing.T, c *sqs.Client, url string) {
+	t.Helper()
+	var counts map[string]string
+	deadline := time.Now().Add(90 * time.Second) // real SQS updates its counts within a minute
+	for time.Now().Before(deadline) {
+		out, err := c.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
+			QueueUrl: aws.String(url),
+			AttributeNames: []types.QueueAttributeName{
+				types.QueueAttributeNameApproximateNumberOfMessages,
+				types.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+				types.QueueAttributeNameApproximateNumberOfMessagesDelayed,
+			},
+		})
+		if err != nil {
+			t.Fatalf("queue attributes of %s: %v", url, err)
+		}
+		counts = out.Attributes
+		if counts["ApproximateNumberOfMessages"] == "0" && counts["ApproximateNumberOfMessagesNotVisible"] == "0" &&
+			counts["ApproximateNumberOfMessagesDelayed"] == "0" {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Errorf("%s still holds messages: %v", url, counts)
+}
+
+// recorder keeps a handler's effects and the wrapper's results.
+type recorder struct {
+	mu      sync.Mutex
+	effects map[string]int
+	calls   []string
+	results []dedup.Result
+}
+
+func newRecorder() *recorder { return &recorder{effects: make(map[string]int)} }
+
+func (r *recorder) call(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, id)
+}
+
+func (r *recorder) effect(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.effects[id]++
+}
+
+func (r *recorder) observe(_ context.Context, res dedup.Result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.results = append(r.results, res)
+}
+
+func (r *recorder) outcomes(o dedup.Outcome) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, res := range r.results {
+		if res.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *recorder) effectsOf(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.effects[id]
+}
+
+func (r *recorder) callList() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.calls...)
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// eventID reads a message's event ID the way the consumer does.
+func eventID(m types.Message) string {
+	id, _ := sqsdedup.Messages("").EventID(m)
+	return id
+}
+
+// wrap returns a wrapper over store for url's messages with test defaults
+// (unique scope, memory sink, 2 s lease, no backoff); opts come after them.
+func wrap(t *testing.T, store dedup.Store, url string, rec *recorder, h dedup.Handler[types.Message], opts ...dedup.Opt) *dedup.Wrapper[types.Message] {
+	t.Helper()
+	base := []dedup.Opt{
+		dedup.WithScope(uniqueScope()),
+		dedup.WithSink(&dedup.MemorySink{}),
+		dedup.WithLease(2 * time.Second),
+		dedup.WithBackoff(func(int) time.Duration { return 0 }),
+		dedup.WithObserver(rec.observe),
+	}
+	w, err := dedup.Wrap(store, sqsdedup.Messages(url), h, append(base, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// start runs a consumer of url until the returned stop is called (or the
+// test ends); stop waits for Run to return nil.
+func start(t *testing.T, c *sqs.Client, url string, w *dedup.Wrapper[types.Message], opts ...sqsdedup.Opt) (stop func()) {
+	t.Helper()
+	base := []sqsdedup.Opt{sqsdedup.WithWaitTime(time.Second), sqsdedup.WithInFlightDelay(time.Second), sqsdedup.WithLogger(testLogger(t))}
+	consumer, err := sqsdedup.NewConsumer(c, url, w, append(base, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- consumer.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return within 30 s of cancellation")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// testLogger logs warnings and errors to t.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func deleteMessage(t *testing.T, c *sqs.Client, url string, m types.Message) {
+	t.Helper()
+	if _, err := c.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(url), ReceiptHandle: m.ReceiptHandle}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newSink(t *testing.T, c *sqs.Client, url string, opts ...sqsdedup.SinkOpt) *sqsdedup.Sink {
+	t.Helper()
+	s, err := sqsdedup.NewSink(c, url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

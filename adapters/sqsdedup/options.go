@@ -1,0 +1,107 @@
+package sqsdedup
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/dedupkit/dedup"
+)
+
+// Defaults applied by [NewConsumer] when an option is not given.
+const (
+	DefaultWorkers         = 10
+	DefaultWaitTime        = 20 * time.Second
+	DefaultInFlightDelay   = 5 * time.Second
+	DefaultDeleteInterval  = 100 * time.Millisecond
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// Opt configures a [Consumer].
+type Opt func(*config)
+
+type config struct {
+	pollers         int
+	workers         int
+	maxMessages     int
+	waitTime        time.Duration
+	visibility      time.Duration
+	inFlightDelay   time.Duration
+	deleteInterval  time.Duration
+	shutdownTimeout time.Duration
+	logger          *slog.Logger
+}
+
+func defaultConfig() config {
+	return config{
+		pollers:         1,
+		workers:         DefaultWorkers,
+		maxMessages:     10,
+		waitTime:        DefaultWaitTime,
+		inFlightDelay:   DefaultInFlightDelay,
+		deleteInterval:  DefaultDeleteInterval,
+		shutdownTimeout: DefaultShutdownTimeout,
+		logger:          slog.New(slog.DiscardHandler),
+	}
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.pollers < 1:
+		return fmt.Errorf("%w: WithPollers(%d): must be at least 1", dedup.ErrConfig, c.pollers)
+	case c.workers < 1:
+		return fmt.Errorf("%w: WithWorkers(%d): must be at least 1", dedup.ErrConfig, c.workers)
+	case c.maxMessages < 1 || c.maxMessages > 10:
+		return fmt.Errorf("%w: WithMaxMessages(%d): must be 1 to 10", dedup.ErrConfig, c.maxMessages)
+	case c.waitTime < 0 || c.waitTime > 20*time.Second:
+		return fmt.Errorf("%w: WithWaitTime(%v): must be 0 to 20s", dedup.ErrConfig, c.waitTime)
+	case c.visibility < 0 || c.visibility > maxVisibility:
+		return fmt.Errorf("%w: WithVisibilityTimeout(%v): must be 0 (the queue's) to 12h", dedup.ErrConfig, c.visibility)
+	case c.inFlightDelay < 0:
+		return fmt.Errorf("%w: WithInFlightDelay(%v): must not be negative", dedup.ErrConfig, c.inFlightDelay)
+	case c.deleteInterval <= 0:
+		return fmt.Errorf("%w: WithDeleteInterval(%v): must be positive", dedup.ErrConfig, c.deleteInterval)
+	case c.shutdownTimeout <= 0:
+		return fmt.Errorf("%w: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
+	case c.logger == nil:
+		return fmt.Errorf("%w: WithLogger(nil)", dedup.ErrConfig)
+	}
+	return nil
+}
+
+// WithPollers sets how many goroutines receive from the queue (default 1).
+func WithPollers(n int) Opt { return func(c *config) { c.pollers = n } }
+
+// WithWorkers sets how many messages are handled at once (default 10). A
+// poller receives only as many messages as there are free workers, so no
+// message waits unhandled while its visibility timeout runs.
+func WithWorkers(n int) Opt { return func(c *config) { c.workers = n } }
+
+// WithMaxMessages sets the most messages one receive asks for, 1 to 10
+// (default 10).
+func WithMaxMessages(n int) Opt { return func(c *config) { c.maxMessages = n } }
+
+// WithWaitTime sets how long a receive waits for messages to arrive (long
+// polling), up to 20 s (default 20 s). It is rounded down to whole seconds.
+func WithWaitTime(d time.Duration) Opt { return func(c *config) { c.waitTime = d } }
+
+// WithVisibilityTimeout sets the visibility timeout messages are received
+// with, overriding the queue's (which Run otherwise reads with
+// GetQueueAttributes). It is rounded up to whole seconds.
+func WithVisibilityTimeout(d time.Duration) Opt { return func(c *config) { c.visibility = d } }
+
+// WithInFlightDelay sets the longest a message whose event is being handled
+// elsewhere (dedup.InFlight) stays invisible before it is looked at again
+// (default 5 s).
+func WithInFlightDelay(d time.Duration) Opt { return func(c *config) { c.inFlightDelay = d } }
+
+// WithDeleteInterval sets how long a settled message may wait for others to
+// fill a DeleteMessageBatch of 10 (default 100 ms).
+func WithDeleteInterval(d time.Duration) Opt { return func(c *config) { c.deleteInterval = d } }
+
+// WithShutdownTimeout sets how long Run waits, once its context is done, for
+// handlers to finish before it cancels their contexts (default 30 s).
+func WithShutdownTimeout(d time.Duration) Opt { return func(c *config) { c.shutdownTimeout = d } }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Opt { return func(c *config) { c.logger = l } }
