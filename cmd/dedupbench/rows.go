@@ -39,6 +39,8 @@ var rows = []*row{
 	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
 	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
+	{name: "sqs", title: "SQS (fauxqs): Handle per message, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
+	{name: "sqs-dynamodb", title: "SQS (fauxqs): Handle per message, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
 }
 
 func rowNames() []string {
@@ -188,6 +190,21 @@ func runInbox(ctx context.Context, cfg config, m *meter) error {
 }
 
 func runDynamoDB(ctx context.Context, cfg config, m *meter) error {
+	store, drop, err := openDynamoDBStore(ctx, cfg, m)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts("dynamodb", m, dedup.WithBatchCompletion(cfg.BatchWait))...)
+	if err != nil {
+		return err
+	}
+	return consumeAdapter(ctx, cfg, m, w, "dynamodb")
+}
+
+// openDynamoDBStore returns a store on a fresh table of DynamoDB Local, whose
+// requests m counts, and a function that deletes the table.
+func openDynamoDBStore(ctx context.Context, cfg config, m *meter) (*dedup.DynamoDBStore, func(), error) {
 	client := dynamodb.New(dynamodb.Options{
 		BaseEndpoint:                    aws.String(cfg.DynamoDB),
 		Region:                          "us-east-1",
@@ -200,18 +217,17 @@ func runDynamoDB(ctx context.Context, cfg config, m *meter) error {
 	})
 	table := "dedupbench-" + dedup.NewOwnerToken()[:12]
 	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
-		return err
+		return nil, nil, fmt.Errorf("%w (run `make services`)", err)
 	}
-	defer client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)}) //nolint:errcheck
+	drop := func() {
+		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	}
 	store, err := dedup.NewDynamoDBStore(client, table)
 	if err != nil {
-		return err
+		drop()
+		return nil, nil, err
 	}
-	w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts("dynamodb", m, dedup.WithBatchCompletion(cfg.BatchWait))...)
-	if err != nil {
-		return err
-	}
-	return consumeAdapter(ctx, cfg, m, w, "dynamodb")
+	return store, drop, nil
 }
 
 // consumeAdapter consumes through kafkadedup.Consumer until ctx is done.

@@ -21,8 +21,12 @@ func printTable(w io.Writer, rs []result) {
 		if r.SQSPerEvent > 0 {
 			sqs = fmt.Sprintf("%.3f", r.SQSPerEvent)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2fx\t%.3f\t%s\t%s\t%s\t%.1f\t%.0f MiB\t\n",
-			r.Title, r.Records, thousands(r.EventsPerSec), r.RatioToFloor, r.StorePerEvent, sqs,
+		ratio := "-"
+		if r.RatioToFloor > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.RatioToFloor)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%s\t%s\t%s\t%.1f\t%.0f MiB\t\n",
+			r.Title, r.Records, thousands(r.EventsPerSec), ratio, r.StorePerEvent, sqs,
 			micros(r.P50Micros), micros(r.P99Micros), r.AllocsPerEvent, r.PeakRSSMiB)
 	}
 	tw.Flush()
