@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"sync"
 	"sync/atomic"
@@ -156,22 +155,6 @@ func runChild(ctx context.Context, name, confJSON string) error {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if os.Getenv("DEDUPBENCH_HEAPTRACE") != "" {
-		go func() {
-			for {
-				var ms runtime.MemStats
-				runtime.ReadMemStats(&ms)
-				fmt.Fprintf(os.Stderr, "heap %6.1f MiB  sys %6.1f MiB  settled %d\n", float64(ms.HeapAlloc)/(1<<20), float64(ms.HeapSys)/(1<<20), m.settled.Load())
-				if ms.HeapAlloc > 250<<20 {
-					runtime.GC()
-					f, _ := os.Create("/tmp/peakheap.pprof")
-					pprof.Lookup("heap").WriteTo(f, 0)
-					f.Close()
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
-		}()
-	}
 	errc := make(chan error, 1)
 	go func() { errc <- r.run(runCtx, cfg, m) }()
 	// A row that cannot finish within this bound is reported as an error
@@ -192,6 +175,7 @@ func runChild(ctx context.Context, name, confJSON string) error {
 	}
 	res := m.result(r, cfg)
 	if prefix := os.Getenv("DEDUPBENCH_MEMPROFILE"); prefix != "" {
+		// The heap profile as the row ends: go tool pprof -sample_index=alloc_objects
 		f, err := os.Create(prefix + "-" + name + ".pprof")
 		if err != nil {
 			return err

@@ -34,37 +34,34 @@ type config struct {
 	Records    int // records in the topic, duplicates included
 	Unique     int // distinct events among them
 	BatchWait  time.Duration
+	// Checkpoint makes each PostgreSQL row start with a CHECKPOINT.
+	Checkpoint bool
 }
 
 func main() {
+	if childMain() {
+		return
+	}
 	var (
-		cfg       config
-		quick     = flag.Bool("quick", false, "quick mode: 20,000 events, small DynamoDB and SQS rows; under a minute")
-		n         = flag.Int("n", 0, "events per PostgreSQL row, duplicates included (default 200,000; 20,000 with -quick)")
-		dup       = flag.Float64("duplicates", 0.2, "share of the events that re-send an earlier event")
-		rows      = flag.String("rows", "", "comma-separated rows to run (default all): "+strings.Join(rowNames(), ","))
-		smallN    = flag.Int("small-n", 0, "events for the DynamoDB and SQS rows (default 20,000; 3,000 with -quick)")
-		flatN     = flag.Int("flat-n", 0, "also run the none and batched rows at this N, to show memory flat in N (default 20,000; off with -quick)")
-		jsonPath  = flag.String("json", "", "write the JSON results to this file instead of stdout")
-		child     = flag.String("child", "", "internal: run one row and print its result as JSON")
-		childConf = flag.String("config", "", "internal: the row's configuration, as JSON")
+		cfg      config
+		quick    = flag.Bool("quick", false, "quick mode: 20,000 events, small DynamoDB and SQS rows; under a minute")
+		n        = flag.Int("n", 0, "events per PostgreSQL row, duplicates included (default 200,000; 20,000 with -quick)")
+		dup      = flag.Float64("duplicates", 0.2, "share of the events that re-send an earlier event")
+		rows     = flag.String("rows", "", "comma-separated rows to run (default all): "+strings.Join(rowNames(), ","))
+		smallN   = flag.Int("small-n", 0, "events for the DynamoDB and SQS rows (default 20,000; 3,000 with -quick)")
+		flatN    = flag.Int("flat-n", 0, "also run the none and batched rows at this N, to show memory flat in N (default 20,000; off with -quick)")
+		jsonPath = flag.String("json", "", "write the JSON results to this file instead of stdout")
 	)
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
 	flag.StringVar(&cfg.SQS, "sqs", env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint (fauxqs)")
 	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic (one worker each)")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")
+	flag.BoolVar(&cfg.Checkpoint, "checkpoint", true, "start each PostgreSQL row with a CHECKPOINT, so none pays for an earlier one's dirty pages")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if *child != "" {
-		if err := runChild(ctx, *child, *childConf); err != nil {
-			fmt.Fprintf(os.Stderr, "dedupbench: row %s: %v\n", *child, err)
-			os.Exit(1)
-		}
-		return
-	}
 
 	plan := plan{cfg: cfg, n: 200_000, smallN: 20_000, flatN: 20_000, dup: *dup}
 	if *quick {
@@ -86,6 +83,23 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dedupbench:", err)
 		os.Exit(1)
 	}
+}
+
+// childMain runs one row when this process is a row's subprocess, and
+// reports whether it was.
+func childMain() bool {
+	name := os.Getenv(childEnv)
+	if name == "" {
+		return false
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := runChild(ctx, name, os.Getenv(configEnv)); err != nil {
+		fmt.Fprintf(os.Stderr, "dedupbench: row %s: %v\n", name, err)
+		stop()
+		os.Exit(1)
+	}
+	return true
 }
 
 func env(name, def string) string {

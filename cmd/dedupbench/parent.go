@@ -24,12 +24,17 @@ import (
 
 // plan is what the parent process runs.
 type plan struct {
-	cfg                config
-	n, smallN, flatN   int
-	dup                float64
-	only               []string
-	sqsRowsUnavailable bool
+	cfg              config
+	n, smallN, flatN int
+	dup              float64
+	only             []string
 }
+
+// The environment of a row's subprocess: the row and its configuration.
+const (
+	childEnv  = "DEDUPBENCH_ROW"
+	configEnv = "DEDUPBENCH_CONFIG"
+)
 
 // job is one row at one N.
 type job struct {
@@ -184,7 +189,8 @@ func (p *plan) runJob(ctx context.Context, self string, j job) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	cmd := exec.CommandContext(ctx, self, "-child", j.row.name, "-config", string(conf))
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Env = append(os.Environ(), childEnv+"="+j.row.name, configEnv+"="+string(conf))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {

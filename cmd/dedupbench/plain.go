@@ -115,7 +115,7 @@ func runFloor(ctx context.Context, cfg config, m *meter) error {
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (scope text NOT NULL, event_id text NOT NULL, PRIMARY KEY (scope, event_id))`); err != nil {
 		return err
 	}
-	quiesce(ctx, pool)
+	quiesce(ctx, cfg, pool)
 	insert := `INSERT INTO ` + table + ` (scope, event_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING`
 	id := kafkadedup.Messages().EventID
 	var failed error

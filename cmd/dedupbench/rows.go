@@ -107,8 +107,10 @@ func openPostgres(ctx context.Context, cfg config, m *meter, table string) (*pgx
 // quiesce flushes PostgreSQL's dirty buffers so that a checkpoint left over
 // from an earlier row does not land in this one. It needs superuser rights;
 // without them the row runs anyway.
-func quiesce(ctx context.Context, pool *pgxpool.Pool) {
-	_, _ = pool.Exec(ctx, "CHECKPOINT")
+func quiesce(ctx context.Context, cfg config, pool *pgxpool.Pool) {
+	if cfg.Checkpoint {
+		_, _ = pool.Exec(ctx, "CHECKPOINT")
+	}
 }
 
 func openPostgresStore(ctx context.Context, cfg config, m *meter, table string) (*dedup.PostgresStore, *pgxpool.Pool, func(), error) {
@@ -124,7 +126,7 @@ func openPostgresStore(ctx context.Context, cfg config, m *meter, table string) 
 		closePool()
 		return nil, nil, nil, fmt.Errorf("postgres store: %w", err)
 	}
-	quiesce(ctx, pool)
+	quiesce(ctx, cfg, pool)
 	return store, pool, closePool, nil
 }
 
