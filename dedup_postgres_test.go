@@ -852,6 +852,38 @@ func BenchmarkPostgresClaimComplete(b *testing.B) {
 	}
 }
 
+// BenchmarkPostgresCompleteBatch measures CompleteBatch per completion; the
+// claims it completes are made with the timer stopped.
+func BenchmarkPostgresCompleteBatch(b *testing.B) {
+	s := newTestPostgresStore(b, testenv.Postgres(b))
+	ctx := context.Background()
+	for _, size := range []int{1, 10, 100, 500} {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+			b.ReportAllocs()
+			reqs := make([]ClaimRequest, size)
+			cs := make([]Completion, size)
+			for n := 0; n < b.N; n++ {
+				b.StopTimer()
+				for j := range reqs {
+					reqs[j] = claimReq("bench", fmt.Sprintf("c%d-%d-%d", size, n, j), "fp")
+				}
+				claims, err := s.ClaimBatch(ctx, reqs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for j, c := range claims {
+					cs[j] = Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: testTTL}
+				}
+				b.StartTimer()
+				if _, err := s.CompleteBatch(ctx, cs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*size), "ns/event")
+		})
+	}
+}
+
 func BenchmarkPostgresClaimBatch(b *testing.B) {
 	s := newTestPostgresStore(b, testenv.Postgres(b))
 	ctx := context.Background()
