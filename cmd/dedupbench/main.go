@@ -49,7 +49,7 @@ func main() {
 		dup      = flag.Float64("duplicates", 0.2, "share of the events that re-send an earlier event")
 		rows     = flag.String("rows", "", "comma-separated rows to run (default all): "+strings.Join(rowNames(), ","))
 		smallN   = flag.Int("small-n", 0, "events for the DynamoDB and SQS rows (default 20,000; 3,000 with -quick)")
-		flatN    = flag.Int("flat-n", 0, "also run the none and batched rows at this N, to show memory flat in N (default 20,000; off with -quick)")
+		flatN    = flag.Int("flat-n", 0, "also run the none, batched and floor rows at this N, to show memory flat in N (default 20,000; off with -quick)")
 		jsonPath = flag.String("json", "", "write the JSON results to this file instead of stdout")
 	)
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")

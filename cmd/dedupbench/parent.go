@@ -45,7 +45,7 @@ type job struct {
 func (p *plan) wants(r *row) bool { return p.only == nil || slices.Contains(p.only, r.name) }
 
 // jobs lists the rows to run: every row at N (the small ones at the small
-// N), then the flatness rows at flat N.
+// N), then the flatness rows (no dedup, batched, and their floor) at flat N.
 func (p *plan) jobs() []job {
 	var js []job
 	for _, r := range rows {
@@ -59,7 +59,7 @@ func (p *plan) jobs() []job {
 		js = append(js, job{r, n})
 	}
 	if p.flatN > 0 && p.flatN != p.n {
-		for _, name := range []string{"none", "batched"} {
+		for _, name := range []string{"none", "batched", "floor"} {
 			if r := rowByName(name); p.wants(r) {
 				js = append(js, job{r, p.flatN})
 			}
@@ -83,6 +83,10 @@ type report struct {
 	Partitions int      `json:"partitions"`
 	Duplicates float64  `json:"duplicate_share"`
 	BatchWait  string   `json:"batch_wait"`
+	// Load is the machine's load average (1 min) before and after the run:
+	// everything shares its CPUs, other processes included.
+	LoadBefore string   `json:"load_before"`
+	LoadAfter  string   `json:"load_after"`
 	Results    []result `json:"results"`
 }
 
@@ -99,6 +103,7 @@ func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
 		Partitions: p.cfg.Partitions,
 		Duplicates: p.dup,
 		BatchWait:  p.cfg.BatchWait.String(),
+		LoadBefore: loadAverage(),
 	}
 	var err error
 	if rep.Postgres, rep.PGSettings, err = postgresInfo(ctx, p.cfg.Postgres); err != nil {
@@ -150,9 +155,11 @@ func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
 		rep.Results = append(rep.Results, res)
 	}
 	fillRatios(rep.Results)
+	rep.LoadAfter = loadAverage()
 
-	fmt.Printf("\ndedupbench: %s, %d partitions, %.0f%% duplicates, %d CPUs, %s, PostgreSQL %s (%s); %v\n\n",
-		mode(quick), p.cfg.Partitions, p.dup*100, rep.CPUs, rep.GoVersion, rep.Postgres, rep.PGSettings, time.Since(began).Round(time.Second))
+	fmt.Printf("\ndedupbench: %s, %d partitions, %.0f%% duplicates, %d CPUs, %s, PostgreSQL %s (%s); %v, load average %s -> %s\n\n",
+		mode(quick), p.cfg.Partitions, p.dup*100, rep.CPUs, rep.GoVersion, rep.Postgres, rep.PGSettings,
+		time.Since(began).Round(time.Second), rep.LoadBefore, rep.LoadAfter)
 	printTable(os.Stdout, rep.Results)
 	out, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
@@ -263,6 +270,15 @@ func (p *plan) produce(ctx context.Context, topic string, n int) error {
 		return fmt.Errorf("produce to %s: %w", topic, err)
 	}
 	return nil
+}
+
+// loadAverage returns the one-minute load average, or "?".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 // postgresInfo returns the server's version and the settings that bound
