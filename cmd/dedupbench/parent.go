@@ -74,15 +74,15 @@ func topicFor(n int) string { return "events-" + strconv.Itoa(n) }
 
 // report is the JSON document: how the run was made, and one result per row.
 type report struct {
-	Command    string   `json:"command"`
-	Started    string   `json:"started"`
-	GoVersion  string   `json:"go_version"`
-	CPUs       int      `json:"cpus"`
-	Postgres   string   `json:"postgres_version"`
-	PGSettings string   `json:"postgres_settings"`
-	Partitions int      `json:"partitions"`
-	Duplicates float64  `json:"duplicate_share"`
-	BatchWait  string   `json:"batch_wait"`
+	Command    string  `json:"command"`
+	Started    string  `json:"started"`
+	GoVersion  string  `json:"go_version"`
+	CPUs       int     `json:"cpus"`
+	Postgres   string  `json:"postgres_version"`
+	PGSettings string  `json:"postgres_settings"`
+	Partitions int     `json:"partitions"`
+	Duplicates float64 `json:"duplicate_share"`
+	BatchWait  string  `json:"batch_wait"`
 	// Load is the machine's load average (1 min) before and after the run:
 	// everything shares its CPUs, other processes included.
 	LoadBefore string   `json:"load_before"`
