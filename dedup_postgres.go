@@ -233,15 +233,19 @@ JOIN ` + table + ` AS t ON t.scope = r.scope AND t.event_id = r.event_id`,
 
 		complete: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = $4, updated_at = now(),
 	expires_at = ` + keptExpiry("$5::interval", "$6::interval") + ` ` + held,
-		// Rows are locked in array order; callers sort the keys, as for
-		// claimBatch. RETURNING names the completed requests by position.
+		// Callers sort the keys, as for claimBatch, so that the nested loop
+		// over the primary key locks rows in one order. The expiry test is
+		// not indexable on purpose: on a table without statistics the
+		// planner would otherwise read every live row through the expiry
+		// index and hash them. RETURNING names the completed requests by
+		// position.
 		completeBatch: `UPDATE ` + table + ` AS t SET status = 'SUCCEEDED', result = r.result, updated_at = now(),
 	expires_at = ` + keptExpiry("r.ttl_us * interval '1 microsecond'", "r.expiry_us * interval '1 microsecond'") + `
 FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, ` + pgSplit("$3") + `, $4::bytea[],
 	` + pgSplit("$5") + `::bigint[], ` + pgSplit("$6") + `::bigint[]) WITH ORDINALITY
 	AS r(scope, event_id, owner, result, ttl_us, expiry_us, i)
 WHERE t.scope = r.scope AND t.event_id = r.event_id AND t.owner = r.owner AND t.status = 'PROCESSING'
-	AND t.expires_at > now()
+	AND t.expires_at - now() > interval '0'
 RETURNING r.i`,
 		fail: `UPDATE ` + table + ` SET status = $4, last_error = $5,
 	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),

@@ -91,6 +91,7 @@ func openPostgres(ctx context.Context, cfg config, m *meter, table string) (*pgx
 		return nil, nil, fmt.Errorf("postgres DSN: %w", err)
 	}
 	pc.ConnConfig.Tracer = &m.pg
+	pc.ConnConfig.RuntimeParams["application_name"] = "dedupbench " + table
 	// One connection per partition worker, and a few for heartbeats.
 	pc.MaxConns = int32(cfg.Partitions + 4)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
