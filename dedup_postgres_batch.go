@@ -16,6 +16,13 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+// batchMode is how batch statements are sent: as unnamed statements, which
+// PostgreSQL plans for the parameters at hand, keeping only their description
+// cached. A prepared statement would, after five runs, be given a generic
+// plan made without knowing how many keys a batch has, which can scan the
+// whole table for each key of a larger batch.
+const batchMode = pgx.QueryExecModeCacheDescribe
+
 // pgListSep separates the items of a list parameter. Keys cannot contain it
 // (they have no control characters) and owner tokens are hex.
 const pgListSep = '\x1f'
@@ -205,7 +212,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		expiries.addMicros(expiryOf(req.TTL))
 		byOwner[ownerToken(tokens, w)] = w
 	}
-	rows, err := s.pool.Query(ctx, s.sql.claimBatch, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
+	rows, err := s.pool.Query(ctx, s.sql.claimBatch, batchMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
 		[]byte(leases), []byte(expiries))
 	if err != nil {
 		return err
@@ -255,7 +262,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 	if len(refused) == 0 {
 		return nil
 	}
-	rows, err = s.pool.Query(ctx, s.sql.readBatch, []byte(scopes), []byte(ids))
+	rows, err = s.pool.Query(ctx, s.sql.readBatch, batchMode, []byte(scopes), []byte(ids))
 	if err != nil {
 		return err
 	}
@@ -348,7 +355,7 @@ func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 	}
 	done := make([]bool, len(cs))
 	if len(order) > 0 {
-		rows, err := s.pool.Query(ctx, s.sql.completeBatch, []byte(scopes), []byte(ids), []byte(owners), results,
+		rows, err := s.pool.Query(ctx, s.sql.completeBatch, batchMode, []byte(scopes), []byte(ids), []byte(owners), results,
 			[]byte(ttls), []byte(expiries))
 		if err != nil {
 			return nil, s.opError(fmt.Sprintf("complete batch of %d", len(cs)), err)

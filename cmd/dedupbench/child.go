@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/dedupkit/dedup"
 )
 
@@ -30,6 +32,13 @@ type meter struct {
 
 	mallocs0, mallocs1 uint64
 	pg0, store0, sqs0  int64
+	cpu0, cpu1         time.Duration // this process's CPU time
+
+	// pool and app name the PostgreSQL connections of the row, whose
+	// backends' CPU time is measured from begin (backends0) to the end.
+	pool      *pgxpool.Pool
+	app       string
+	backends0 map[int]time.Duration
 }
 
 func newMeter(target int) *meter {
@@ -46,7 +55,11 @@ func (m *meter) started() {
 // begin snapshots the counters before consuming starts.
 func (m *meter) begin() {
 	m.pg0, m.store0, m.sqs0 = m.pg.n.Load(), m.store.n.Load(), m.sqs.n.Load()
+	if m.pool != nil {
+		m.backends0 = backendCPU(context.Background(), m.pool, m.app)
+	}
 	m.mallocs0 = mallocs()
+	m.cpu0 = cpuTime()
 }
 
 // settle counts one record whose outcome is final.
@@ -60,6 +73,7 @@ func (m *meter) settle(outcome dedup.Outcome, n int64) {
 	if m.settled.Add(n) >= m.target {
 		m.once.Do(func() {
 			m.last.Store(now())
+			m.cpu1 = cpuTime()
 			m.mallocs1 = mallocs()
 			close(m.done)
 		})
@@ -79,6 +93,19 @@ func (m *meter) observe(_ context.Context, res dedup.Result) {
 	m.settle(res.Outcome, 1)
 }
 
+// backendCPU returns the CPU time the row's PostgreSQL backends used since
+// begin.
+func (m *meter) backendCPU() time.Duration {
+	if m.pool == nil {
+		return 0
+	}
+	var total time.Duration
+	for pid, t := range backendCPU(context.Background(), m.pool, m.app) {
+		total += t - m.backends0[pid]
+	}
+	return total
+}
+
 // result is one row's measurements, as the child reports them.
 type result struct {
 	Row            string  `json:"row"`
@@ -95,29 +122,35 @@ type result struct {
 	P50Micros      float64 `json:"p50_added_latency_us"`
 	P99Micros      float64 `json:"p99_added_latency_us"`
 	AllocsPerEvent float64 `json:"allocs_per_event"`
-	PeakRSSMiB     float64 `json:"peak_rss_mib"`
-	Check          string  `json:"check"`
+	// Client and PostgreSQL CPU time per event: the row's process, and the
+	// server backends of its connections (0 when not measurable).
+	ClientCPUMicros float64 `json:"client_cpu_us_per_event"`
+	PGCPUMicros     float64 `json:"postgres_cpu_us_per_event"`
+	PeakRSSMiB      float64 `json:"peak_rss_mib"`
+	Check           string  `json:"check"`
 }
 
 func (m *meter) result(r *row, cfg config) result {
 	events := float64(cfg.Records)
 	secs := time.Duration(m.last.Load() - m.first.Load()).Seconds()
 	res := result{
-		Row:            r.name,
-		Title:          r.title,
-		Records:        cfg.Records,
-		Unique:         cfg.Unique,
-		Processed:      m.processed.Load(),
-		Duplicates:     m.duplicates.Load(),
-		Seconds:        secs,
-		EventsPerSec:   events / secs,
-		StorePerEvent:  float64(m.pg.n.Load()-m.pg0+m.store.n.Load()-m.store0) / events,
-		SQSPerEvent:    float64(m.sqs.n.Load()-m.sqs0) / events,
-		P50Micros:      float64(m.lat.quantile(0.50)) / 1e3,
-		P99Micros:      float64(m.lat.quantile(0.99)) / 1e3,
-		AllocsPerEvent: float64(m.mallocs1-m.mallocs0) / events,
-		PeakRSSMiB:     float64(peakRSS()) / (1 << 20),
-		Check:          "ok",
+		Row:             r.name,
+		Title:           r.title,
+		Records:         cfg.Records,
+		Unique:          cfg.Unique,
+		Processed:       m.processed.Load(),
+		Duplicates:      m.duplicates.Load(),
+		Seconds:         secs,
+		EventsPerSec:    events / secs,
+		StorePerEvent:   float64(m.pg.n.Load()-m.pg0+m.store.n.Load()-m.store0) / events,
+		SQSPerEvent:     float64(m.sqs.n.Load()-m.sqs0) / events,
+		P50Micros:       float64(m.lat.quantile(0.50)) / 1e3,
+		P99Micros:       float64(m.lat.quantile(0.99)) / 1e3,
+		AllocsPerEvent:  float64(m.mallocs1-m.mallocs0) / events,
+		ClientCPUMicros: float64((m.cpu1 - m.cpu0).Microseconds()) / events,
+		PGCPUMicros:     float64(m.backendCPU().Microseconds()) / events,
+		PeakRSSMiB:      float64(peakRSS()) / (1 << 20),
+		Check:           "ok",
 	}
 	wantProcessed := int64(cfg.Unique)
 	if r.name == "none" {

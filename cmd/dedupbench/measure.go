@@ -11,10 +11,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/aws/smithy-go/middleware"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // histogram counts durations in logarithmic buckets, 16 per power of two
@@ -175,4 +177,44 @@ func peakRSS() int64 {
 		}
 	}
 	return 0
+}
+
+// cpuTime returns the CPU time this process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// backendCPU returns the CPU time used so far by each PostgreSQL backend
+// serving connections named app, read from /proc: it needs the server on
+// this machine, and is empty otherwise.
+func backendCPU(ctx context.Context, pool *pgxpool.Pool, app string) map[int]time.Duration {
+	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
+	if err != nil {
+		return nil
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil
+	}
+	out := make(map[int]time.Duration, len(pids))
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the command, which is in parentheses: utime and
+		// stime are the 12th and 13th, in clock ticks of 1/100 s.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		utime, _ := strconv.ParseInt(f[11], 10, 64)
+		stime, _ := strconv.ParseInt(f[12], 10, 64)
+		out[int(pid)] = time.Duration(utime+stime) * 10 * time.Millisecond
+	}
+	return out
 }

@@ -91,13 +91,15 @@ func openPostgres(ctx context.Context, cfg config, m *meter, table string) (*pgx
 		return nil, nil, fmt.Errorf("postgres DSN: %w", err)
 	}
 	pc.ConnConfig.Tracer = &m.pg
-	pc.ConnConfig.RuntimeParams["application_name"] = "dedupbench " + table
+	m.app = "dedupbench " + table
+	pc.ConnConfig.RuntimeParams["application_name"] = m.app
 	// One connection per partition worker, and a few for heartbeats.
 	pc.MaxConns = int32(cfg.Partitions + 4)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: %w", err)
 	}
+	m.pool = pool
 	drop := func() {
 		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
 	}

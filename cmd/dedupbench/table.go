@@ -11,10 +11,10 @@ import (
 // printTable writes the results as an aligned table.
 func printTable(w io.Writer, rs []result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "row\tN\tevents/s\tvs floor\tstore calls/ev\tSQS calls/ev\tp50 added\tp99 added\tallocs/ev\tpeak RSS\t")
+	fmt.Fprintln(tw, "row\tN\tevents/s\tvs floor\tstore calls/ev\tSQS calls/ev\tp50 added\tp99 added\tallocs/ev\tpeak RSS\tclient CPU/ev\tPG CPU/ev\t")
 	for _, r := range rs {
 		if strings.HasPrefix(r.Check, "FAILED") {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t\t\t\t\t\t\t\t\n", r.Title, r.Records, "failed")
+			fmt.Fprintf(tw, "%s\t%d\t%s\t\t\t\t\t\t\t\t\t\t\n", r.Title, r.Records, "failed")
 			continue
 		}
 		sqs := "-"
@@ -25,9 +25,13 @@ func printTable(w io.Writer, rs []result) {
 		if r.RatioToFloor > 0 {
 			ratio = fmt.Sprintf("%.2fx", r.RatioToFloor)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%s\t%s\t%s\t%.1f\t%.0f MiB\t\n",
+		pgCPU := "-"
+		if r.PGCPUMicros > 0 {
+			pgCPU = micros(r.PGCPUMicros)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%s\t%s\t%s\t%.1f\t%.0f MiB\t%s\t%s\t\n",
 			r.Title, r.Records, thousands(r.EventsPerSec), ratio, r.StorePerEvent, sqs,
-			micros(r.P50Micros), micros(r.P99Micros), r.AllocsPerEvent, r.PeakRSSMiB)
+			micros(r.P50Micros), micros(r.P99Micros), r.AllocsPerEvent, r.PeakRSSMiB, micros(r.ClientCPUMicros), pgCPU)
 	}
 	tw.Flush()
 }
