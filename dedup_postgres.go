@@ -226,26 +226,30 @@ RETURNING attempts`,
 		// read answers a refused claim: the row was live when it refused, so
 		// it is read whatever its expiry by now.
 		read: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where,
-		readBatch: `SELECT r.i, now(), ` + recordColumns + `
+		// Each key is looked up on its own (LATERAL ... LIMIT 1), so that
+		// whatever the planner estimates, a batch costs one primary-key
+		// probe per key, never a scan of the table.
+		readBatch: `SELECT r.i, now(), t.*
 FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `) WITH ORDINALITY AS r(scope, event_id, i)
-JOIN ` + table + ` AS t ON t.scope = r.scope AND t.event_id = r.event_id`,
+CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + table + `
+	WHERE scope = r.scope AND event_id = r.event_id LIMIT 1) AS t`,
 		get: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where + ` AND expires_at > now()`,
 
 		complete: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = $4, updated_at = now(),
 	expires_at = ` + keptExpiry("$5::interval", "$6::interval") + ` ` + held,
-		// Callers sort the keys, as for claimBatch, so that the nested loop
-		// over the primary key locks rows in one order. The expiry test is
-		// not indexable on purpose: on a table without statistics the
-		// planner would otherwise read every live row through the expiry
-		// index and hash them. RETURNING names the completed requests by
-		// position.
+		// Each key is looked up on its own, as in readBatch, and its row
+		// updated through the ctid found: rows are locked in the order of
+		// the keys, which callers sort as for claimBatch. A row updated
+		// meanwhile has another ctid and is left alone: it was taken over.
+		// RETURNING names the completed requests by position.
 		completeBatch: `UPDATE ` + table + ` AS t SET status = 'SUCCEEDED', result = r.result, updated_at = now(),
 	expires_at = ` + keptExpiry("r.ttl_us * interval '1 microsecond'", "r.expiry_us * interval '1 microsecond'") + `
 FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, ` + pgSplit("$3") + `, $4::bytea[],
 	` + pgSplit("$5") + `::bigint[], ` + pgSplit("$6") + `::bigint[]) WITH ORDINALITY
 	AS r(scope, event_id, owner, result, ttl_us, expiry_us, i)
-WHERE t.scope = r.scope AND t.event_id = r.event_id AND t.owner = r.owner AND t.status = 'PROCESSING'
-	AND t.expires_at - now() > interval '0'
+CROSS JOIN LATERAL (SELECT ctid AS tid FROM ` + table + `
+	WHERE scope = r.scope AND event_id = r.event_id LIMIT 1) AS k
+WHERE t.ctid = k.tid AND t.owner = r.owner AND t.status = 'PROCESSING' AND t.expires_at > now()
 RETURNING r.i`,
 		fail: `UPDATE ` + table + ` SET status = $4, last_error = $5,
 	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
