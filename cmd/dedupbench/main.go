@@ -36,6 +36,8 @@ type config struct {
 	BatchWait  time.Duration
 	// Checkpoint makes each PostgreSQL row start with a CHECKPOINT.
 	Checkpoint bool
+	// FetchPartitionBytes is kgo.FetchMaxPartitionBytes for every Kafka row.
+	FetchPartitionBytes int32
 }
 
 func main() {
@@ -57,8 +59,10 @@ func main() {
 	flag.StringVar(&cfg.SQS, "sqs", env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint (fauxqs)")
 	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic (one worker each)")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")
+	fetchBytes := flag.Int("fetch-partition-bytes", 128<<10, "kgo.FetchMaxPartitionBytes of every Kafka row (kgo's default is 1 MiB; see BENCHMARKS.md)")
 	flag.BoolVar(&cfg.Checkpoint, "checkpoint", true, "start each PostgreSQL row with a CHECKPOINT, so none pays for an earlier one's dirty pages")
 	flag.Parse()
+	cfg.FetchPartitionBytes = int32(*fetchBytes)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -28,11 +28,12 @@ func TestSmoke(t *testing.T) {
 	testenv.SQS(t)
 	p := plan{
 		cfg: config{
-			Postgres:   testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN),
-			DynamoDB:   testenv.Env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"),
-			SQS:        testenv.Env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"),
-			Partitions: 2,
-			BatchWait:  50 * time.Millisecond,
+			Postgres:            testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN),
+			DynamoDB:            testenv.Env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"),
+			SQS:                 testenv.Env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+			Partitions:          2,
+			BatchWait:           50 * time.Millisecond,
+			FetchPartitionBytes: 128 << 10,
 		},
 		n: 400, smallN: 50, dup: 0.2,
 		only: []string{"none", "batched", "floor", "dynamodb", "sqs"},

@@ -60,9 +60,6 @@ func rowByName(name string) *row {
 	return nil
 }
 
-// fetchPartitionBytes is kgo.FetchMaxPartitionBytes for every Kafka row.
-var fetchPartitionBytes int32 = 128 << 10
-
 // kafkaOpts are the client options every Kafka row consumes with.
 func kafkaOpts(cfg config, m *meter, group string) []kgo.Opt {
 	return []kgo.Opt{
@@ -76,7 +73,7 @@ func kafkaOpts(cfg config, m *meter, group string) []kgo.Opt {
 		// kgo's default of 1 MiB, a fetch brings ~25,000 records of a
 		// partition, of which the adapter takes a few thousand, pauses the
 		// partition (dropping the rest) and fetches them again later.
-		kgo.FetchMaxPartitionBytes(fetchPartitionBytes),
+		kgo.FetchMaxPartitionBytes(cfg.FetchPartitionBytes),
 		// The clock starts when the group assigns the partitions: fetching
 		// them is part of consuming.
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { m.started() }),
