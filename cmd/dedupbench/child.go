@@ -126,8 +126,11 @@ type result struct {
 	// server backends of its connections (0 when not measurable).
 	ClientCPUMicros float64 `json:"client_cpu_us_per_event"`
 	PGCPUMicros     float64 `json:"postgres_cpu_us_per_event"`
-	PeakRSSMiB      float64 `json:"peak_rss_mib"`
-	Check           string  `json:"check"`
+	// Runs are the events/s of every run of a repeated row; the others are
+	// those of the median run.
+	Runs       []float64 `json:"runs_events_per_sec,omitempty"`
+	PeakRSSMiB float64   `json:"peak_rss_mib"`
+	Check      string    `json:"check"`
 }
 
 func (m *meter) result(r *row, cfg config) result {

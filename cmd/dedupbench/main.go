@@ -52,6 +52,7 @@ func main() {
 		rows     = flag.String("rows", "", "comma-separated rows to run (default all): "+strings.Join(rowNames(), ","))
 		smallN   = flag.Int("small-n", 0, "events for the DynamoDB and SQS rows (default 20,000; 3,000 with -quick)")
 		flatN    = flag.Int("flat-n", 0, "also run the none, batched and floor rows at this N, to show memory flat in N (default 20,000; off with -quick)")
+		repeat   = flag.Int("repeat", 3, "runs of the no dedup, batched and floor rows, in rounds; the median is reported")
 		jsonPath = flag.String("json", "", "write the JSON results to this file instead of stdout")
 	)
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
@@ -67,7 +68,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	plan := plan{cfg: cfg, n: 200_000, smallN: 20_000, flatN: 20_000, dup: *dup}
+	plan := plan{cfg: cfg, n: 200_000, smallN: 20_000, flatN: 20_000, dup: *dup, repeat: *repeat}
 	if *quick {
 		plan.n, plan.smallN, plan.flatN = 20_000, 3_000, 0
 	}

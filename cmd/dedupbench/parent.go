@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,7 +29,14 @@ type plan struct {
 	n, smallN, flatN int
 	dup              float64
 	only             []string
+	// repeat is how often the quick rows (no dedup, batched, floor) run; the
+	// median run is reported.
+	repeat int
 }
+
+// repeated are the rows that take seconds, run repeat times in rounds so that
+// the load of the moment falls on all of them alike.
+var repeated = []string{"none", "batched", "floor"}
 
 // The environment of a row's subprocess: the row and its configuration.
 const (
@@ -49,7 +57,7 @@ func (p *plan) wants(r *row) bool { return p.only == nil || slices.Contains(p.on
 func (p *plan) jobs() []job {
 	var js []job
 	for _, r := range rows {
-		if !p.wants(r) {
+		if !p.wants(r) || slices.Contains(repeated, r.name) {
 			continue
 		}
 		n := p.n
@@ -58,14 +66,59 @@ func (p *plan) jobs() []job {
 		}
 		js = append(js, job{r, n})
 	}
+	sizes := []int{p.n}
 	if p.flatN > 0 && p.flatN != p.n {
-		for _, name := range []string{"none", "batched", "floor"} {
-			if r := rowByName(name); p.wants(r) {
-				js = append(js, job{r, p.flatN})
+		sizes = append(sizes, p.flatN)
+	}
+	for _, n := range sizes {
+		for range max(p.repeat, 1) {
+			for _, name := range repeated {
+				if r := rowByName(name); p.wants(r) {
+					js = append(js, job{r, n})
+				}
 			}
 		}
 	}
 	return js
+}
+
+// medians returns one result per row and N, in the order of rows (then N):
+// the run of median events/s among the repeated ones.
+func medians(rs []result) []result {
+	type rowN struct {
+		row string
+		n   int
+	}
+	runs := make(map[rowN][]result)
+	var order []rowN
+	for _, r := range rs {
+		k := rowN{r.Row, r.Records}
+		if runs[k] == nil {
+			order = append(order, k)
+		}
+		runs[k] = append(runs[k], r)
+	}
+	rank := func(name string) int { return slices.IndexFunc(rows, func(r *row) bool { return r.name == name }) }
+	slices.SortStableFunc(order, func(a, b rowN) int {
+		if a.n != b.n {
+			return b.n - a.n
+		}
+		return rank(a.row) - rank(b.row)
+	})
+	var out []result
+	for _, k := range order {
+		rr := runs[k]
+		slices.SortFunc(rr, func(a, b result) int { return cmp.Compare(a.EventsPerSec, b.EventsPerSec) })
+		m := rr[len(rr)/2]
+		for _, r := range rr {
+			if r.Check != "ok" {
+				m = r // a failed run is reported, whatever the others did
+			}
+			m.Runs = append(m.Runs, r.EventsPerSec)
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 func (p *plan) unique(n int) int { return int(float64(n)*(1-p.dup) + 0.5) }
@@ -154,6 +207,7 @@ func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
 		fmt.Fprintf(os.Stderr, "  %-12s N=%-7d %6.1fs  %s\n", j.row.name, j.n, time.Since(t).Seconds(), res.Check)
 		rep.Results = append(rep.Results, res)
 	}
+	rep.Results = medians(rep.Results)
 	fillRatios(rep.Results)
 	rep.LoadAfter = loadAverage()
 

@@ -64,7 +64,8 @@ func rowByName(name string) *row {
 func kafkaOpts(cfg config, m *meter, group string) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.SeedBrokers(strings.Split(cfg.Brokers, ",")...),
-		kgo.ConsumerGroup(group),
+		// A group of its own: a repeated row reads the topic from the start.
+		kgo.ConsumerGroup(group + "-" + dedup.NewOwnerToken()[:8]),
 		kgo.ConsumeTopics(cfg.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100 * time.Millisecond),
