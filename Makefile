@@ -1,4 +1,4 @@
-.PHONY: services stop-services test
+.PHONY: services stop-services test fuzz
 
 services:
 	scripts/services.sh
@@ -22,3 +22,10 @@ stop-services:
 
 test: services
 	go test -race -count=1 ./...
+
+# A short run of each fuzz target beyond its committed seed corpus.
+FUZZTIME ?= 10s
+fuzz:
+	go test -run '^$$' -fuzz '^FuzzJSONFingerprint$$' -fuzztime $(FUZZTIME) .
+	go test -run '^$$' -fuzz '^FuzzKeyValidate$$' -fuzztime $(FUZZTIME) .
+	go test -run '^$$' -fuzz '^FuzzSinkInput$$' -fuzztime $(FUZZTIME) ./adapters/sqsdedup

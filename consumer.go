@@ -92,6 +92,13 @@ func (r Result) Settled() bool {
 	return false
 }
 
+// maxInFlightWait bounds the wait before a delivery whose key another
+// worker holds is tried again. The holder is usually about to settle it, and
+// a Kafka partition waits in place meanwhile: waiting for the whole lease
+// would stall the partition for up to the lease on every duplicate that
+// races its original.
+const maxInFlightWait = time.Second
+
 // settleTimeout bounds the store and sink writes that record an attempt's
 // outcome once the caller's context is done: a handler that finished must be
 // recorded, or its effect would be repeated.
@@ -258,13 +265,17 @@ func (w *Wrapper[M]) settleClaimLater(ctx context.Context, d *delivery[M], c Cla
 		return res, nil
 	case ClaimInFlight:
 		res.Outcome = InFlight
-		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, d.leaseTime)
+		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, min(d.leaseTime, maxInFlightWait))
 		return res, nil
 	case ClaimConflict:
 		return w.parkConflict(ctx, d, c.Record)
 	case ClaimAcquired:
 	default:
 		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
+	}
+	owner := c.Record.Owner
+	fail := func(ctx context.Context, f Failure) error {
+		return w.settleHeld(ctx, d, owner, func(ctx context.Context) error { return w.store.Fail(ctx, d.key, owner, f) })
 	}
 	if c.Record.Attempts > w.cfg.maxAttempts {
 		// The last attempt never reached a verdict (its worker died) or its
@@ -274,14 +285,12 @@ func (w *Wrapper[M]) settleClaimLater(ctx context.Context, d *delivery[M], c Cla
 			reason = ReasonCrashLoop
 		}
 		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))
-		return w.parkFinal(ctx, d, c.Record, reason, cause, func(ctx context.Context, f Failure) error {
-			return w.store.Fail(ctx, d.key, c.Record.Owner, f)
-		})
+		return w.parkFinal(ctx, d, c.Record, reason, cause, fail)
 	}
 
 	hctx, cancel := context.WithCancelCause(ctx)
 	hb := w.heartbeats.Get().(*heartbeat)
-	hb.start(hctx, cancel, d.key, c.Record.Owner, d.leaseTime)
+	hb.start(hctx, cancel, d.key, owner, d.leaseTime)
 	err := callHandler(hctx, w.handler, d.msg)
 	hb.stop()
 	w.heartbeats.Put(hb)
@@ -298,13 +307,15 @@ func (w *Wrapper[M]) settleClaimLater(ctx context.Context, d *delivery[M], c Cla
 	sctx, scancel := settleContext(ctx)
 	defer scancel()
 	if err == nil {
-		if err := w.store.Complete(sctx, d.key, c.Record.Owner, nil, w.cfg.ttl); err != nil {
+		err := w.settleHeld(sctx, d, owner, func(ctx context.Context) error {
+			return w.store.Complete(ctx, d.key, owner, nil, w.cfg.ttl)
+		})
+		if err != nil {
 			return res, w.settleError("complete", d.key, err)
 		}
 		res.Outcome = Processed
 		return res, nil
 	}
-	fail := func(ctx context.Context, f Failure) error { return w.store.Fail(ctx, d.key, c.Record.Owner, f) }
 	res, serr := w.afterFailure(sctx, d, c.Record, err, fail)
 	if serr == nil && ctx.Err() != nil {
 		// Shutting down: the attempt is recorded, the caller must not ack.

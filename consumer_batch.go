@@ -96,7 +96,11 @@ type settledCopy struct {
 }
 
 func (b *batch[M]) run(ctx context.Context) {
+	reclaimAt := -1 // claim the messages from here on again, in one call
 	for i := range b.ds {
+		if i == reclaimAt {
+			b.reclaim(ctx, i)
+		}
 		d, c := &b.ds[i], b.claims[i]
 		due := len(b.comps) > 0 && !time.Now().Before(b.flushBy)
 		if ctx.Err() != nil || due {
@@ -104,6 +108,16 @@ func (b *batch[M]) run(ctx context.Context) {
 				b.releaseFrom(ctx, i)
 				return
 			}
+		}
+		if c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing && i+1 < len(b.ds) {
+			// A worker died running this key, and this attempt may kill its
+			// worker too. Claims held behind it would then count an attempt
+			// for messages that never ran, and after a few such deaths park
+			// them as a crash loop: give them back, and claim those messages
+			// one by one once this one is settled.
+			b.releaseFrom(ctx, i+1)
+			clear(b.claims[i+1:])
+			reclaimAt = i + 1
 		}
 		res, comp, err := b.handle(ctx, d, c)
 		dup := c != nil && c.Status == ClaimInFlight && res.Outcome == Duplicate
@@ -119,6 +133,31 @@ func (b *batch[M]) run(ctx context.Context) {
 		}
 	}
 	b.flush(ctx)
+}
+
+// reclaim claims the messages from index i on in one store call, after
+// their first claims were given back; on failure they are claimed one by one.
+func (b *batch[M]) reclaim(ctx context.Context, i int) {
+	reqs := make([]ClaimRequest, 0, len(b.ds)-i)
+	for j := i; j < len(b.ds); j++ {
+		if b.ds[j].bad == "" {
+			reqs = append(reqs, b.ds[j].request(b.w.cfg.ttl))
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	b.claimedAt = time.Now()
+	claims, err := b.w.store.ClaimBatch(ctx, reqs)
+	if err != nil || len(claims) != len(reqs) {
+		return
+	}
+	for j, k := i, 0; j < len(b.ds); j++ {
+		if b.ds[j].bad == "" {
+			b.claims[j] = &claims[k]
+			k++
+		}
+	}
 }
 
 // handle settles one message whose claim was made up front (c), or claims

@@ -322,20 +322,45 @@ func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 		groups[g] = append(groups[g], i)
 	}
 	claims := make([]Claim, len(reqs))
+	errs := make([]error, len(groups))
 	err := forEachLimit(ctx, len(groups), func(ctx context.Context, g int) error {
 		for _, i := range groups[g] {
 			c, err := s.Claim(ctx, reqs[i])
 			if err != nil {
-				return err
+				// The other groups go on rather than being canceled: a claim
+				// canceled in flight may have been applied unseen, and only a
+				// claim that is seen can be given back.
+				errs[g] = err
+				return nil
 			}
 			claims[i] = c
 		}
 		return nil
 	})
+	for _, gerr := range errs {
+		if err == nil {
+			err = gerr
+		}
+	}
 	if err != nil {
+		s.giveBack(ctx, claims)
 		return nil, err
 	}
 	return claims, nil
+}
+
+// giveBack releases the claims a failed ClaimBatch acquired: the caller gets
+// no owner token to settle them with, so kept they would hold their keys
+// until the lease ran out and count an attempt that never ran.
+func (s *DynamoDBStore) giveBack(ctx context.Context, claims []Claim) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	_ = forEachLimit(ctx, len(claims), func(ctx context.Context, i int) error {
+		if c := claims[i]; c.Status == ClaimAcquired {
+			_ = s.Release(ctx, c.Record.Key, c.Record.Owner) // best effort: the lease frees it otherwise
+		}
+		return nil
+	})
 }
 
 // Complete marks the record succeeded with result, if owner still holds it.

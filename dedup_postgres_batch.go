@@ -112,6 +112,7 @@ func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 			break
 		}
 		if err := s.runWave(ctx, &b, wave); err != nil {
+			s.giveBack(ctx, &b)
 			return nil, s.opError("claim batch", err)
 		}
 	}
@@ -128,6 +129,31 @@ type postgresBatch struct {
 	// records the batch has seen of them; both are nil when there are none.
 	repeated map[Key]bool
 	known    map[Key]postgresObserved
+	// sent are the keys and owner tokens of every claim sent so far.
+	sent []keyOwner
+}
+
+type keyOwner struct {
+	key   Key
+	owner string
+}
+
+// giveBack releases whatever a failed ClaimBatch acquired, by the owner
+// tokens it sent (a failure can come before the acquired rows are read):
+// the caller gets no token to settle them with, so kept they would hold
+// their keys until the lease ran out and count an attempt that never ran.
+// It is best effort: the leases free them otherwise.
+func (s *PostgresStore) giveBack(ctx context.Context, b *postgresBatch) {
+	if len(b.sent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	var batch pgx.Batch
+	for _, ko := range b.sent {
+		batch.Queue(s.sql.release, ko.key.Scope, ko.key.EventID, ko.owner)
+	}
+	_ = s.pool.SendBatch(ctx, &batch).Close()
 }
 
 // postgresObserved is a record as the database had it at time at.
@@ -211,6 +237,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		leases.addMicros(req.Lease)
 		expiries.addMicros(expiryOf(req.TTL))
 		byOwner[ownerToken(tokens, w)] = w
+		b.sent = append(b.sent, keyOwner{req.Key, ownerToken(tokens, w)})
 	}
 	rows, err := s.pool.Query(ctx, s.sql.claimBatch, batchMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
 		[]byte(leases), []byte(expiries))

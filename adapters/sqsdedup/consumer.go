@@ -104,12 +104,16 @@ func VisibilityTimeout(ctx context.Context, client *sqs.Client, queueURL string)
 // visibility 0. Even if SQS or a handler hangs, it returns within the wait
 // time plus the shutdown timeout plus 35 s; a handler still running then is
 // reported as an error. Run fails at once if the queue's visibility timeout
-// cannot be read.
+// cannot be read, unless ctx is done by then.
 func (c *Consumer) Run(ctx context.Context) error {
 	vis := c.cfg.visibility
 	if vis == 0 {
 		var err error
 		if vis, err = VisibilityTimeout(ctx, c.client, c.url); err != nil {
+			if ctx.Err() != nil {
+				// Stopped before it started: nothing was received.
+				return nil
+			}
 			return err
 		}
 	}

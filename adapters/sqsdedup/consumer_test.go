@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -476,4 +477,48 @@ func TestInFlightCopyComesBack(t *testing.T) {
 		t.Errorf("%d effects, want 1", n)
 	}
 	assertDrained(t, c, url)
+}
+
+// A message being deleted is no longer extended by the heartbeat: an
+// extension racing with the delete was refused for a message already gone,
+// and warned that a settled message might be delivered again.
+func TestHeartbeatLeavesDeletedMessagesAlone(t *testing.T) {
+	t.Parallel()
+	// The deletes' responses arrive 1.5 s late: two heartbeats of a 2 s
+	// visibility timeout run meanwhile.
+	c := client(t, slowResponse("DeleteMessageBatch", 1500*time.Millisecond))
+	url := queue(t, c)
+	rec := newRecorder()
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		rec.effect(eventID(m))
+		return nil
+	})
+	for i := range 3 {
+		send(t, c, url, "beat-"+strconv.Itoa(i), "x", nil)
+	}
+	var logs logBuffer
+	stop := start(t, c, url, w, sqsdedup.WithLogger(logs.logger()))
+	waitFor(t, 10*time.Second, "all processed", func() bool { return rec.outcomes(dedup.Processed) == 3 })
+	assertDrained(t, c, url)
+	stop()
+	if strings.Contains(logs.String(), "visibility") {
+		t.Errorf("the heartbeat extended messages being deleted:\n%s", logs.String())
+	}
+}
+
+// A consumer stopped before Run could read the queue's visibility timeout
+// returns nil, as any stop does.
+func TestRunStoppedBeforeStart(t *testing.T) {
+	c := testenv.SQS(t)
+	url := queue(t, c)
+	w := wrap(t, dedup.NewMemoryStore(), url, newRecorder(), func(context.Context, types.Message) error { return nil })
+	consumer, err := sqsdedup.NewConsumer(c, url, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := consumer.Run(ctx); err != nil {
+		t.Errorf("Run with its context done: %v, want nil", err)
+	}
 }

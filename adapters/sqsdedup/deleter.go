@@ -36,7 +36,8 @@ func newDeleter(r *runner) *deleter {
 	}
 }
 
-// add queues m for deletion; it stays in the heartbeat until deleted.
+// add queues m for deletion; it stays in the heartbeat until its delete is
+// sent.
 func (d *deleter) add(m types.Message) {
 	select {
 	case d.in <- m:
@@ -86,10 +87,12 @@ func (d *deleter) run(ctx context.Context) {
 
 func (d *deleter) flush(ctx context.Context, msgs []types.Message) {
 	for _, batch := range chunks(msgs) {
+		// A heartbeat racing with the delete would be refused for messages
+		// already gone, and warn that they may be delivered again.
+		d.r.hb.remove(batch...)
 		if lost := d.r.retryBatch(ctx, "delete", batch, deleteAttempts, d.r.deleteCall); len(lost) > 0 {
 			d.r.log.Warn("sqsdedup: messages not deleted; they will come back and be deleted as duplicates",
 				slog.Int("messages", len(lost)))
 		}
-		d.r.hb.remove(batch...)
 	}
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/dedupkit/dedup"
 )
 
 // HandleGroup runs msgs, held by one receive, through c as one FIFO message
@@ -19,3 +22,7 @@ func HandleGroup(c *Consumer, stop context.Context, vis time.Duration, msgs []ty
 	r.handleGroup(stop, msgs)
 	r.stop()
 }
+
+// SinkInput returns the SendMessageInput s would send for dl, without
+// sending anything.
+func SinkInput(s *Sink, dl dedup.DeadLetter) (*sqs.SendMessageInput, error) { return s.input(&dl) }

@@ -3,6 +3,7 @@ package sqsdedup_test
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -61,4 +62,21 @@ func (f *failFirstEntry) APIOption(stack *middleware.Stack) error {
 			}
 			return out, md, err
 		}), middleware.Before)
+}
+
+// slowResponse holds back the response of every call of one operation for
+// delay, after the service has acted on it: the caller learns late of what
+// is already done.
+func slowResponse(operation string, delay time.Duration) func(*middleware.Stack) error {
+	return func(stack *middleware.Stack) error {
+		if stack.ID() != operation {
+			return nil
+		}
+		return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("slowResponse",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+				out, md, err := next.HandleInitialize(ctx, in)
+				time.Sleep(delay)
+				return out, md, err
+			}), middleware.Before)
+	}
 }

@@ -64,7 +64,9 @@ func WithMaxMessageSize(n int) SinkOpt { return func(s *Sink) { s.maxSize = n } 
 // [DeadLetterMetadata]. Metadata from an earlier dead-lettering is
 // replaced, not kept. An original attribute is never dropped: when the
 // original already has 10, Send fails with [ErrTooManyAttributes] rather than
-// park the message without saying why. Original values that are valid SQS
+// park the message without saying why; so it does for an attribute SQS
+// cannot carry (an empty value, a name repeated) and for a payload that is
+// not SQS text, such as a binary one from another transport. Original values that are valid SQS
 // text are sent as String attributes, others as Binary: the sink sees no
 // data types, so a Number attribute arrives as a String.
 //
@@ -123,6 +125,12 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 }
 
 func (s *Sink) input(dl *dedup.DeadLetter) (*sqs.SendMessageInput, error) {
+	// The SDK would send invalid UTF-8 with each bad byte replaced, and SQS
+	// refuses the other characters sqsText replaces: a binary payload (from
+	// another transport) cannot be parked here unchanged.
+	if body := string(dl.Payload); sqsText(body) != body {
+		return nil, errors.New("the payload is not text SQS can carry")
+	}
 	attrs := make(map[string]types.MessageAttributeValue, maxAttributes)
 	for _, h := range dl.Headers {
 		if strings.HasPrefix(h.Key, dedup.MetadataPrefix) {
@@ -130,6 +138,10 @@ func (s *Sink) input(dl *dedup.DeadLetter) (*sqs.SendMessageInput, error) {
 		}
 		if len(h.Value) == 0 {
 			return nil, fmt.Errorf("attribute %q is empty, which SQS cannot carry", h.Key)
+		}
+		if _, dup := attrs[h.Key]; dup {
+			// Kafka headers may repeat a name; SQS attributes may not.
+			return nil, fmt.Errorf("attribute %q appears twice, which SQS cannot carry", h.Key)
 		}
 		attrs[h.Key] = originalAttribute(h)
 	}

@@ -169,6 +169,19 @@ func TestSinkRefusesWhatSQSCannotCarry(t *testing.T) {
 	if err := sink.Send(ctx, empty); err == nil {
 		t.Error("an empty attribute value was accepted")
 	}
+	// Kafka headers may repeat a name: keeping one would drop the other.
+	twice := letter(0)
+	twice.Headers = []dedup.Header{{Key: "trace", Value: []byte("a")}, {Key: "trace", Value: []byte("b")}}
+	if err := sink.Send(ctx, twice); err == nil {
+		t.Error("a repeated attribute name was accepted")
+	}
+	// The SDK would replace the invalid byte: the letter would not be the
+	// original.
+	binary := letter(0)
+	binary.Payload = []byte("proto\xff")
+	if err := sink.Send(ctx, binary); err == nil {
+		t.Error("a binary payload was accepted")
+	}
 	if msgs := receive(t, c, dlq, 0); len(msgs) != 0 {
 		t.Errorf("DLQ holds %d messages, want 0", len(msgs))
 	}

@@ -1,0 +1,108 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dedupkit/dedup"
+)
+
+// dyingStore is the store as seen by a worker process that can die: once
+// dead, none of its writes reaches the store, as after a SIGKILL.
+type dyingStore struct {
+	dedup.Store
+	dead   atomic.Bool
+	single atomic.Int32 // Claim calls, as opposed to ClaimBatch
+}
+
+func (s *dyingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
+	s.single.Add(1)
+	return s.Store.Claim(ctx, req)
+}
+
+var errDead = errors.New("the worker process is dead")
+
+func (s *dyingStore) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
+	if s.dead.Load() {
+		return errDead
+	}
+	return s.Store.Complete(ctx, key, owner, result, ttl)
+}
+
+func (s *dyingStore) Fail(ctx context.Context, key dedup.Key, owner string, f dedup.Failure) error {
+	if s.dead.Load() {
+		return errDead
+	}
+	return s.Store.Fail(ctx, key, owner, f)
+}
+
+func (s *dyingStore) Extend(ctx context.Context, key dedup.Key, owner string, lease time.Duration) error {
+	if s.dead.Load() {
+		return errDead
+	}
+	return s.Store.Extend(ctx, key, owner, lease)
+}
+
+func (s *dyingStore) Release(ctx context.Context, key dedup.Key, owner string) error {
+	if s.dead.Load() {
+		return errDead
+	}
+	return s.Store.Release(ctx, key, owner)
+}
+
+// A message that kills its worker is dead-lettered as a crash loop once its
+// attempts are spent, and the messages fetched with it are processed: a
+// worker dying with a batch claimed must not count attempts for messages
+// that never ran. They are claimed again in one batch once the crasher is
+// settled. (It did: they were parked as a crash loop with it, found
+// by the Kafka crash campaign in reliability/.)
+func TestBatchCrashLoopSparesTheRestOfTheBatch(t *testing.T) {
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			store, scope := newStore(t), uniqueScope(t)
+			batch := []event{{ID: "crasher", Body: "kills its worker"}, {ID: "next-1", Body: "a"}, {ID: "next-2", Body: "b"}}
+			sink := &dedup.MemorySink{}
+			ran := map[string]int{}
+			const maxAttempts = 3
+			const lease = 100 * time.Millisecond
+			for life := 1; life <= maxAttempts+1; life++ {
+				worker := &dyingStore{Store: store}
+				w, err := dedup.Wrap(worker, events, func(_ context.Context, e event) error {
+					ran[e.ID]++
+					if e.ID == "crasher" {
+						worker.dead.Store(true) // the process dies here
+					}
+					return nil
+				}, dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithMaxAttempts(maxAttempts), dedup.WithLease(lease))
+				require.NoError(t, err)
+				settled := map[string]dedup.Outcome{}
+				require.NoError(t, w.HandleBatch(context.Background(), batch, func(i int, res dedup.Result, err error) bool {
+					if err != nil {
+						return false // not durable: a transport stops here
+					}
+					settled[batch[i].ID] = res.Outcome
+					return true
+				}))
+				if life <= maxAttempts {
+					require.Empty(t, settled, "life %d: the worker died on the crasher", life)
+				} else {
+					require.Equal(t, map[string]dedup.Outcome{
+						"crasher": dedup.DeadLettered, "next-1": dedup.Processed, "next-2": dedup.Processed,
+					}, settled, "life %d", life)
+					require.Zero(t, worker.single.Load(), "the messages behind the crasher were claimed one by one, not again in a batch")
+				}
+				time.Sleep(lease + 20*time.Millisecond) // the dead worker's claims lapse
+			}
+			letters := sink.Letters()
+			require.Len(t, letters, 1)
+			require.Equal(t, "crasher", letters[0].EventID)
+			require.Equal(t, dedup.ReasonCrashLoop, letters[0].Reason)
+			require.Equal(t, map[string]int{"crasher": maxAttempts, "next-1": 1, "next-2": 1}, ran)
+		})
+	}
+}

@@ -1,0 +1,311 @@
+package reliability_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// notSettled is what a partition worker logs each time it retries a record
+// whose outcome could not be made durable.
+const notSettled = "record not settled; retrying it in place"
+
+// outageEvents sizes the outage campaigns.
+func outageEvents() int {
+	if soak() {
+		return 40_000
+	}
+	return 3000
+}
+
+// A private PostgreSQL server holding the dedup records and the effects is
+// stopped (immediate shutdown: every connection drops) while two consumers
+// of a group are mid-run, and started again 2 s later. The consumers hold
+// their partitions and back off while it is down and carry on when it is
+// back: nothing is lost, nothing applied twice, and the group's committed
+// offsets never pass a record before its outcome was durable.
+func TestPostgresOutage(t *testing.T) {
+	for _, mode := range []string{modeInbox, modeClaim} {
+		t.Run(mode, func(t *testing.T) {
+			began := time.Now()
+			srv := testenv.StartPostgresServer(t)
+			pool := privatePool(t, srv.DSN())
+			store, err := dedup.NewPostgresStore(pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			effects := effectsTable(t, pool)
+			insert := `INSERT INTO ` + effects + ` (event_id, worker) VALUES ($1, $2)`
+
+			k := newKafka(t, 4)
+			p := newPlan(k.topic, "pg", outageEvents(), 0.30, 0.02, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
+			k.produce(p.records...)
+			group := "pg-outage-" + mode + "-" + runID()
+			st, logs := newSettled(), &logBuffer{}
+			logs.dumpOnFailure(t)
+			sink := kafkaSink(t, k)
+			newWrapper := func(i int) *dedup.Wrapper[*kgo.Record] {
+				name := "c" + string(rune('1'+i))
+				opts := wrapOpts(group+"/apply", sink, st, logs.logger(), 5*time.Second)
+				var w *dedup.Wrapper[*kgo.Record]
+				if mode == modeInbox {
+					w, err = dedup.WrapTx(store, kafkadedup.Messages(), func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+						if isPoison(r) {
+							return errPoison
+						}
+						_, err := tx.Exec(ctx, insert, header(r, "event-id"), name)
+						return err
+					}, opts...)
+				} else {
+					w, err = dedup.Wrap(store, kafkadedup.Messages(), func(ctx context.Context, r *kgo.Record) error {
+						if isPoison(r) {
+							return errPoison
+						}
+						_, err := pool.Exec(ctx, insert, header(r, "event-id"), name)
+						return err
+					}, opts...)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return w
+			}
+
+			watch, stopWatch := context.WithCancel(context.Background())
+			violations := st.watchCommits(watch, k, group, p.records)
+			cs := startConsumers(t, k, group, 2, logs.logger(), newWrapper)
+			eventually(t, 60*time.Second, func() bool { return st.count() >= len(p.events)/4 }, "progress before the outage", k.progress(group, st))
+			srv.Stop()
+			time.Sleep(2 * time.Second)
+			during := logs.count(notSettled)
+			srv.Start()
+			eventually(t, 90*time.Second, func() bool { return k.caughtUp(group) }, "the group catching up after the outage", k.progress(group, st))
+			cs.stop(t)
+			stopWatch()
+
+			fig, twice := count(p, effectRows(t, pool, effects), k.readAll(k.dlq))
+			fig.outages, fig.elapsed = 1, time.Since(began)
+			checkEnd(t, "postgres outage ("+mode+")", fig, twice, <-violations)
+			t.Logf("records retried in place while PostgreSQL was down: %d", during)
+			if during == 0 {
+				t.Error("no consumer noticed the outage")
+			}
+		})
+	}
+}
+
+// leaseOverOutage is the lease of the DynamoDB outage campaign: longer than
+// DynamoDB Local takes to start again on a busy machine (up to about 12 s
+// measured), so that a handler that succeeded just before the outage keeps
+// its claim until its success can be recorded.
+const leaseOverOutage = 20 * time.Second
+
+// A private DynamoDB Local holding the dedup records is killed with SIGKILL
+// while two consumers are mid-run and started again: the consumers hold and
+// back off while it is down and carry on when it is back, with nothing
+// lost, nothing applied twice and no offset committed before its record's
+// outcome was durable. Its data is on disk, so it survives the restart as a
+// real service's would. The effects are applied in memory.
+func TestDynamoDBOutage(t *testing.T) {
+	began := time.Now()
+	srv := testenv.StartDynamoDBLocal(t)
+	client := srv.Client()
+	table := "rel-" + runID()
+	ctx := context.Background()
+	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
+		t.Fatal(err)
+	}
+	store, err := dedup.NewDynamoDBStore(client, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := newKafka(t, 4)
+	p := newPlan(k.topic, "ddb", outageEvents()/3, 0.30, 0.02, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
+	k.produce(p.records...)
+	group := "ddb-outage-" + runID()
+	st, logs := newSettled(), &logBuffer{}
+	logs.dumpOnFailure(t)
+	sink := kafkaSink(t, k)
+	var effects memEffects
+	watch, stopWatch := context.WithCancel(context.Background())
+	violations := st.watchCommits(watch, k, group, p.records)
+	cs := startConsumers(t, k, group, 2, logs.logger(), func(i int) *dedup.Wrapper[*kgo.Record] {
+		name := "c" + string(rune('1'+i))
+		w, err := dedup.Wrap(store, kafkadedup.Messages(), func(ctx context.Context, r *kgo.Record) error {
+			if isPoison(r) {
+				return errPoison
+			}
+			effects.apply(header(r, "event-id"), name)
+			return nil
+		}, wrapOpts(group+"/apply", sink, st, logs.logger(), leaseOverOutage)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	})
+	eventually(t, 60*time.Second, func() bool { return st.count() >= len(p.events)/4 }, "progress before the outage", k.progress(group, st))
+	srv.Kill()
+	killed := time.Now()
+	time.Sleep(time.Second)
+	srv.Start()
+	t.Logf("DynamoDB Local down for %v", time.Since(killed).Round(time.Millisecond))
+	during := logs.count(notSettled)
+	eventually(t, 90*time.Second, func() bool { return k.caughtUp(group) }, "the group catching up after the outage", k.progress(group, st))
+	cs.stop(t)
+	stopWatch()
+
+	fig, twice := count(p, effects.snapshot(), k.readAll(k.dlq))
+	fig.outages, fig.elapsed = 1, time.Since(began)
+	checkEnd(t, "dynamodb outage", fig, twice, <-violations)
+	t.Logf("records retried in place while DynamoDB Local was down: %d", during)
+	if during == 0 {
+		t.Error("no consumer noticed the outage")
+	}
+}
+
+// The dead-letter topic refuses every write for the first 3 s while poison
+// events (5%) arrive: the consumers hold each poison record's partition,
+// acknowledge nothing behind it, and once the topic accepts writes every
+// poison event is dead-lettered exactly once, carrying its event ID. (Only
+// a crash between the letter's write and the record's final update could
+// write a second letter; this campaign has none, the crash campaign counts
+// them.)
+func TestDLQOutage(t *testing.T) {
+	began := time.Now()
+	pool := testenv.Postgres(t)
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(t, pool)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	effects := effectsTable(t, pool)
+	insert := `INSERT INTO ` + effects + ` (event_id, worker) VALUES ($1, $2)`
+	k := newKafka(t, 4)
+	var refused atomic.Int32
+	var down atomic.Bool
+	down.Store(true)
+	refuseDLQ(k, &down, &refused)
+	p := newPlan(k.topic, "dlq", outageEvents()*2/3, 0.30, 0.05, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
+	k.produce(p.records...)
+	group := "dlq-outage-" + runID()
+	st, logs := newSettled(), &logBuffer{}
+	logs.dumpOnFailure(t)
+	sink := kafkaSink(t, k)
+	watch, stopWatch := context.WithCancel(context.Background())
+	violations := st.watchCommits(watch, k, group, p.records)
+	cs := startConsumers(t, k, group, 2, logs.logger(), func(i int) *dedup.Wrapper[*kgo.Record] {
+		name := "c" + string(rune('1'+i))
+		w, err := dedup.WrapTx(store, kafkadedup.Messages(), func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
+			if isPoison(r) {
+				return errPoison
+			}
+			_, err := tx.Exec(ctx, insert, header(r, "event-id"), name)
+			return err
+		}, wrapOpts(group+"/apply", sink, st, logs.logger(), 5*time.Second)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	})
+	time.Sleep(3 * time.Second)
+	if len(k.readAll(k.dlq)) != 0 {
+		t.Fatal("the dead-letter topic took letters while it refused writes")
+	}
+	held := 0
+	for _, r := range p.records {
+		if isPoison(r) && !st.has(header(r, "event-id")) {
+			held++
+		}
+	}
+	down.Store(false)
+	eventually(t, 90*time.Second, func() bool { return k.caughtUp(group) }, "the group catching up after the outage", k.progress(group, st))
+	cs.stop(t)
+	stopWatch()
+
+	dlq := k.readAll(k.dlq)
+	fig, twice := count(p, effectRows(t, pool, effects), dlq)
+	fig.outages, fig.elapsed = 1, time.Since(began)
+	checkEnd(t, "dead-letter topic outage", fig, twice, <-violations)
+	t.Logf("dead-letter writes refused: %d; poison records held while refused: %d", refused.Load(), held)
+	if refused.Load() == 0 || held == 0 {
+		t.Error("no dead letter was refused: the outage missed the poison events")
+	}
+	if fig.extraLetters != 0 {
+		t.Errorf("%d extra dead letters, want each poison event dead-lettered exactly once", fig.extraLetters)
+	}
+	for _, r := range dlq {
+		if header(r, "dedup-event-id") == "" || header(r, "dedup-event-id") != header(r, "event-id") {
+			t.Errorf("dead letter at %d@%d lacks its event ID", r.Partition, r.Offset)
+		}
+	}
+}
+
+// kafkaSink returns a dead-letter sink producing to the cluster's DLQ topic.
+func kafkaSink(t *testing.T, k *kafka) *kafkadedup.Sink {
+	t.Helper()
+	s, err := kafkadedup.NewSink(k.producer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// refuseDLQ makes the cluster refuse produce requests to the dead-letter
+// topic while down is set (as an unauthorized or unavailable topic does),
+// counting the refusals.
+func refuseDLQ(k *kafka, down *atomic.Bool, refused *atomic.Int32) {
+	dlqID := k.topicID(k.dlq)
+	k.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		k.KeepControl()
+		req := kreq.(*kmsg.ProduceRequest)
+		toDLQ := slices.ContainsFunc(req.Topics, func(t kmsg.ProduceRequestTopic) bool { return t.Topic == k.dlq || t.TopicID == dlqID })
+		if !toDLQ || !down.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+}
+
+// topicID returns a topic's ID, for matching requests of versions that name
+// topics by ID.
+func (k *kafka) topicID(topic string) [16]byte {
+	k.t.Helper()
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(context.Background(), k.admin)
+	if err != nil || len(resp.Topics) != 1 {
+		k.t.Fatalf("metadata for %s: %v", topic, err)
+	}
+	return resp.Topics[0].TopicID
+}
