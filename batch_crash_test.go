@@ -106,3 +106,31 @@ func TestBatchCrashLoopSparesTheRestOfTheBatch(t *testing.T) {
 		})
 	}
 }
+
+// An event whose attempts were all spent by workers that died, with its
+// claim given back since, is parked as a crash loop, not as a handler error
+// (it was: "attempts exhausted without a recorded error", found by the
+// Kafka crash campaign in reliability/).
+func TestAttemptsSpentByDeathsAreACrashLoop(t *testing.T) {
+	ctx := context.Background()
+	store, scope := dedup.NewMemoryStore(), uniqueScope(t)
+	fp, err := dedup.SHA256Fingerprint([]byte("b"))
+	require.NoError(t, err)
+	req := dedup.ClaimRequest{Key: dedup.Key{Scope: scope, EventID: "e-1"}, Fingerprint: fp, Lease: time.Millisecond, TTL: time.Hour}
+	var c dedup.Claim
+	for range 3 { // three workers claim it and die
+		c, err = store.Claim(ctx, req)
+		require.NoError(t, err)
+		require.Equal(t, dedup.ClaimAcquired, c.Status)
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.NoError(t, store.Release(ctx, req.Key, c.Record.Owner)) // the last one gave it back
+	sink := &dedup.MemorySink{}
+	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
+		dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithMaxAttempts(2))
+	require.NoError(t, err)
+	res, err := w.Handle(ctx, event{ID: "e-1", Body: "b"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.DeadLettered, res.Outcome)
+	require.Equal(t, dedup.ReasonCrashLoop, res.Reason)
+}

@@ -280,8 +280,10 @@ func (w *Wrapper[M]) settleClaimLater(ctx context.Context, d *delivery[M], c Cla
 	if c.Record.Attempts > w.cfg.maxAttempts {
 		// The last attempt never reached a verdict (its worker died) or its
 		// dead letter could not be written: park it now without running.
+		// With no failure ever recorded, every attempt ended in a death, even
+		// when the claim was given back since (a batch releasing it).
 		reason := ReasonHandlerError
-		if c.Previous == StatusProcessing {
+		if c.Previous == StatusProcessing || c.Record.LastError == "" {
 			reason = ReasonCrashLoop
 		}
 		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))

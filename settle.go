@@ -6,21 +6,24 @@ import (
 	"time"
 )
 
-// Bounds of the waits between tries of a settling write.
+// Bounds of the waits between tries of a settling write, and of how long it
+// is tried (the lease, when that is longer).
 const (
 	settleRetryMin = 50 * time.Millisecond
 	settleRetryMax = time.Second
+	settleRetryFor = 30 * time.Second
 )
 
 // settleHeld makes write, a store write fenced on owner (Complete or Fail)
 // that records the outcome of an attempt that ran, durable. A write that
-// fails for another reason than a lost lease is tried again, for up to the
-// lease length, while ctx lasts: the claim is still owner's, so waiting for
-// the store to come back records the outcome once, where giving up would
-// have the message redelivered and the handler, whose effect is already
-// applied, run again once the lease lapsed.
+// fails for another reason than a lost lease is tried again, for up to
+// 30 s or the lease if longer, while ctx lasts: unless another worker took
+// the claim over (which the fencing reports), waiting for the store to come
+// back records the outcome once, where giving up would have the message
+// redelivered and the handler, whose effect is already applied, run again
+// once the lease lapsed.
 func (w *Wrapper[M]) settleHeld(ctx context.Context, d *delivery[M], owner string, write func(context.Context) error) error {
-	deadline := time.Now().Add(d.leaseTime)
+	deadline := time.Now().Add(max(d.leaseTime, settleRetryFor))
 	wait := settleRetryMin
 	for tries := 1; ; tries++ {
 		err := write(ctx)

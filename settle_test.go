@@ -66,15 +66,17 @@ func TestCompleteIsRetriedWhileTheClaimHolds(t *testing.T) {
 	}
 }
 
-// The retries end with the lease: a store unreachable for longer leaves
-// the message unacknowledged, with the store's error.
-func TestCompleteRetriesEndWithTheLease(t *testing.T) {
+// The retries end with the caller's context: a store unreachable for
+// longer leaves the message unacknowledged, with the store's error.
+func TestCompleteRetriesEndWithTheContext(t *testing.T) {
 	store := &blinkingStore{Store: dedup.NewMemoryStore(), failures: 1 << 30}
 	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
 		dedup.WithScope(uniqueScope(t)), dedup.WithSink(&dedup.MemorySink{}), dedup.WithLease(time.Second))
 	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
 	began := time.Now()
-	_, err = w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
+	_, err = w.Handle(ctx, event{ID: "e-1", Body: "b"})
 	require.ErrorIs(t, err, errUnreachable)
 	require.Less(t, time.Since(began), 2*time.Second)
 	require.Greater(t, store.calls.Load(), int32(2))

@@ -82,6 +82,7 @@ func as[E error]() func(error) bool {
 // none is acknowledged before it is settled, and the good records around it
 // are processed (the one behind a held record is not).
 func TestKafkaBadInput(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	pgStore, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(t, pool)))
 	if err != nil {

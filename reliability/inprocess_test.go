@@ -76,7 +76,7 @@ func startConsumers(t *testing.T, k *kafka, group string, n int, log *slog.Logge
 	for i := range n {
 		c, err := kafkadedup.NewConsumer(newWrapper(i),
 			kafkadedup.WithLogger(log.With(slog.Int("consumer", i+1))),
-			kafkadedup.WithMaxPollRecords(250),
+			kafkadedup.WithMaxPollRecords(50), // as the worker processes, see there
 			kafkadedup.WithErrorBackoff(dedup.ExponentialBackoff(50*time.Millisecond, 500*time.Millisecond)),
 			kafkadedup.WithClientOpts(k.clientOpts(group)...))
 		if err != nil {
@@ -113,7 +113,7 @@ func wrapOpts(scope string, sink dedup.Sink, st *settled, log *slog.Logger, leas
 	return []dedup.Opt{
 		dedup.WithScope(scope),
 		dedup.WithSink(sink),
-		dedup.WithMaxAttempts(3),
+		dedup.WithMaxAttempts(dedup.DefaultMaxAttempts),
 		dedup.WithBackoff(dedup.ExponentialBackoff(10*time.Millisecond, 50*time.Millisecond)),
 		dedup.WithLease(lease),
 		dedup.WithLogger(log),
