@@ -219,11 +219,8 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 	var werr error
 	if len(b.comps) > 0 {
 		sctx, cancel := settleContext(ctx)
-		errs, werr = b.completer.CompleteBatch(sctx, b.comps)
+		errs, werr = b.completeHeld(sctx)
 		cancel()
-		if werr == nil && len(errs) != len(b.comps) {
-			werr = fmt.Errorf("dedup: batch completion of %d answered %d", len(b.comps), len(errs))
-		}
 	}
 	pending := b.pending
 	b.pending, b.comps = b.pending[:0], b.comps[:0]
@@ -255,6 +252,40 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 		}
 	}
 	return true
+}
+
+// completeHeld writes the pending completions, trying again as settleHeld
+// does while the claims hold: the handlers ran, and giving up would run them
+// again once the leases lapsed. A completion refused after an earlier try
+// whose answer was lost counts as done when it landed.
+func (b *batch[M]) completeHeld(ctx context.Context) ([]error, error) {
+	deadline := time.Now().Add(b.ds[0].leaseTime)
+	wait := settleRetryMin
+	for tries := 1; ; tries++ {
+		errs, err := b.completer.CompleteBatch(ctx, b.comps)
+		if err == nil && len(errs) != len(b.comps) {
+			return nil, fmt.Errorf("dedup: batch completion of %d answered %d", len(b.comps), len(errs))
+		}
+		if err == nil {
+			for i, cerr := range errs {
+				if tries > 1 && errors.Is(cerr, ErrLeaseLost) && b.w.landed(ctx, b.comps[i].Key, b.comps[i].Owner) {
+					errs[i] = nil
+				}
+			}
+			return errs, nil
+		}
+		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return nil, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		wait = min(2*wait, settleRetryMax)
+	}
 }
 
 // releaseFrom gives back the acquired claims of the messages from index i

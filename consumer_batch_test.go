@@ -29,6 +29,29 @@ func (s *countingStore) CompleteBatch(ctx context.Context, cs []dedup.Completion
 	return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
 }
 
+// flakyCompleter fails its first CompleteBatch calls: before writing
+// (lost requests), or after writing (lost answers).
+type flakyCompleter struct {
+	dedup.Store
+	failures   int
+	afterWrite bool
+	calls      atomic.Int32
+}
+
+var errCompleterDown = errors.New("store unreachable")
+
+func (s *flakyCompleter) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+	n := int(s.calls.Add(1))
+	if n <= s.failures && !s.afterWrite {
+		return nil, errCompleterDown
+	}
+	errs, err := s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+	if n <= s.failures {
+		return nil, errCompleterDown
+	}
+	return errs, err
+}
+
 // plainStore hides a store's BatchCompleter.
 type plainStore struct{ dedup.Store }
 
@@ -183,6 +206,23 @@ func TestBatchCompletion(t *testing.T) {
 				// A completion is written before the next handler starts once it
 				// is due: m0 waits out m1's run, m1 is written with it, and so on.
 				require.EqualValues(t, 3, store.batches.Load(), "each completion waited at most maxWait plus one handler")
+			})
+
+			t.Run("CompletionRetriedWhileHeld", func(t *testing.T) {
+				for _, afterWrite := range []bool{false, true} {
+					store := &flakyCompleter{Store: newStore(t), failures: 2, afterWrite: afterWrite}
+					w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error { return nil },
+						fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute), dedup.WithLease(10*time.Second))...)
+					require.NoError(t, err)
+					batch := []event{{ID: "f1", Body: "x"}, {ID: "f2", Body: "x"}}
+					err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+						require.NoError(t, err, "answers lost: %v", afterWrite)
+						require.Equal(t, dedup.Processed, res.Outcome)
+						return true
+					})
+					require.NoError(t, err)
+					require.EqualValues(t, 3, store.calls.Load())
+				}
 			})
 
 			t.Run("StoreWithoutBatchCompleter", func(t *testing.T) {
