@@ -241,159 +241,6 @@ func (w *Wrapper[M]) finish(ctx context.Context, d *delivery[M]) (Result, error)
 	return res, err
 }
 
-// HandleBatch processes msgs in order, claiming all their keys in one store
-// call first, and calls yield with each message's index and result as soon as
-// it is settled. When yield returns false, or ctx is done, it stops and gives
-// back the claims of the messages not yet run. A message whose key it took
-// over from a worker that died running it is run holding no claim behind
-// it: the messages after it are claimed again once it is settled. It
-// returns an error, having processed nothing, only when the first batch
-// claim fails.
-func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
-	ds := make([]delivery[M], len(msgs))
-	for i, m := range msgs {
-		ds[i] = w.prepare(ctx, m)
-	}
-	reqs := w.requests(ds)
-	if w.inbox != nil || len(reqs) <= 1 {
-		for i := range ds {
-			if ctx.Err() != nil {
-				return nil
-			}
-			res, err := w.finish(ctx, &ds[i])
-			if !yield(i, res, err) {
-				return nil
-			}
-		}
-		return nil
-	}
-	claimedAt := time.Now()
-	claims, err := w.claimBatch(ctx, reqs)
-	if err != nil {
-		return err
-	}
-	seen := make(map[Key]struct{}, len(reqs))
-	next := 0        // index into claims
-	held := true     // claims[next:] are held, not given back
-	reclaim := false // claim the messages from here on afresh
-	for i := range ds {
-		if reclaim {
-			// Without claims, the messages are claimed one by one.
-			claimedAt = time.Now()
-			claims, err = w.claimBatch(ctx, w.requests(ds[i:]))
-			next, held, reclaim = 0, err == nil, false
-		}
-		d := &ds[i]
-		var c *Claim
-		if d.bad == "" && held {
-			c = &claims[next]
-			next++
-		}
-		if ctx.Err() != nil {
-			if held {
-				w.releaseFrom(ctx, ds[i:], claims[next-boolInt(c != nil):])
-			}
-			return nil
-		}
-		if c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing && i+1 < len(ds) {
-			// A worker died running this key, and this attempt may kill its
-			// worker too. Claims held behind it would then count an attempt
-			// for messages that never ran, and after a few such deaths park
-			// them as a crash loop: give them back, and claim those messages
-			// again once this one is settled.
-			w.releaseFrom(ctx, ds[i+1:], claims[next:])
-			held, reclaim = false, true
-		}
-		res, err := w.handleClaimed(ctx, d, c, seen, claimedAt)
-		if !yield(i, res, err) {
-			if held {
-				w.releaseFrom(ctx, ds[i+1:], claims[next:])
-			}
-			return nil
-		}
-	}
-	return nil
-}
-
-// requests returns the claim requests of the deliveries that have a key.
-func (w *Wrapper[M]) requests(ds []delivery[M]) []ClaimRequest {
-	reqs := make([]ClaimRequest, 0, len(ds))
-	for i := range ds {
-		if ds[i].bad == "" {
-			reqs = append(reqs, ds[i].request(w.cfg.ttl))
-		}
-	}
-	return reqs
-}
-
-// claimBatch claims reqs with one store call.
-func (w *Wrapper[M]) claimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
-	claims, err := w.store.ClaimBatch(ctx, reqs)
-	if err != nil {
-		return nil, fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
-	}
-	if len(claims) != len(reqs) {
-		return nil, fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
-	}
-	return claims, nil
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// handleClaimed settles one message of a batch whose claim was made up front.
-func (w *Wrapper[M]) handleClaimed(ctx context.Context, d *delivery[M], c *Claim, seen map[Key]struct{}, claimedAt time.Time) (Result, error) {
-	if c == nil {
-		return w.finish(ctx, d)
-	}
-	_, again := seen[d.key]
-	seen[d.key] = struct{}{}
-	switch {
-	case c.Status == ClaimInFlight && again:
-		// The batch's own earlier copy held the key at claim time and has
-		// settled since: claim afresh.
-		return w.finish(ctx, d)
-	case c.Status == ClaimAcquired && time.Since(claimedAt) > d.leaseTime/2:
-		// Earlier messages of the batch took a while: renew before running.
-		if err := w.store.Extend(ctx, d.key, c.Record.Owner, d.leaseTime); err != nil {
-			if errors.Is(err, ErrLeaseLost) {
-				return w.finish(ctx, d)
-			}
-			return Result{Key: d.key}, fmt.Errorf("dedup: extend %s: %w", d.key, err)
-		}
-	}
-	res, err := w.settleClaim(ctx, d, *c)
-	if err == nil && w.cfg.observer != nil {
-		w.cfg.observer(ctx, res)
-	}
-	return res, err
-}
-
-// releaseFrom gives back the acquired claims of messages that will not run.
-func (w *Wrapper[M]) releaseFrom(ctx context.Context, ds []delivery[M], claims []Claim) {
-	ctx, cancel := settleContext(ctx)
-	defer cancel()
-	k := 0
-	for i := range ds {
-		if ds[i].bad != "" {
-			continue
-		}
-		c := claims[k]
-		k++
-		if c.Status != ClaimAcquired {
-			continue
-		}
-		if err := w.store.Release(ctx, c.Record.Key, c.Record.Owner); err != nil {
-			w.cfg.logger.Warn("dedup: releasing an unstarted claim failed; it frees when its lease expires",
-				slog.String("key", c.Record.Key.String()), slog.Any("error", err))
-		}
-	}
-}
-
 // claimAndRun is the store claim path: claim, run, settle.
 func (w *Wrapper[M]) claimAndRun(ctx context.Context, d *delivery[M]) (Result, error) {
 	c, err := w.store.Claim(ctx, d.request(w.cfg.ttl))
@@ -404,6 +251,13 @@ func (w *Wrapper[M]) claimAndRun(ctx context.Context, d *delivery[M]) (Result, e
 }
 
 func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (Result, error) {
+	return w.settleClaimLater(ctx, d, c, nil)
+}
+
+// settleClaimLater is settleClaim, except that when later is not nil a
+// success is appended to it, for the caller to complete with others, instead
+// of being completed here.
+func (w *Wrapper[M]) settleClaimLater(ctx context.Context, d *delivery[M], c Claim, later *[]Completion) (Result, error) {
 	res := Result{Key: d.key, Attempts: c.Record.Attempts}
 	switch c.Status {
 	case ClaimDuplicate, ClaimFinal:
@@ -446,6 +300,11 @@ func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (
 
 	if err == nil && ctx.Err() != nil {
 		w.warnNilAfterCancel(d.key)
+	}
+	if err == nil && later != nil {
+		*later = append(*later, Completion{Key: d.key, Owner: c.Record.Owner, TTL: w.cfg.ttl})
+		res.Outcome = Processed
+		return res, nil
 	}
 	sctx, scancel := settleContext(ctx)
 	defer scancel()

@@ -59,7 +59,10 @@ type DynamoDBStore struct {
 	table  string
 }
 
-var _ Store = (*DynamoDBStore)(nil)
+var (
+	_ Store          = (*DynamoDBStore)(nil)
+	_ BatchCompleter = (*DynamoDBStore)(nil)
+)
 
 // NewDynamoDBStore returns a store on the given table, which must already
 // exist (see [CreateDynamoDBTable]).
@@ -377,6 +380,25 @@ func (s *DynamoDBStore) Complete(ctx context.Context, key Key, owner string, res
 		update += " REMOVE #result"
 	}
 	return s.fenced(ctx, "complete", key, owner, now, update, values, ddbStatus, ddbUpdated, ddbExpiresMs, ddbExpiresAt, ddbResult)
+}
+
+// CompleteBatch completes the records concurrently, at most 16 requests at
+// a time: DynamoDB has no conditional multi-item write that answers per item.
+// A record that could not be completed gets its own error.
+func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
+	if err := validateCompletions(cs); err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(cs))
+	err := forEachLimit(ctx, len(cs), func(ctx context.Context, i int) error {
+		c := &cs[i]
+		errs[i] = s.Complete(ctx, c.Key, c.Owner, c.Result, c.TTL)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedup: dynamodb complete batch: %w", err)
+	}
+	return errs, nil
 }
 
 // Fail records a failed attempt, if owner still holds the record.

@@ -1,12 +1,9 @@
 package dedup
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -25,6 +22,13 @@ const DefaultPostgresTable = "dedup_records"
 const purgeBatch = 1000
 
 // PostgresStore is a [Store] kept in one PostgreSQL table.
+//
+// Each record is written twice in quick succession, claimed then settled. So
+// that the second write is an in-place (HOT) update, which adds no index
+// entries, the table Migrate creates keeps half of each page free
+// (fillfactor 50), and a claim retains its record for its TTL plus 1/64: a
+// completion within that slack leaves the indexed expiry as it is. A record
+// is therefore kept at least its TTL, and at most 1/64 longer.
 type PostgresStore struct {
 	pool  *pgxpool.Pool
 	table string // quoted, for messages
@@ -104,8 +108,8 @@ type postgresSQL struct {
 	createTable, createIndex, migrateLock       string
 	claim, claimBatch, claimInTx, recordFailure string
 	read, readBatch, get                        string
-	complete, fail, extend, release, purge      string
-	releaseBatch                                string
+	complete, completeBatch                     string
+	fail, extend, release, purge                string
 }
 
 // recordColumns are scanned by pgRecord.targets, in this order.
@@ -166,7 +170,7 @@ func buildPostgresSQL(table, bareName string) postgresSQL {
 	result bytea,
 	previous_status text,
 	PRIMARY KEY (scope, event_id)
-)`,
+) WITH (fillfactor = 50)`,
 		createIndex: `CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{index}.Sanitize() + ` ON ` + table + ` (expires_at)`,
 
 		claim: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
@@ -177,13 +181,20 @@ RETURNING previous_status, ` + recordColumns,
 
 		// Rows are inserted in array order; callers sort the keys so that
 		// concurrent batches lock rows in one order and cannot deadlock.
+		// The columns come as lists (see pgList); fingerprints, which may
+		// hold anything, come as an array ($3) when they cannot be a list.
+		// Acquired rows are named by their new owner token, and RETURNING
+		// leaves out what the request already says.
 		claimBatch: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
-SELECT r.scope, r.event_id, 'PROCESSING', r.fingerprint, 1, r.owner, now() + r.lease, now(), now(), now() + r.ttl
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::interval[], $6::interval[])
-	AS r(scope, event_id, fingerprint, owner, lease, ttl)
+SELECT r.scope, r.event_id, 'PROCESSING', r.fingerprint, 1, r.owner, now() + r.lease_us * interval '1 microsecond',
+	now(), now(), now() + r.expiry_us * interval '1 microsecond'
+FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], ` + pgSplit("$4") + `), ` + pgSplit("$5") + `,
+	` + pgSplit("$6") + `::bigint[], ` + pgSplit("$7") + `::bigint[])
+	AS r(scope, event_id, fingerprint, owner, lease_us, expiry_us)
 ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
 WHERE ` + takeoverAllowed + `
-RETURNING scope, event_id, now(), previous_status, ` + recordColumns,
+RETURNING owner, now(), previous_status, attempts, lease_until, created_at, updated_at, expires_at,
+	last_error, first_failure, last_failure, result`,
 
 		claimInTx: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
 VALUES ($1, $2, 'SUCCEEDED', $3, 1, $4, now(), now(), now(), now() + $5::interval)
@@ -215,29 +226,56 @@ RETURNING attempts`,
 		// read answers a refused claim: the row was live when it refused, so
 		// it is read whatever its expiry by now.
 		read: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where,
-		readBatch: `SELECT scope, event_id, now(), ` + recordColumns + ` FROM ` + table + `
-WHERE (scope, event_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
+		// Each key is looked up on its own (LATERAL ... LIMIT 1), so that
+		// whatever the planner estimates, a batch costs one primary-key
+		// probe per key, never a scan of the table.
+		readBatch: `SELECT r.i, now(), t.*
+FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `) WITH ORDINALITY AS r(scope, event_id, i)
+CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + table + `
+	WHERE scope = r.scope AND event_id = r.event_id LIMIT 1) AS t`,
 		get: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where + ` AND expires_at > now()`,
 
 		complete: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = $4, updated_at = now(),
-	expires_at = now() + $5::interval ` + held,
+	expires_at = ` + keptExpiry("$5::interval", "$6::interval") + ` ` + held,
+		// Each key is looked up on its own, as in readBatch, and its row
+		// updated through the ctid found: rows are locked in the order of
+		// the keys, which callers sort as for claimBatch. A row updated
+		// meanwhile has another ctid and is left alone: it was taken over.
+		// RETURNING names the completed requests by position.
+		completeBatch: `UPDATE ` + table + ` AS t SET status = 'SUCCEEDED', result = r.result, updated_at = now(),
+	expires_at = ` + keptExpiry("r.ttl_us * interval '1 microsecond'", "r.expiry_us * interval '1 microsecond'") + `
+FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, ` + pgSplit("$3") + `, $4::bytea[],
+	` + pgSplit("$5") + `::bigint[], ` + pgSplit("$6") + `::bigint[]) WITH ORDINALITY
+	AS r(scope, event_id, owner, result, ttl_us, expiry_us, i)
+CROSS JOIN LATERAL (SELECT ctid AS tid FROM ` + table + `
+	WHERE scope = r.scope AND event_id = r.event_id LIMIT 1) AS k
+WHERE t.ctid = k.tid AND t.owner = r.owner AND t.status = 'PROCESSING' AND t.expires_at > now()
+RETURNING r.i`,
 		fail: `UPDATE ` + table + ` SET status = $4, last_error = $5,
 	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
 	expires_at = now() + $6::interval ` + held,
 		extend: `UPDATE ` + table + ` SET lease_until = now() + $4::interval, updated_at = now() ` + held,
 		release: `UPDATE ` + table + ` SET status = 'FAILED_RETRYABLE', attempts = attempts - 1,
 	lease_until = now(), updated_at = now() ` + held,
-		releaseBatch: `UPDATE ` + table + ` AS t SET status = 'FAILED_RETRYABLE', attempts = t.attempts - 1,
-	lease_until = now(), updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::text[]) AS r(scope, event_id, owner)
-WHERE t.scope = r.scope AND t.event_id = r.event_id AND t.owner = r.owner
-	AND t.status = 'PROCESSING' AND t.expires_at > now()`,
 		// A row taken over between the subquery and the delete has a new
 		// ctid and a later expiry, so it is skipped, never deleted live.
 		purge: fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM %[1]s WHERE expires_at <= now() LIMIT %[2]d)) AND expires_at <= now()`, table, purgeBatch),
 	}
 }
+
+// keptExpiry is the expiry a completion writes: the one the claim wrote when
+// that is between ttl and expiry (ttl plus expirySlack) from now, else ttl
+// from now. Leaving the indexed column unchanged lets PostgreSQL update the
+// row in place (a HOT update: no new index entries).
+func keptExpiry(ttl, expiry string) string {
+	return `CASE WHEN expires_at BETWEEN now() + ` + ttl + ` AND now() + ` + expiry +
+		` THEN expires_at ELSE now() + ` + ttl + ` END`
+}
+
+// expiryOf is how long a claim retains its record: ttl plus a slack of
+// 1/64, so that a completion soon after it finds the expiry still good.
+func expiryOf(ttl time.Duration) time.Duration { return ttl + ttl/64 }
 
 // Migrate creates the table and its expiry index unless they exist. It is
 // safe to run concurrently from several processes.
@@ -267,7 +305,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (Claim, err
 		return Claim{}, fmt.Errorf("dedup: postgres claim: %w", err)
 	}
 	c, err := s.claim(ctx, s.pool, s.sql.claim, req,
-		req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.Lease, req.TTL)
+		req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.Lease, expiryOf(req.TTL))
 	if err != nil {
 		return Claim{}, s.opError("claim "+req.Key.String(), err)
 	}
@@ -329,208 +367,10 @@ func (s *PostgresStore) read(ctx context.Context, q pgQuerier, query string, key
 	return r.decode(key)
 }
 
-// ClaimBatch claims several keys, answering exactly as the same claims made
-// one by one in order would, with one upsert round trip for all first
-// occurrences of each key and one read for the keys it could not acquire.
-func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
-	if err := ValidateBatch(reqs); err != nil {
-		return nil, fmt.Errorf("dedup: postgres claim batch: %w", err)
-	}
-	b := postgresBatch{
-		reqs:    reqs,
-		claims:  make([]Claim, len(reqs)),
-		known:   make(map[Key]postgresObserved, len(reqs)),
-		pending: make([]int, len(reqs)),
-	}
-	for i := range b.pending {
-		b.pending[i] = i
-	}
-	// PostgreSQL refuses to update one row twice in a statement, so each
-	// wave sends a key at most once. Later occurrences are answered from the
-	// record the earlier one left, or go to the next wave when that record
-	// would let them take over (e.g. a lapsed lease with lease <= 0).
-	for len(b.pending) > 0 {
-		wave := b.plan()
-		if len(wave) == 0 {
-			break
-		}
-		if err := s.runWave(ctx, &b, wave); err != nil {
-			s.giveBack(ctx, &b)
-			return nil, s.opError("claim batch", err)
-		}
-	}
-	return b.claims, nil
-}
-
-// postgresBatch is the progress of one ClaimBatch.
-type postgresBatch struct {
-	reqs    []ClaimRequest
-	claims  []Claim
-	known   map[Key]postgresObserved
-	pending []int // request indexes still unanswered, ascending
-	retried map[int]bool
-	// sent are the keys and owner tokens of every claim sent so far.
-	sent struct{ scopes, ids, owners []string }
-}
-
-// giveBack releases whatever a failed ClaimBatch acquired, by the owner
-// tokens it sent (a failure can come before the acquired rows are read):
-// the caller gets no token to settle them with, so kept they would hold
-// their keys until the lease ran out and count an attempt that never ran.
-func (s *PostgresStore) giveBack(ctx context.Context, b *postgresBatch) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-	defer cancel()
-	_, _ = s.pool.Exec(ctx, s.sql.releaseBatch, b.sent.scopes, b.sent.ids, b.sent.owners) // best effort: the lease frees them otherwise
-}
-
-// postgresObserved is a record as the database had it at time at.
-type postgresObserved struct {
-	rec Record
-	at  time.Time
-}
-
-// allows reports whether a claim with fingerprint would have taken over o
-// at o.at: the SQL takeover rule, evaluated in Go.
-func (o postgresObserved) allows(fingerprint string) bool {
-	r := o.rec
-	return !o.at.Before(r.ExpiresAt) || r.Fingerprint == fingerprint &&
-		(r.Status == StatusFailedRetryable || r.Status == StatusProcessing && !o.at.Before(r.LeaseUntil))
-}
-
-// plan answers the pending requests the known records decide and returns
-// the next wave: the earliest remaining request of each other key.
-func (b *postgresBatch) plan() []int {
-	var wave, rest []int
-	inWave := make(map[Key]bool)
-	for _, i := range b.pending {
-		req := b.reqs[i]
-		if inWave[req.Key] {
-			rest = append(rest, i)
-			continue
-		}
-		if o, ok := b.known[req.Key]; ok && !o.allows(req.Fingerprint) {
-			b.claims[i] = Claim{Status: Classify(o.rec, req.Fingerprint), Record: cloneRecord(o.rec)}
-			continue
-		}
-		inWave[req.Key] = true
-		wave = append(wave, i)
-	}
-	b.pending = rest
-	return wave
-}
-
-// runWave claims the wave's keys (distinct) in one statement and reads the
-// records of those it could not acquire in a second one.
-func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []int) error {
-	slices.SortFunc(wave, func(i, j int) int {
-		ki, kj := b.reqs[i].Key, b.reqs[j].Key
-		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
-	})
-	n := len(wave)
-	scopes, ids, fps, owners := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	leases, ttls := make([]time.Duration, n), make([]time.Duration, n)
-	index := make(map[Key]int, n)
-	for w, i := range wave {
-		req := b.reqs[i]
-		scopes[w], ids[w], fps[w], owners[w] = req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken()
-		leases[w], ttls[w] = req.Lease, req.TTL
-		index[req.Key] = i
-	}
-	b.sent.scopes = append(b.sent.scopes, scopes...)
-	b.sent.ids = append(b.sent.ids, ids...)
-	b.sent.owners = append(b.sent.owners, owners...)
-	rows, err := s.pool.Query(ctx, s.sql.claimBatch, scopes, ids, fps, owners, leases, ttls)
-	if err != nil {
-		return err
-	}
-	err = scanBatch(rows, index, true, func(i int, r *pgRecord, at time.Time, previous pgtype.Text) error {
-		key := b.reqs[i].Key
-		c, err := acquired(key, r, previous)
-		if err != nil {
-			return fmt.Errorf("%s: %w", key, err)
-		}
-		b.claims[i] = c
-		b.known[key] = postgresObserved{rec: c.Record, at: at}
-		return nil
-	})
-	if err != nil || len(index) == 0 {
-		return err
-	}
-
-	scopes, ids = scopes[:0], ids[:0]
-	for key := range index {
-		scopes, ids = append(scopes, key.Scope), append(ids, key.EventID)
-	}
-	rows, err = s.pool.Query(ctx, s.sql.readBatch, scopes, ids)
-	if err != nil {
-		return err
-	}
-	err = scanBatch(rows, index, false, func(i int, r *pgRecord, at time.Time, _ pgtype.Text) error {
-		req := b.reqs[i]
-		rec, err := r.decode(req.Key)
-		if err != nil {
-			return fmt.Errorf("%s: %w", req.Key, err)
-		}
-		b.claims[i] = Claim{Status: Classify(rec, req.Fingerprint), Record: rec}
-		b.known[req.Key] = postgresObserved{rec: rec, at: at}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	// What is left refused the claim and was purged before the read: claim
-	// it again in the next wave, once.
-	for key, i := range index {
-		if b.retried[i] {
-			return fmt.Errorf("%s: record refused the claim, then vanished twice (concurrent purge)", key)
-		}
-		if b.retried == nil {
-			b.retried = make(map[int]bool)
-		}
-		b.retried[i] = true
-		b.pending = append(b.pending, i)
-	}
-	slices.Sort(b.pending)
-	return nil
-}
-
-// scanBatch hands each row of a batch statement (scope, event_id, now(),
-// [previous_status,] record columns) to answer with its request index, and
-// removes that key from index.
-func scanBatch(rows pgx.Rows, index map[Key]int, withPrevious bool, answer func(int, *pgRecord, time.Time, pgtype.Text) error) error {
-	defer rows.Close()
-	var (
-		key      Key
-		at       time.Time
-		previous pgtype.Text
-		r        pgRecord
-	)
-	head := []any{&key.Scope, &key.EventID, &at}
-	if withPrevious {
-		head = append(head, &previous)
-	}
-	targets := r.targets(head...)
-	for rows.Next() {
-		r = pgRecord{}
-		if err := rows.Scan(targets...); err != nil {
-			return scanError(err)
-		}
-		i, ok := index[key]
-		if !ok {
-			return fmt.Errorf("%w: unexpected row for %s", ErrMalformedRecord, key)
-		}
-		delete(index, key)
-		if err := answer(i, &r, at, previous); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}
-
 // Complete marks the record succeeded, keeping result, if owner still holds
 // it; otherwise it returns ErrLeaseLost.
 func (s *PostgresStore) Complete(ctx context.Context, key Key, owner string, result []byte, ttl time.Duration) error {
-	return s.settle(ctx, "complete", key, s.sql.complete, key.Scope, key.EventID, owner, result, ttl)
+	return s.settle(ctx, "complete", key, s.sql.complete, key.Scope, key.EventID, owner, result, ttl, expiryOf(ttl))
 }
 
 // Fail records a failed attempt if owner still holds the record; otherwise
@@ -730,11 +570,7 @@ func (r *pgRecord) decode(key Key) (Record, error) {
 	return rec, nil
 }
 
-// cloneRecord returns rec with its own Result, so that answers for one key
-// in a batch do not share a slice.
-func cloneRecord(rec Record) Record {
-	rec.Result = bytes.Clone(rec.Result)
-	return rec
-}
-
-var _ Store = (*PostgresStore)(nil)
+var (
+	_ Store          = (*PostgresStore)(nil)
+	_ BatchCompleter = (*PostgresStore)(nil)
+)

@@ -33,6 +33,10 @@ type config struct {
 	sink        Sink
 	logger      *slog.Logger
 	observer    func(context.Context, Result)
+	// batchCompletion defers HandleBatch's completions, each by at most
+	// batchWait (WithBatchCompletion).
+	batchCompletion bool
+	batchWait       time.Duration
 }
 
 func defaultConfig() config {
@@ -59,6 +63,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, c.maxAttempts)
 	case c.lease < 0:
 		return fmt.Errorf("%w: WithLease(%v): must not be negative", ErrConfig, c.lease)
+	case c.batchCompletion && c.batchWait <= 0:
+		return fmt.Errorf("%w: WithBatchCompletion(%v): must be positive", ErrConfig, c.batchWait)
 	case c.ttl <= 0:
 		return fmt.Errorf("%w: WithTTL(%v): must be positive", ErrConfig, c.ttl)
 	case c.fingerprint == nil || c.backoff == nil || c.logger == nil:
@@ -118,6 +124,24 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger 
 // for metrics. It must be quick and safe for concurrent use.
 func WithObserver(f func(context.Context, Result)) Opt {
 	return optFunc(func(c *config) { c.observer = f })
+}
+
+// WithBatchCompletion makes HandleBatch record the successes of a batch
+// together, in one store write (when the store is a [BatchCompleter]),
+// instead of one write per event. No result is given back before its
+// completion is durable, so a transport never acknowledges early, and a
+// completion waits at most maxWait (and a third of the lease) for the others,
+// plus the run of the handler in progress.
+//
+// The price is a wider crash window. With one write per event, a crash
+// between a handler's effect and its completion leaves one event to run
+// again (after its lease lapses). With batch completion it may leave every
+// event whose handler returned in the last maxWait, up to a whole batch:
+// their effects are applied twice. Use it when handlers are idempotent or a
+// repeated effect is acceptable; otherwise prefer the transactional inbox
+// (WrapTx) or one write per event.
+func WithBatchCompletion(maxWait time.Duration) Opt {
+	return optFunc(func(c *config) { c.batchCompletion, c.batchWait = true, maxWait })
 }
 
 // Backoff returns how long to wait before attempt+1, after attempt failed.

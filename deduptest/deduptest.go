@@ -55,6 +55,7 @@ func Run(t *testing.T, s dedup.Store) {
 		{"ExtendKeepsLeaseAlive", testExtendKeepsLeaseAlive},
 		{"ReleaseUncountsAttempt", testReleaseUncountsAttempt},
 		{"CompleteStoresResult", testCompleteStoresResult},
+		{"CompleteBatch", testCompleteBatch},
 		{"BatchSameKeyTwice", testBatchSameKeyTwice},
 		{"BatchMatchesSingleClaims", testBatchMatchesSingleClaims},
 		{"InvalidKeysRejected", testInvalidKeysRejected},

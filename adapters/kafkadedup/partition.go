@@ -10,6 +10,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
+// markInterval bounds how long a settled record waits to be marked while the
+// rest of its batch runs.
+const markInterval = 100 * time.Millisecond
+
 // partition is the worker of one assigned partition: it runs the partition's
 // records through the wrapper strictly in order and marks each one once it is
 // settled.
@@ -142,11 +146,12 @@ func (p *partition) run() {
 	}
 }
 
-// process runs recs through the wrapper with one batch claim, marking each
-// settled record. It returns the records still to do, starting with the
+// process runs recs through the wrapper with one batch claim, then marks the
+// settled ones. It returns the records still to do, starting with the
 // first unsettled one, and how long to wait before trying it again.
 func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.Duration, err error) {
 	next := 0 // the first record not settled
+	marked, markedAt := 0, time.Now()
 	berr := p.s.w.HandleBatch(p.ctx, recs, func(i int, res dedup.Result, rerr error) bool {
 		switch {
 		case rerr != nil:
@@ -158,10 +163,19 @@ func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.D
 				slog.String("outcome", res.Outcome.String()), slog.Duration("retry_after", wait))
 			return false
 		}
-		p.s.cl.MarkCommitRecords(recs[i])
 		next = i + 1
+		// Marking a record marks those before it too: one mark per
+		// markInterval, and one at the end, instead of one per record
+		// (each mark allocates).
+		if now := time.Now(); now.Sub(markedAt) >= markInterval {
+			p.s.cl.MarkCommitRecords(recs[i])
+			marked, markedAt = next, now
+		}
 		return !p.stopping()
 	})
+	if next > marked {
+		p.s.cl.MarkCommitRecords(recs[next-1])
+	}
 	if berr != nil {
 		err = berr
 	}

@@ -1,0 +1,115 @@
+// Command dedupbench measures the throughput of dedup side by side, in one
+// run: Kafka (kfake, in process) through the Kafka adapter and the wrapper
+// into PostgreSQL, against consumption with no dedup, a naive per-message
+// claim, the transactional inbox and the PostgreSQL floor (a bare multi-row
+// insert of the same event IDs), plus DynamoDB Local and SQS (fauxqs) rows.
+//
+//	go run ./cmd/dedupbench -quick   # 20,000 events, under a minute
+//	go run ./cmd/dedupbench          # 200,000 events, and 20,000 for memory flatness
+//
+// Each row runs in a fresh subprocess (this binary, re-executed), so that its
+// allocations and peak RSS are its own. The table goes to stdout, followed by
+// the same results as JSON (or to the file named by -json). BENCHMARKS.md
+// explains every column.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+)
+
+// config is what the parent passes to every row.
+type config struct {
+	Postgres   string
+	DynamoDB   string
+	SQS        string
+	Partitions int
+	Brokers    string
+	Topic      string
+	Records    int // records in the topic, duplicates included
+	Unique     int // distinct events among them
+	BatchWait  time.Duration
+	// Checkpoint makes each PostgreSQL row start with a CHECKPOINT.
+	Checkpoint bool
+	// FetchPartitionBytes is kgo.FetchMaxPartitionBytes for every Kafka row.
+	FetchPartitionBytes int32
+}
+
+func main() {
+	if childMain() {
+		return
+	}
+	var (
+		cfg      config
+		quick    = flag.Bool("quick", false, "quick mode: 20,000 events, small DynamoDB and SQS rows; under a minute")
+		n        = flag.Int("n", 0, "events per PostgreSQL row, duplicates included (default 200,000; 20,000 with -quick)")
+		dup      = flag.Float64("duplicates", 0.2, "share of the events that re-send an earlier event")
+		rows     = flag.String("rows", "", "comma-separated rows to run (default all): "+strings.Join(rowNames(), ","))
+		smallN   = flag.Int("small-n", 0, "events for the DynamoDB and SQS rows (default 20,000; 3,000 with -quick)")
+		flatN    = flag.Int("flat-n", 0, "also run the none, batched and floor rows at this N, to show memory flat in N (default 20,000; off with -quick)")
+		repeat   = flag.Int("repeat", 3, "runs of the no dedup, batched and floor rows, in rounds; the median is reported")
+		jsonPath = flag.String("json", "", "write the JSON results to this file instead of stdout")
+	)
+	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
+	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
+	flag.StringVar(&cfg.SQS, "sqs", env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint (fauxqs)")
+	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic (one worker each)")
+	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")
+	fetchBytes := flag.Int("fetch-partition-bytes", 128<<10, "kgo.FetchMaxPartitionBytes of every Kafka row (kgo's default is 1 MiB; see BENCHMARKS.md)")
+	flag.BoolVar(&cfg.Checkpoint, "checkpoint", true, "start each PostgreSQL row with a CHECKPOINT, so none pays for an earlier one's dirty pages")
+	flag.Parse()
+	cfg.FetchPartitionBytes = int32(*fetchBytes)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	plan := plan{cfg: cfg, n: 200_000, smallN: 20_000, flatN: 20_000, dup: *dup, repeat: *repeat}
+	if *quick {
+		plan.n, plan.smallN, plan.flatN = 20_000, 3_000, 0
+	}
+	if *n > 0 {
+		plan.n = *n
+	}
+	if *smallN > 0 {
+		plan.smallN = *smallN
+	}
+	if *flatN > 0 {
+		plan.flatN = *flatN
+	}
+	if *rows != "" {
+		plan.only = strings.Split(*rows, ",")
+	}
+	if err := plan.run(ctx, *jsonPath, *quick); err != nil {
+		fmt.Fprintln(os.Stderr, "dedupbench:", err)
+		os.Exit(1)
+	}
+}
+
+// childMain runs one row when this process is a row's subprocess, and
+// reports whether it was.
+func childMain() bool {
+	name := os.Getenv(childEnv)
+	if name == "" {
+		return false
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := runChild(ctx, name, os.Getenv(configEnv)); err != nil {
+		fmt.Fprintf(os.Stderr, "dedupbench: row %s: %v\n", name, err)
+		stop()
+		os.Exit(1)
+	}
+	return true
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

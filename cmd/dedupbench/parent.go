@@ -1,0 +1,352 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupkit/dedup/adapters/kafkadedup"
+)
+
+// plan is what the parent process runs.
+type plan struct {
+	cfg              config
+	n, smallN, flatN int
+	dup              float64
+	only             []string
+	// repeat is how often the quick rows (no dedup, batched, floor) run; the
+	// median run is reported.
+	repeat int
+}
+
+// repeated are the rows that take seconds, run repeat times in rounds so that
+// the load of the moment falls on all of them alike.
+var repeated = []string{"none", "batched", "floor"}
+
+// The environment of a row's subprocess: the row and its configuration.
+const (
+	childEnv  = "DEDUPBENCH_ROW"
+	configEnv = "DEDUPBENCH_CONFIG"
+)
+
+// job is one row at one N.
+type job struct {
+	row *row
+	n   int
+}
+
+func (p *plan) wants(r *row) bool { return p.only == nil || slices.Contains(p.only, r.name) }
+
+// jobs lists the rows to run: every row at N (the small ones at the small
+// N), then the flatness rows (no dedup, batched, and their floor) at flat N.
+func (p *plan) jobs() []job {
+	var js []job
+	for _, r := range rows {
+		if !p.wants(r) || slices.Contains(repeated, r.name) {
+			continue
+		}
+		n := p.n
+		if r.small {
+			n = p.smallN
+		}
+		js = append(js, job{r, n})
+	}
+	sizes := []int{p.n}
+	if p.flatN > 0 && p.flatN != p.n {
+		sizes = append(sizes, p.flatN)
+	}
+	for _, n := range sizes {
+		for range max(p.repeat, 1) {
+			for _, name := range repeated {
+				if r := rowByName(name); p.wants(r) {
+					js = append(js, job{r, n})
+				}
+			}
+		}
+	}
+	return js
+}
+
+// medians returns one result per row and N, in the order of rows (then N):
+// the run of median events/s among the repeated ones.
+func medians(rs []result) []result {
+	type rowN struct {
+		row string
+		n   int
+	}
+	runs := make(map[rowN][]result)
+	var order []rowN
+	for _, r := range rs {
+		k := rowN{r.Row, r.Records}
+		if runs[k] == nil {
+			order = append(order, k)
+		}
+		runs[k] = append(runs[k], r)
+	}
+	rank := func(name string) int { return slices.IndexFunc(rows, func(r *row) bool { return r.name == name }) }
+	slices.SortStableFunc(order, func(a, b rowN) int {
+		if a.n != b.n {
+			return b.n - a.n
+		}
+		return rank(a.row) - rank(b.row)
+	})
+	var out []result
+	for _, k := range order {
+		rr := runs[k]
+		slices.SortFunc(rr, func(a, b result) int { return cmp.Compare(a.EventsPerSec, b.EventsPerSec) })
+		m := rr[len(rr)/2]
+		for _, r := range rr {
+			if r.Check != "ok" {
+				m = r // a failed run is reported, whatever the others did
+			}
+			m.Runs = append(m.Runs, r.EventsPerSec)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func (p *plan) unique(n int) int { return int(float64(n)*(1-p.dup) + 0.5) }
+
+func topicFor(n int) string { return "events-" + strconv.Itoa(n) }
+
+// report is the JSON document: how the run was made, and one result per row.
+type report struct {
+	Command    string  `json:"command"`
+	Started    string  `json:"started"`
+	GoVersion  string  `json:"go_version"`
+	CPUs       int     `json:"cpus"`
+	Postgres   string  `json:"postgres_version"`
+	PGSettings string  `json:"postgres_settings"`
+	Partitions int     `json:"partitions"`
+	Duplicates float64 `json:"duplicate_share"`
+	BatchWait  string  `json:"batch_wait"`
+	// Load is the machine's load average (1 min) before and after the run:
+	// everything shares its CPUs, other processes included.
+	LoadBefore string   `json:"load_before"`
+	LoadAfter  string   `json:"load_after"`
+	Results    []result `json:"results"`
+}
+
+func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
+	if p.dup < 0 || p.dup >= 1 {
+		return fmt.Errorf("-duplicates %v: want a share in [0, 1)", p.dup)
+	}
+	began := time.Now()
+	rep := report{
+		Command:    strings.Join(append([]string{"dedupbench"}, os.Args[1:]...), " "),
+		Started:    began.UTC().Format(time.RFC3339),
+		GoVersion:  runtime.Version(),
+		CPUs:       runtime.NumCPU(),
+		Partitions: p.cfg.Partitions,
+		Duplicates: p.dup,
+		BatchWait:  p.cfg.BatchWait.String(),
+		LoadBefore: loadAverage(),
+	}
+	var err error
+	if rep.Postgres, rep.PGSettings, err = postgresInfo(ctx, p.cfg.Postgres); err != nil {
+		return fmt.Errorf("PostgreSQL at %s: %w (run `make services`)", p.cfg.Postgres, err)
+	}
+	jobs := p.jobs()
+	if len(jobs) == 0 {
+		return errors.New("no rows to run")
+	}
+
+	var sizes []int
+	for _, j := range jobs {
+		if !j.row.sqs && !slices.Contains(sizes, j.n) {
+			sizes = append(sizes, j.n)
+		}
+	}
+	topics := make([]string, len(sizes))
+	for i, n := range sizes {
+		topics[i] = topicFor(n)
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(p.cfg.Partitions), topics...))
+	if err != nil {
+		return fmt.Errorf("start kfake: %w", err)
+	}
+	defer cluster.Close()
+	p.cfg.Brokers = strings.Join(cluster.ListenAddrs(), ",")
+	for _, n := range sizes {
+		t := time.Now()
+		if err := p.produce(ctx, topicFor(n), n); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "produced %d records (%d events) to %s in %v\n", n, p.unique(n), topicFor(n), time.Since(t).Round(time.Millisecond))
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	for _, j := range jobs {
+		t := time.Now()
+		res, err := p.runJob(ctx, self, j)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			res = result{Row: j.row.name, Title: j.row.title, Records: j.n, Unique: p.unique(j.n), Check: "FAILED: " + err.Error()}
+		}
+		fmt.Fprintf(os.Stderr, "  %-12s N=%-7d %6.1fs  %s\n", j.row.name, j.n, time.Since(t).Seconds(), res.Check)
+		rep.Results = append(rep.Results, res)
+	}
+	rep.Results = medians(rep.Results)
+	fillRatios(rep.Results)
+	rep.LoadAfter = loadAverage()
+
+	fmt.Printf("\ndedupbench: %s, %d partitions, %.0f%% duplicates, %d CPUs, %s, PostgreSQL %s (%s); %v, load average %s -> %s\n\n",
+		mode(quick), p.cfg.Partitions, p.dup*100, rep.CPUs, rep.GoVersion, rep.Postgres, rep.PGSettings,
+		time.Since(began).Round(time.Second), rep.LoadBefore, rep.LoadAfter)
+	printTable(os.Stdout, rep.Results)
+	out, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if jsonPath != "" {
+		if err := os.WriteFile(jsonPath, append(out, '\n'), 0o644); err != nil {
+			return err
+		}
+		fmt.Printf("\nJSON written to %s\n", jsonPath)
+	} else {
+		fmt.Printf("\n%s\n", out)
+	}
+	for _, r := range rep.Results {
+		if r.Check != "ok" {
+			return fmt.Errorf("row %s (N=%d): %s", r.Row, r.Records, r.Check)
+		}
+	}
+	return nil
+}
+
+func mode(quick bool) string {
+	if quick {
+		return "quick mode"
+	}
+	return "full mode"
+}
+
+// runJob runs one row in a fresh process and returns its result.
+func (p *plan) runJob(ctx context.Context, self string, j job) (result, error) {
+	cfg := p.cfg
+	cfg.Topic, cfg.Records, cfg.Unique = topicFor(j.n), j.n, p.unique(j.n)
+	conf, err := json.Marshal(cfg)
+	if err != nil {
+		return result{}, err
+	}
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Env = append(os.Environ(), childEnv+"="+j.row.name, configEnv+"="+string(conf))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return result{}, err
+	}
+	lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
+	var res result
+	if err := json.Unmarshal(lines[len(lines)-1], &res); err != nil {
+		return result{}, fmt.Errorf("reading its result: %w", err)
+	}
+	return res, nil
+}
+
+// fillRatios sets each row's ratio to the floor at the same N, or to the
+// floor at the largest N when there is none at its own.
+func fillRatios(rs []result) {
+	floors := map[int]float64{}
+	best := 0
+	for _, r := range rs {
+		if r.Row == "floor" && r.EventsPerSec > 0 {
+			floors[r.Records] = r.EventsPerSec
+			best = max(best, r.Records)
+		}
+	}
+	for i := range rs {
+		f, ok := floors[rs[i].Records]
+		if !ok {
+			f = floors[best]
+		}
+		if f > 0 {
+			rs[i].RatioToFloor = rs[i].EventsPerSec / f
+		}
+	}
+}
+
+// produce writes n records to topic: p.unique(n) events, then re-sends of
+// random earlier ones, shuffled so that copies arrive interleaved. Event i
+// goes to partition i mod partitions, so its copies share a partition, as a
+// producer's retries do. The seed is fixed: every run sees the same records.
+func (p *plan) produce(ctx context.Context, topic string, n int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(p.cfg.Brokers, ",")...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.ProducerBatchMaxBytes(64<<10))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	rng := rand.New(rand.NewPCG(1, uint64(n)))
+	unique := p.unique(n)
+	ids := make([]int, 0, n)
+	for i := range unique {
+		ids = append(ids, i)
+	}
+	for len(ids) < n {
+		ids = append(ids, rng.IntN(unique))
+	}
+	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	recs := make([]*kgo.Record, n)
+	for k, i := range ids {
+		id := "evt-" + strconv.Itoa(i)
+		recs[k] = &kgo.Record{
+			Topic:     topic,
+			Partition: int32(i % p.cfg.Partitions),
+			Key:       []byte(id),
+			Value:     fmt.Appendf(nil, `{"id":%d,"customer":%d,"cents":%d}`, i, i%997, 100+i%9973),
+			Headers:   []kgo.RecordHeader{{Key: kafkadedup.DefaultIDHeader, Value: []byte(id)}},
+		}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("produce to %s: %w", topic, err)
+	}
+	return nil
+}
+
+// loadAverage returns the one-minute load average, or "?".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+// postgresInfo returns the server's version and the settings that bound
+// commit latency.
+func postgresInfo(ctx context.Context, dsn string) (version, settings string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", "", err
+	}
+	defer conn.Close(context.Background())
+	var fsync, syncCommit string
+	err = conn.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')`).
+		Scan(&version, &fsync, &syncCommit)
+	return version, "fsync=" + fsync + ", synchronous_commit=" + syncCommit, err
+}

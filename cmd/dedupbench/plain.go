@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/kafkadedup"
+)
+
+// consumePlain is a hand-written consumer, the shape of franz-go's
+// goroutine-per-partition example: the poll loop hands each partition's
+// records to that partition's worker (a channel of two batches, so memory is
+// bounded), which runs process and marks them for commit. It is what the rows
+// without the Kafka adapter use.
+func consumePlain(ctx context.Context, cfg config, m *meter, group string, process func(ctx context.Context, recs []*kgo.Record)) error {
+	cl, err := kgo.NewClient(append(kafkaOpts(cfg, m, group), kgo.AutoCommitMarks(), kgo.BlockRebalanceOnPoll())...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	workers := make(map[int32]chan []*kgo.Record)
+	var wg sync.WaitGroup
+	m.begin()
+	for ctx.Err() == nil {
+		fs := cl.PollRecords(ctx, kafkadedup.DefaultMaxPollRecords)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			break
+		}
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			ch := workers[p.Partition]
+			if ch == nil {
+				ch = make(chan []*kgo.Record, 2)
+				workers[p.Partition] = ch
+				wg.Go(func() {
+					for recs := range ch {
+						process(ctx, recs)
+						cl.MarkCommitRecords(recs[len(recs)-1])
+					}
+				})
+			}
+			select {
+			case ch <- p.Records:
+			case <-ctx.Done():
+			}
+		})
+		cl.AllowRebalance()
+	}
+	for _, ch := range workers {
+		close(ch)
+	}
+	wg.Wait()
+	// Leaving the group in Close waits for a rebalance the poll loop holds.
+	cl.AllowRebalance()
+	return nil
+}
+
+// runNone consumes with a handler that does nothing: the ceiling.
+func runNone(ctx context.Context, cfg config, m *meter) error {
+	return consumePlain(ctx, cfg, m, "dedupbench-none", func(ctx context.Context, recs []*kgo.Record) {
+		for _, r := range recs {
+			t := now()
+			_ = noop(ctx, r)
+			m.lat.record(time.Duration(now() - t))
+			m.settle(dedup.Processed, 1)
+		}
+	})
+}
+
+// runNaive runs each record through Wrapper.Handle: one claim, then one
+// completion, per record, as most hand-written dedup does.
+func runNaive(ctx context.Context, cfg config, m *meter) error {
+	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_naive")
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	w, err := dedup.Wrap(store, kafkadedup.Messages(), noop,
+		dedup.WithScope("dedupbench/naive"), dedup.WithSink(&dedup.MemorySink{}))
+	if err != nil {
+		return err
+	}
+	return consumePlain(ctx, cfg, m, "dedupbench-naive", func(ctx context.Context, recs []*kgo.Record) {
+		for _, r := range recs {
+			for ctx.Err() == nil {
+				t := now()
+				res, err := w.Handle(ctx, r)
+				if err == nil && res.Settled() {
+					m.lat.record(time.Duration(now() - t))
+					m.settle(res.Outcome, 1)
+					break
+				}
+				time.Sleep(max(res.RetryAfter, 10*time.Millisecond))
+			}
+		}
+	})
+}
+
+// runFloor inserts each partition batch's event IDs with one multi-row
+// INSERT ... ON CONFLICT DO NOTHING: what deduplicating the IDs costs
+// PostgreSQL at the least, with no record state, lease or wrapper.
+func runFloor(ctx context.Context, cfg config, m *meter) error {
+	const table = "dedupbench_floor"
+	pool, closePool, err := openPostgres(ctx, cfg, m, table)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (scope text NOT NULL, event_id text NOT NULL, PRIMARY KEY (scope, event_id))`); err != nil {
+		return err
+	}
+	quiesce(ctx, cfg, pool)
+	insert := `INSERT INTO ` + table + ` (scope, event_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING`
+	id := kafkadedup.Messages().EventID
+	var failed error
+	var once sync.Once
+	err = consumePlain(ctx, cfg, m, "dedupbench-floor", func(ctx context.Context, recs []*kgo.Record) {
+		ids := make([]string, len(recs))
+		for i, r := range recs {
+			ids[i], _ = id(r)
+		}
+		for ctx.Err() == nil {
+			t := now()
+			tag, err := pool.Exec(ctx, insert, "dedupbench/floor", ids)
+			if err != nil {
+				once.Do(func() { failed = err })
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			d := time.Duration(now() - t)
+			for range recs {
+				m.lat.record(d)
+			}
+			inserted := tag.RowsAffected()
+			m.settle(dedup.Processed, inserted)
+			m.settle(dedup.Duplicate, int64(len(recs))-inserted)
+			return
+		}
+	})
+	if err == nil {
+		err = failed
+	}
+	return err
+}

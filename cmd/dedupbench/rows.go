@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/kafkadedup"
+)
+
+// row is one line of the table: a way of consuming the same events.
+type row struct {
+	name  string
+	title string
+	// small rows run at the smaller N (DynamoDB Local and SQS are slow).
+	small bool
+	// sqs rows read from an SQS queue instead of the Kafka topic.
+	sqs bool
+	run func(ctx context.Context, cfg config, m *meter) error
+}
+
+var rows = []*row{
+	{name: "none", title: "Kafka, no dedup", run: runNone},
+	{name: "naive", title: "naive: Handle per record (claim, complete)", run: runNaive},
+	{name: "batch-claim", title: "HandleBatch: batched claim, complete each", run: runAdapter(false)},
+	{name: "batched", title: "HandleBatch + WithBatchCompletion", run: runAdapter(true)},
+	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
+	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
+	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
+	{name: "sqs", title: "SQS (fauxqs): Handle per message, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
+	{name: "sqs-dynamodb", title: "SQS (fauxqs): Handle per message, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
+}
+
+func rowNames() []string {
+	var names []string
+	for _, r := range rows {
+		names = append(names, r.name)
+	}
+	return names
+}
+
+func rowByName(name string) *row {
+	for _, r := range rows {
+		if r.name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// kafkaOpts are the client options every Kafka row consumes with.
+func kafkaOpts(cfg config, m *meter, group string) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.SeedBrokers(strings.Split(cfg.Brokers, ",")...),
+		// A group of its own: a repeated row reads the topic from the start.
+		kgo.ConsumerGroup(group + "-" + dedup.NewOwnerToken()[:8]),
+		kgo.ConsumeTopics(cfg.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100 * time.Millisecond),
+		// A fetch brings at most this much of a partition: about as many
+		// records as the Kafka adapter queues per partition (2,000). With
+		// kgo's default of 1 MiB, a fetch brings ~25,000 records of a
+		// partition, of which the adapter takes a few thousand, pauses the
+		// partition (dropping the rest) and fetches them again later.
+		kgo.FetchMaxPartitionBytes(cfg.FetchPartitionBytes),
+		// The clock starts when the group assigns the partitions: fetching
+		// them is part of consuming.
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { m.started() }),
+	}
+}
+
+// openPostgres returns a pool whose round trips m counts, with a fresh table
+// for the row, dropped when the row ends.
+func openPostgres(ctx context.Context, cfg config, m *meter, table string) (*pgxpool.Pool, func(), error) {
+	pc, err := pgxpool.ParseConfig(cfg.Postgres)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres DSN: %w", err)
+	}
+	pc.ConnConfig.Tracer = &m.pg
+	m.app = "dedupbench " + table
+	pc.ConnConfig.RuntimeParams["application_name"] = m.app
+	// One connection per partition worker, and a few for heartbeats.
+	pc.MaxConns = int32(cfg.Partitions + 4)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: %w", err)
+	}
+	m.pool = pool
+	drop := func() {
+		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+	}
+	drop()
+	return pool, func() { drop(); pool.Close() }, nil
+}
+
+// quiesce flushes PostgreSQL's dirty buffers so that a checkpoint left over
+// from an earlier row does not land in this one. It needs superuser rights;
+// without them the row runs anyway.
+func quiesce(ctx context.Context, cfg config, pool *pgxpool.Pool) {
+	if cfg.Checkpoint {
+		_, _ = pool.Exec(ctx, "CHECKPOINT")
+	}
+}
+
+func openPostgresStore(ctx context.Context, cfg config, m *meter, table string) (*dedup.PostgresStore, *pgxpool.Pool, func(), error) {
+	pool, closePool, err := openPostgres(ctx, cfg, m, table)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
+	if err == nil {
+		err = store.Migrate(ctx)
+	}
+	if err != nil {
+		closePool()
+		return nil, nil, nil, fmt.Errorf("postgres store: %w", err)
+	}
+	quiesce(ctx, cfg, pool)
+	return store, pool, closePool, nil
+}
+
+// messages is kafkadedup.Messages, noting when the wrapper reads each ID.
+func messages(m *meter) dedup.Messages[*kgo.Record] {
+	msgs := kafkadedup.Messages()
+	id := msgs.EventID
+	msgs.EventID = func(r *kgo.Record) (string, error) {
+		s, err := id(r)
+		if err == nil {
+			m.entries.enter(s, now())
+		}
+		return s, err
+	}
+	return msgs
+}
+
+func wrapperOpts(name string, m *meter, extra ...dedup.Opt) []dedup.Opt {
+	return append([]dedup.Opt{
+		dedup.WithScope("dedupbench/" + name),
+		dedup.WithSink(&dedup.MemorySink{}),
+		dedup.WithObserver(m.observe),
+	}, extra...)
+}
+
+func noop(context.Context, *kgo.Record) error { return nil }
+
+// runAdapter runs the Kafka adapter (kafkadedup.Consumer, HandleBatch per
+// fetched partition batch) over PostgreSQL, with or without batch completion.
+func runAdapter(batchCompletion bool) func(ctx context.Context, cfg config, m *meter) error {
+	return func(ctx context.Context, cfg config, m *meter) error {
+		name := "batch-claim"
+		var extra []dedup.Opt
+		if batchCompletion {
+			name = "batched"
+			extra = append(extra, dedup.WithBatchCompletion(cfg.BatchWait))
+		}
+		store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_"+strings.ReplaceAll(name, "-", "_"))
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts(name, m, extra...)...)
+		if err != nil {
+			return err
+		}
+		return consumeAdapter(ctx, cfg, m, w, name)
+	}
+}
+
+func runInbox(ctx context.Context, cfg config, m *meter) error {
+	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_inbox")
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	w, err := dedup.WrapTx(store, messages(m), func(context.Context, pgx.Tx, *kgo.Record) error { return nil },
+		wrapperOpts("inbox", m)...)
+	if err != nil {
+		return err
+	}
+	return consumeAdapter(ctx, cfg, m, w, "inbox")
+}
+
+func runDynamoDB(ctx context.Context, cfg config, m *meter) error {
+	store, drop, err := openDynamoDBStore(ctx, cfg, m)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts("dynamodb", m, dedup.WithBatchCompletion(cfg.BatchWait))...)
+	if err != nil {
+		return err
+	}
+	return consumeAdapter(ctx, cfg, m, w, "dynamodb")
+}
+
+// openDynamoDBStore returns a store on a fresh table of DynamoDB Local, whose
+// requests m counts, and a function that deletes the table.
+func openDynamoDBStore(ctx context.Context, cfg config, m *meter) (*dedup.DynamoDBStore, func(), error) {
+	client := dynamodb.New(dynamodb.Options{
+		BaseEndpoint:                    aws.String(cfg.DynamoDB),
+		Region:                          "us-east-1",
+		Credentials:                     credentials.NewStaticCredentialsProvider("local", "local", ""),
+		DisableValidateResponseChecksum: true,
+		HTTPClient: awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+			t.MaxIdleConnsPerHost = 128 // ClaimBatch runs 16 requests at once per partition
+		}),
+		APIOptions: []func(*middleware.Stack) error{m.store.apiOption},
+	})
+	table := "dedupbench-" + dedup.NewOwnerToken()[:12]
+	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
+		return nil, nil, fmt.Errorf("%w (run `make services`)", err)
+	}
+	drop := func() {
+		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
+	}
+	store, err := dedup.NewDynamoDBStore(client, table)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	return store, drop, nil
+}
+
+// consumeAdapter consumes through kafkadedup.Consumer until ctx is done.
+func consumeAdapter(ctx context.Context, cfg config, m *meter, w *dedup.Wrapper[*kgo.Record], name string) error {
+	c, err := kafkadedup.NewConsumer(w, kafkadedup.WithClientOpts(kafkaOpts(cfg, m, "dedupbench-"+name)...))
+	if err != nil {
+		return err
+	}
+	m.begin()
+	return c.Run(ctx)
+}

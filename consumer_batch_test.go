@@ -1,0 +1,257 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dedupkit/dedup"
+)
+
+// countingStore counts the completion writes reaching a real store.
+type countingStore struct {
+	dedup.Store
+	completes, batches atomic.Int32
+}
+
+func (s *countingStore) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
+	s.completes.Add(1)
+	return s.Store.Complete(ctx, key, owner, result, ttl)
+}
+
+func (s *countingStore) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+	s.batches.Add(1)
+	return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+}
+
+// flakyCompleter fails its first CompleteBatch calls: before writing
+// (lost requests), or after writing (lost answers).
+type flakyCompleter struct {
+	dedup.Store
+	failures   int
+	afterWrite bool
+	calls      atomic.Int32
+}
+
+var errCompleterDown = errors.New("store unreachable")
+
+func (s *flakyCompleter) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+	n := int(s.calls.Add(1))
+	if n <= s.failures && !s.afterWrite {
+		return nil, errCompleterDown
+	}
+	errs, err := s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+	if n <= s.failures {
+		return nil, errCompleterDown
+	}
+	return errs, err
+}
+
+// plainStore hides a store's BatchCompleter.
+type plainStore struct{ dedup.Store }
+
+func TestBatchCompletion(t *testing.T) {
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+
+			t.Run("OneWriteAndDurableBeforeYield", func(t *testing.T) {
+				store := &countingStore{Store: newStore(t)}
+				var ran atomic.Int32
+				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+					ran.Add(1)
+					return nil
+				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+				require.NoError(t, err)
+				// Settle two events first, to be duplicates in the batch.
+				for _, id := range []string{"e0", "e1"} {
+					require.Equal(t, dedup.Processed, deliverUntilSettled(t, w, event{ID: id, Body: "x"}).Outcome)
+				}
+				store.completes.Store(0)
+				ran.Store(0)
+				var batch []event
+				for i := range 50 {
+					batch = append(batch, event{ID: "e" + strconv.Itoa(i), Body: "x"})
+				}
+				var outcomes []dedup.Outcome
+				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+					require.NoError(t, err)
+					require.Len(t, outcomes, i, "in order")
+					outcomes = append(outcomes, res.Outcome)
+					rec, gerr := store.Get(ctx, res.Key)
+					require.NoError(t, gerr)
+					require.Equal(t, dedup.StatusSucceeded, rec.Status, "%s is recorded before it is given back", res.Key)
+					return true
+				})
+				require.NoError(t, err)
+				require.Len(t, outcomes, 50)
+				require.Equal(t, []dedup.Outcome{dedup.Duplicate, dedup.Duplicate, dedup.Processed}, outcomes[:3])
+				require.EqualValues(t, 48, ran.Load())
+				require.EqualValues(t, 0, store.completes.Load(), "no completion on its own")
+				require.EqualValues(t, 1, store.batches.Load(), "one completion write for the batch")
+			})
+
+			t.Run("RepeatInBatchIsDuplicate", func(t *testing.T) {
+				store := &countingStore{Store: newStore(t)}
+				var ran atomic.Int32
+				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+					ran.Add(1)
+					return nil
+				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+				require.NoError(t, err)
+				batch := []event{{ID: "a", Body: "x"}, {ID: "b", Body: "x"}, {ID: "a", Body: "x"}, {ID: "c", Body: "x"}}
+				var outcomes []dedup.Outcome
+				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+					require.NoError(t, err)
+					outcomes = append(outcomes, res.Outcome)
+					return true
+				})
+				require.NoError(t, err)
+				require.Equal(t, []dedup.Outcome{dedup.Processed, dedup.Processed, dedup.Duplicate, dedup.Processed}, outcomes)
+				require.EqualValues(t, 3, ran.Load())
+				require.EqualValues(t, 1, store.batches.Load(), "the repeat is answered from its earlier copy")
+				require.EqualValues(t, 0, store.completes.Load())
+			})
+
+			t.Run("LeaseLostAtCompletion", func(t *testing.T) {
+				store := newStore(t)
+				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+					if e.Body != "stolen" {
+						return nil
+					}
+					// Another worker takes the record over while this one runs.
+					k := dedup.Key{Scope: scopeFrom(ctx), EventID: e.ID}
+					rec, err := store.Get(ctx, k)
+					if err != nil {
+						return err
+					}
+					return store.Fail(ctx, k, rec.Owner, dedup.Failure{Error: "taken", TTL: time.Hour})
+				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+				require.NoError(t, err)
+				ctx := context.WithValue(ctx, scopeKey{}, w.Scope())
+				batch := []event{{ID: "s1", Body: "x"}, {ID: "s2", Body: "stolen"}, {ID: "s2", Body: "stolen"}, {ID: "s3", Body: "x"}}
+				var errs []error
+				var outcomes []dedup.Outcome
+				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+					errs = append(errs, err)
+					outcomes = append(outcomes, res.Outcome)
+					return true
+				})
+				require.NoError(t, err)
+				require.Len(t, errs, 4)
+				require.NoError(t, errs[0])
+				require.ErrorIs(t, errs[1], dedup.ErrLeaseLost)
+				require.ErrorIs(t, errs[2], dedup.ErrLeaseLost, "a repeat of an event whose completion was lost is not a duplicate")
+				require.NoError(t, errs[3])
+				require.Equal(t, []dedup.Outcome{dedup.Processed, 0, 0, dedup.Processed}, outcomes)
+			})
+
+			t.Run("UnsettledStopsAfterWriting", func(t *testing.T) {
+				store := newStore(t)
+				var ran atomic.Int32
+				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+					ran.Add(1)
+					if e.Body == "fail" {
+						return errors.New("try again")
+					}
+					return nil
+				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute), dedup.WithLease(time.Minute))...)
+				require.NoError(t, err)
+				batch := []event{{ID: "u1", Body: "x"}, {ID: "u2", Body: "x"}, {ID: "u3", Body: "fail"}, {ID: "u4", Body: "x"}}
+				var outcomes []dedup.Outcome
+				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+					require.NoError(t, err)
+					outcomes = append(outcomes, res.Outcome)
+					return res.Settled() // as a transport does: wait in place
+				})
+				require.NoError(t, err)
+				require.Equal(t, []dedup.Outcome{dedup.Processed, dedup.Processed, dedup.Retry}, outcomes)
+				require.EqualValues(t, 3, ran.Load())
+				for _, id := range []string{"u1", "u2"} {
+					rec, err := store.Get(ctx, dedup.Key{Scope: w.Scope(), EventID: id})
+					require.NoError(t, err)
+					require.Equal(t, dedup.StatusSucceeded, rec.Status)
+				}
+				res, err := w.Handle(ctx, event{ID: "u4", Body: "x"})
+				require.NoError(t, err)
+				require.Equal(t, dedup.Processed, res.Outcome, "the unstarted claim was given back")
+				require.Equal(t, 1, res.Attempts)
+			})
+
+			t.Run("MaxWaitBoundsTheDelay", func(t *testing.T) {
+				store := &countingStore{Store: newStore(t)}
+				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+					time.Sleep(3 * time.Millisecond)
+					return nil
+				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Millisecond))...)
+				require.NoError(t, err)
+				var batch []event
+				for i := range 5 {
+					batch = append(batch, event{ID: "m" + strconv.Itoa(i), Body: "x"})
+				}
+				n := 0
+				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+					require.NoError(t, err)
+					require.Equal(t, dedup.Processed, res.Outcome)
+					n++
+					return true
+				})
+				require.NoError(t, err)
+				require.Equal(t, 5, n)
+				// A completion is written before the next handler starts once it
+				// is due: m0 waits out m1's run, m1 is written with it, and so on.
+				require.EqualValues(t, 3, store.batches.Load(), "each completion waited at most maxWait plus one handler")
+			})
+
+			t.Run("CompletionRetriedWhileHeld", func(t *testing.T) {
+				for _, afterWrite := range []bool{false, true} {
+					store := &flakyCompleter{Store: newStore(t), failures: 2, afterWrite: afterWrite}
+					w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error { return nil },
+						fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute), dedup.WithLease(10*time.Second))...)
+					require.NoError(t, err)
+					batch := []event{{ID: "f1", Body: "x"}, {ID: "f2", Body: "x"}}
+					err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+						require.NoError(t, err, "answers lost: %v", afterWrite)
+						require.Equal(t, dedup.Processed, res.Outcome)
+						return true
+					})
+					require.NoError(t, err)
+					require.EqualValues(t, 3, store.calls.Load())
+				}
+			})
+
+			t.Run("StoreWithoutBatchCompleter", func(t *testing.T) {
+				counting := &countingStore{Store: newStore(t)}
+				w, err := dedup.Wrap(plainStore{counting}, events, func(ctx context.Context, e event) error { return nil },
+					fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+				require.NoError(t, err)
+				batch := []event{{ID: "p1", Body: "x"}, {ID: "p2", Body: "x"}}
+				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+					require.NoError(t, err)
+					require.Equal(t, dedup.Processed, res.Outcome)
+					return true
+				})
+				require.NoError(t, err)
+				require.EqualValues(t, 2, counting.completes.Load())
+				require.EqualValues(t, 0, counting.batches.Load())
+			})
+		})
+	}
+}
+
+type scopeKey struct{}
+
+func scopeFrom(ctx context.Context) string { return ctx.Value(scopeKey{}).(string) }
+
+func TestBatchCompletionNeedsPositiveWait(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error { return nil },
+			dedup.WithScope("s"), dedup.WithSink(&dedup.MemorySink{}), dedup.WithBatchCompletion(d))
+		require.ErrorIs(t, err, dedup.ErrConfig, "WithBatchCompletion(%v)", d)
+	}
+}

@@ -1,0 +1,416 @@
+package dedup
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// batchMode is how batch statements are sent: as unnamed statements, which
+// PostgreSQL plans for the parameters at hand, keeping only their description
+// cached. A prepared statement would, after five runs, be given a generic
+// plan made without knowing how many keys a batch has, which can scan the
+// whole table for each key of a larger batch.
+const batchMode = pgx.QueryExecModeCacheDescribe
+
+// pgListSep separates the items of a list parameter. Keys cannot contain it
+// (they have no control characters) and owner tokens are hex.
+const pgListSep = '\x1f'
+
+// pgSplit is the SQL that turns list parameter p into a text array.
+func pgSplit(p string) string { return `string_to_array(` + p + `, E'\x1f')` }
+
+// pgList builds a list parameter: the items of a column joined by
+// pgListSep. A batch statement takes its columns as lists rather than as
+// arrays because pgx boxes every element of an array parameter, an
+// allocation per item and column.
+type pgList []byte
+
+func (l *pgList) add(s string) {
+	if len(*l) > 0 {
+		*l = append(*l, pgListSep)
+	}
+	*l = append(*l, s...)
+}
+
+// addMicros adds d in whole microseconds, PostgreSQL's resolution. A
+// duration list is never empty, so an item of "0" cannot be mistaken for an
+// empty list.
+func (l *pgList) addMicros(d time.Duration) {
+	if len(*l) > 0 {
+		*l = append(*l, pgListSep)
+	}
+	*l = strconv.AppendInt(*l, d.Microseconds(), 10)
+}
+
+// listable reports whether s can be an item of a list: an empty item alone
+// would read as an empty list.
+func listable(s string) bool { return s != "" && strings.IndexByte(s, pgListSep) < 0 }
+
+// ownerTokens returns n new owner tokens as one list string; token w is
+// tokens[w*33 : w*33+32], a substring that costs no allocation.
+func ownerTokens(n int) string {
+	random := make([]byte, 16*n)
+	_, _ = rand.Read(random) // crypto/rand.Read never returns an error.
+	buf := make([]byte, 33*n-1)
+	for w := range n {
+		hex.Encode(buf[33*w:33*w+32], random[16*w:16*w+16])
+		if w < n-1 {
+			buf[33*w+32] = pgListSep
+		}
+	}
+	return string(buf)
+}
+
+func ownerToken(tokens string, w int) string { return tokens[33*w : 33*w+32] }
+
+// ClaimBatch claims several keys, answering exactly as the same claims made
+// one by one in order would, with one upsert round trip for all first
+// occurrences of each key and one read for the keys it could not acquire.
+func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
+	if err := ValidateBatch(reqs); err != nil {
+		return nil, fmt.Errorf("dedup: postgres claim batch: %w", err)
+	}
+	b := postgresBatch{
+		reqs:    reqs,
+		claims:  make([]Claim, len(reqs)),
+		pending: make([]int, len(reqs)),
+	}
+	for i := range b.pending {
+		b.pending[i] = i
+	}
+	seen := make(map[Key]struct{}, len(reqs))
+	for i := range reqs {
+		k := reqs[i].Key
+		if _, ok := seen[k]; !ok {
+			seen[k] = struct{}{}
+			continue
+		}
+		if b.repeated == nil {
+			b.repeated = make(map[Key]bool)
+			b.known = make(map[Key]postgresObserved)
+		}
+		b.repeated[k] = true
+	}
+	// PostgreSQL refuses to update one row twice in a statement, so each
+	// wave sends a key at most once. Later occurrences are answered from the
+	// record the earlier one left, or go to the next wave when that record
+	// would let them take over (e.g. a lapsed lease with lease <= 0).
+	for len(b.pending) > 0 {
+		wave := b.plan()
+		if len(wave) == 0 {
+			break
+		}
+		if err := s.runWave(ctx, &b, wave); err != nil {
+			s.giveBack(ctx, &b)
+			return nil, s.opError("claim batch", err)
+		}
+	}
+	return b.claims, nil
+}
+
+// postgresBatch is the progress of one ClaimBatch.
+type postgresBatch struct {
+	reqs    []ClaimRequest
+	claims  []Claim
+	pending []int // request indexes still unanswered, ascending
+	retried map[int]bool
+	// repeated holds the keys the batch has more than once, and known the
+	// records the batch has seen of them; both are nil when there are none.
+	repeated map[Key]bool
+	known    map[Key]postgresObserved
+	// sent are the keys and owner tokens of every claim sent so far.
+	sent []keyOwner
+}
+
+type keyOwner struct {
+	key   Key
+	owner string
+}
+
+// giveBack releases whatever a failed ClaimBatch acquired, by the owner
+// tokens it sent (a failure can come before the acquired rows are read):
+// the caller gets no token to settle them with, so kept they would hold
+// their keys until the lease ran out and count an attempt that never ran.
+// It is best effort: the leases free them otherwise.
+func (s *PostgresStore) giveBack(ctx context.Context, b *postgresBatch) {
+	if len(b.sent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	var batch pgx.Batch
+	for _, ko := range b.sent {
+		batch.Queue(s.sql.release, ko.key.Scope, ko.key.EventID, ko.owner)
+	}
+	_ = s.pool.SendBatch(ctx, &batch).Close()
+}
+
+// postgresObserved is a record as the database had it at time at.
+type postgresObserved struct {
+	rec Record
+	at  time.Time
+}
+
+// allows reports whether a claim with fingerprint would have taken over o
+// at o.at: the SQL takeover rule, evaluated in Go.
+func (o postgresObserved) allows(fingerprint string) bool {
+	r := o.rec
+	return !o.at.Before(r.ExpiresAt) || r.Fingerprint == fingerprint &&
+		(r.Status == StatusFailedRetryable || r.Status == StatusProcessing && !o.at.Before(r.LeaseUntil))
+}
+
+// plan answers the pending requests the known records decide and returns
+// the next wave: the earliest remaining request of each other key.
+func (b *postgresBatch) plan() []int {
+	if b.repeated == nil {
+		wave := b.pending
+		b.pending = nil
+		return wave
+	}
+	var wave, rest []int
+	inWave := make(map[Key]bool)
+	for _, i := range b.pending {
+		req := b.reqs[i]
+		if !b.repeated[req.Key] {
+			wave = append(wave, i)
+			continue
+		}
+		if inWave[req.Key] {
+			rest = append(rest, i)
+			continue
+		}
+		if o, ok := b.known[req.Key]; ok && !o.allows(req.Fingerprint) {
+			b.claims[i] = Claim{Status: Classify(o.rec, req.Fingerprint), Record: cloneRecord(o.rec)}
+			continue
+		}
+		inWave[req.Key] = true
+		wave = append(wave, i)
+	}
+	b.pending = rest
+	return wave
+}
+
+func (b *postgresBatch) observe(key Key, rec Record, at time.Time) {
+	if b.repeated[key] {
+		b.known[key] = postgresObserved{rec: rec, at: at}
+	}
+}
+
+// runWave claims the wave's keys (distinct) in one statement and reads the
+// records of those it could not acquire in a second one.
+func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []int) error {
+	slices.SortFunc(wave, func(i, j int) int {
+		ki, kj := b.reqs[i].Key, b.reqs[j].Key
+		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
+	})
+	n := len(wave)
+	var scopes, ids, fps, leases, expiries pgList
+	var fpArray []string // the fingerprints, when one of them cannot be a list item
+	for _, i := range wave {
+		if !listable(b.reqs[i].Fingerprint) {
+			fpArray = make([]string, 0, n)
+			break
+		}
+	}
+	tokens := ownerTokens(n)
+	byOwner := make(map[string]int, n) // owner token -> position in wave
+	for w, i := range wave {
+		req := &b.reqs[i]
+		scopes.add(req.Key.Scope)
+		ids.add(req.Key.EventID)
+		if fpArray != nil {
+			fpArray = append(fpArray, req.Fingerprint)
+		} else {
+			fps.add(req.Fingerprint)
+		}
+		leases.addMicros(req.Lease)
+		expiries.addMicros(expiryOf(req.TTL))
+		byOwner[ownerToken(tokens, w)] = w
+		b.sent = append(b.sent, keyOwner{req.Key, ownerToken(tokens, w)})
+	}
+	rows, err := s.pool.Query(ctx, s.sql.claimBatch, batchMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
+		[]byte(leases), []byte(expiries))
+	if err != nil {
+		return err
+	}
+	done := make([]bool, n)
+	var (
+		owner    pgtype.DriverBytes
+		at       time.Time
+		previous pgtype.Text
+		r        pgRecord
+	)
+	_, err = pgx.ForEachRow(rows, []any{&owner, &at, &previous, &r.attempts, &r.leaseUntil, &r.createdAt,
+		&r.updatedAt, &r.expiresAt, &r.lastError, &r.firstFailure, &r.lastFailure, &r.result}, func() error {
+		w, ok := byOwner[string(owner)]
+		if !ok || done[w] {
+			return fmt.Errorf("%w: unexpected row for owner %q", ErrMalformedRecord, owner)
+		}
+		done[w] = true
+		i := wave[w]
+		req := &b.reqs[i]
+		// The row is the claim's own: what it did not return, it wrote.
+		r.status = pgtype.Text{String: string(StatusProcessing), Valid: true}
+		r.fingerprint = pgtype.Text{String: req.Fingerprint, Valid: true}
+		r.owner = pgtype.Text{String: ownerToken(tokens, w), Valid: true}
+		c, err := acquired(req.Key, &r, previous)
+		if err != nil {
+			return fmt.Errorf("%s: %w", req.Key, err)
+		}
+		b.claims[i] = c
+		b.observe(req.Key, c.Record, at)
+		r, previous = pgRecord{}, pgtype.Text{}
+		return nil
+	})
+	if err != nil {
+		return scanError(err)
+	}
+
+	var refused []int // positions in wave
+	scopes, ids = scopes[:0], ids[:0]
+	for w, ok := range done {
+		if !ok {
+			refused = append(refused, w)
+			scopes.add(b.reqs[wave[w]].Key.Scope)
+			ids.add(b.reqs[wave[w]].Key.EventID)
+		}
+	}
+	if len(refused) == 0 {
+		return nil
+	}
+	rows, err = s.pool.Query(ctx, s.sql.readBatch, batchMode, []byte(scopes), []byte(ids))
+	if err != nil {
+		return err
+	}
+	read := make([]bool, len(refused))
+	var pos int64
+	r = pgRecord{}
+	_, err = pgx.ForEachRow(rows, r.targets(&pos, &at), func() error {
+		if pos < 1 || pos > int64(len(refused)) || read[pos-1] {
+			return fmt.Errorf("%w: read answered position %d of %d", ErrMalformedRecord, pos, len(refused))
+		}
+		read[pos-1] = true
+		i := wave[refused[pos-1]]
+		req := &b.reqs[i]
+		rec, err := r.decode(req.Key)
+		if err != nil {
+			return fmt.Errorf("%s: %w", req.Key, err)
+		}
+		b.claims[i] = Claim{Status: Classify(rec, req.Fingerprint), Record: rec}
+		b.observe(req.Key, rec, at)
+		r = pgRecord{}
+		return nil
+	})
+	if err != nil {
+		return scanError(err)
+	}
+	// What is left refused the claim and was purged before the read: claim
+	// it again in the next wave, once.
+	for k, ok := range read {
+		if ok {
+			continue
+		}
+		i := wave[refused[k]]
+		if b.retried[i] {
+			return fmt.Errorf("%s: record refused the claim, then vanished twice (concurrent purge)", b.reqs[i].Key)
+		}
+		if b.retried == nil {
+			b.retried = make(map[int]bool)
+		}
+		b.retried[i] = true
+		b.pending = append(b.pending, i)
+	}
+	slices.Sort(b.pending)
+	return nil
+}
+
+// nullable returns l, or nil (SQL NULL) when it is empty.
+func nullable(l pgList) []byte {
+	if len(l) == 0 {
+		return nil
+	}
+	return l
+}
+
+// CompleteBatch completes the records their owners still hold, in one
+// statement.
+func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
+	if err := validateCompletions(cs); err != nil {
+		return nil, fmt.Errorf("dedup: postgres complete batch: %w", err)
+	}
+	// Rows are locked in key order, as claims lock them, so that batches
+	// cannot deadlock. An owner that cannot be a list item is no token of
+	// this store: it holds nothing.
+	order := make([]int, 0, len(cs))
+	withResults := false
+	for i := range cs {
+		if listable(cs[i].Owner) {
+			order = append(order, i)
+			withResults = withResults || cs[i].Result != nil
+		}
+	}
+	slices.SortFunc(order, func(i, j int) int {
+		ki, kj := cs[i].Key, cs[j].Key
+		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
+	})
+	var scopes, ids, owners, ttls, expiries pgList
+	var results [][]byte // nil: all NULL
+	if withResults {
+		results = make([][]byte, len(order))
+	}
+	for k, i := range order {
+		c := &cs[i]
+		scopes.add(c.Key.Scope)
+		ids.add(c.Key.EventID)
+		owners.add(c.Owner)
+		ttls.addMicros(c.TTL)
+		expiries.addMicros(expiryOf(c.TTL))
+		if withResults {
+			results[k] = c.Result
+		}
+	}
+	done := make([]bool, len(cs))
+	if len(order) > 0 {
+		rows, err := s.pool.Query(ctx, s.sql.completeBatch, batchMode, []byte(scopes), []byte(ids), []byte(owners), results,
+			[]byte(ttls), []byte(expiries))
+		if err != nil {
+			return nil, s.opError(fmt.Sprintf("complete batch of %d", len(cs)), err)
+		}
+		var pos int64
+		_, err = pgx.ForEachRow(rows, []any{&pos}, func() error {
+			if pos < 1 || pos > int64(len(order)) {
+				return fmt.Errorf("%w: complete batch answered position %d of %d", ErrMalformedRecord, pos, len(order))
+			}
+			done[order[pos-1]] = true
+			return nil
+		})
+		if err != nil {
+			return nil, s.opError(fmt.Sprintf("complete batch of %d", len(cs)), err)
+		}
+	}
+	errs := make([]error, len(cs))
+	for i, ok := range done {
+		if !ok {
+			errs[i] = fmt.Errorf("dedup: postgres complete %s: %w", cs[i].Key, ErrLeaseLost)
+		}
+	}
+	return errs, nil
+}
+
+// cloneRecord returns rec with its own Result, so that answers for one key
+// in a batch do not share a slice.
+func cloneRecord(rec Record) Record {
+	rec.Result = bytes.Clone(rec.Result)
+	return rec
+}
