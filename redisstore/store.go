@@ -147,11 +147,14 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 			err = fmt.Errorf("%w: %d replies for %d keys", dedup.ErrMalformedRecord, len(replies), n)
 		}
 		for j := range n {
-			if err == nil {
-				claims[i+j], err = parseClaim(replies[j], reqs[i+j])
+			// Every reply is read, so that a failed batch knows all it
+			// acquired.
+			cerr := err
+			if cerr == nil {
+				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j])
 			}
-			if err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, err)
+			if cerr != nil && firstErr == nil {
+				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, cerr)
 			}
 		}
 		i += n
@@ -167,16 +170,14 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 // gets no owner tokens to settle them with. It is best effort; a claim not
 // released is freed when its lease ends.
 func (s *Store) giveBack(ctx context.Context, claims []dedup.Claim) {
-	var keys []string
-	var args []any
+	var calls []call
 	for _, c := range claims {
 		if c.Status == dedup.ClaimAcquired {
-			keys = append(keys, redisKey(s.prefix, c.Record.Key))
-			args = append(args, c.Record.Owner, newNonce())
+			calls = append(calls, call{keys: []string{redisKey(s.prefix, c.Record.Key)}, args: []any{c.Record.Owner, newNonce()}})
 		}
 	}
-	if len(keys) > 0 {
-		s.run(context.WithoutCancel(ctx), releaseScript, s.split(keys, args, 2))
+	if len(calls) > 0 {
+		s.run(context.WithoutCancel(ctx), releaseScript, calls)
 	}
 }
 
