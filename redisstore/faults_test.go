@@ -124,14 +124,14 @@ func TestREADONLY(t *testing.T) {
 		held, err := newStore(t, primary.Client(), false).Claim(ctx, request(t.Name(), "held"))
 		require.NoError(t, err)
 		host, port, _ := net.SplitHostPort(primary.Addr())
-		require.NoError(t, client.SlaveOf(ctx, host, port).Err())
+		require.NoError(t, client.ReplicaOf(ctx, host, port).Err())
 		require.Eventually(t, func() bool {
 			return strings.Contains(client.Info(ctx, "replication").Val(), "master_link_status:up")
 		}, 10*time.Second, 20*time.Millisecond, "the replica syncs")
 
 		refusingWrites(t, s, held, redis.IsReadOnlyError)
 
-		require.NoError(t, client.SlaveOf(ctx, "NO", "ONE").Err())
+		require.NoError(t, client.ReplicaOf(ctx, "NO", "ONE").Err())
 		require.NoError(t, s.Complete(ctx, held.Record.Key, held.Record.Owner, nil, time.Hour), "writes resume")
 	})
 }
