@@ -19,6 +19,13 @@ stop-services:
 		fi; \
 		rm -f .cache/fauxqs.pid; \
 	fi
+	@if [ -f .cache/redis.pid ]; then \
+		pid="$$(cat .cache/redis.pid)"; \
+		if ps -p "$$pid" -o args= | grep -q redis-server; then \
+			kill "$$pid" && echo "stopped Redis (pid $$pid)"; \
+		fi; \
+		rm -f .cache/redis.pid; \
+	fi
 
 test: services
 	go test -race -count=1 ./...

@@ -126,3 +126,4 @@ mkdir -p "$CACHE"
 start_postgres
 start_dynamodb
 start_sqs
+"$ROOT/scripts/redis.sh"
