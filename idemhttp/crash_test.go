@@ -183,7 +183,9 @@ func TestServerKilledMidHandler(t *testing.T) {
 			}
 			addr := lines.Text()
 			key := newKey()
-			go func() { _, _ = post(t, &http.Client{Timeout: 30 * time.Second}, "http://"+addr+"/payments", key, order) }()
+			go func() {
+				_, _ = post(t, &http.Client{Timeout: 30 * time.Second}, "http://"+addr+"/payments", key, order)
+			}()
 			if !lines.Scan() || lines.Text() != "charged" {
 				t.Fatalf("worker did not charge: %q", lines.Text())
 			}
