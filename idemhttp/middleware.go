@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/dedupkit/dedup"
@@ -186,34 +187,46 @@ func (m *Middleware) complete(ctx context.Context, key dedup.Key, owner string, 
 var errLeaseLost = errors.New("idemhttp: the key's lease was lost")
 
 // heartbeat extends the lease every third of its length until stop is
-// called, and cancels ctx when the lease is lost.
+// called, and cancels ctx when the lease is lost. It runs on a timer, so a
+// request that ends within a third of its lease starts no goroutine.
 func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, key dedup.Key, owner string) (stop func()) {
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(m.cfg.lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			err := m.store.Extend(ctx, key, owner, m.cfg.lease)
-			switch {
-			case errors.Is(err, dedup.ErrLeaseLost):
-				cancel(errLeaseLost)
-				return
-			case err != nil && ctx.Err() == nil:
-				m.cfg.logger.Warn("idemhttp: lease extension failed", slog.String("key", key.String()), slog.Any("error", err))
-			}
+	var (
+		mu      sync.Mutex // guards stopped and the timer's resets
+		stopped bool
+		running sync.WaitGroup // an extension in progress
+		timer   *time.Timer
+	)
+	beat := func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
 		}
-	}()
+		running.Add(1)
+		mu.Unlock()
+		defer running.Done()
+		err := m.store.Extend(ctx, key, owner, m.cfg.lease)
+		switch {
+		case errors.Is(err, dedup.ErrLeaseLost):
+			cancel(errLeaseLost)
+			return
+		case err != nil && ctx.Err() == nil:
+			m.cfg.logger.Warn("idemhttp: lease extension failed", slog.String("key", key.String()), slog.Any("error", err))
+		}
+		mu.Lock()
+		if !stopped {
+			timer.Reset(m.cfg.lease / 3)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	timer = time.AfterFunc(m.cfg.lease/3, beat)
+	mu.Unlock()
 	return func() {
-		close(done)
-		<-finished
+		mu.Lock()
+		stopped = true
+		timer.Stop()
+		mu.Unlock()
+		running.Wait()
 	}
 }
