@@ -208,15 +208,10 @@ func benchPostgres(b *testing.B) (*dedup.PostgresStore, *pgxpool.Pool, *atomic.I
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	table := uniqueName("idemhttp_bench_")
-	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(b, setup)))
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := store.Migrate(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _, _ = setup.Exec(context.Background(), "DROP TABLE "+pgx.Identifier{table}.Sanitize()) })
 	return store, pool, &counter.n
 }
 

@@ -226,20 +226,3 @@ func TestServerKilledMidHandler(t *testing.T) {
 		})
 	}
 }
-
-// recordsTable returns the name of a fresh dedup table.
-func recordsTable(t *testing.T, pool *pgxpool.Pool) string {
-	t.Helper()
-	name := uniqueName("idemhttp_")
-	s, err := dedup.NewPostgresStore(pool, dedup.WithTable(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
-	})
-	return name
-}

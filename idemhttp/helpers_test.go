@@ -147,3 +147,27 @@ func mustPost(t *testing.T, url, key, body string) answer {
 
 // newKey returns a random key of UUID strength.
 func newKey() string { return dedup.NewOwnerToken() }
+
+// sendAtOnce sends n identical requests with key from n goroutines released
+// together, and returns their answers.
+func sendAtOnce(t *testing.T, url, key string, n int) []answer {
+	t.Helper()
+	answers := make([]answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			a, err := post(t, http.DefaultClient, url, key, order)
+			if err != nil {
+				t.Error(err)
+			}
+			answers[i] = a
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return answers
+}

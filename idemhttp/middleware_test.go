@@ -26,24 +26,7 @@ func TestConcurrentRequestsOneEffect(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			pay := &payments{delay: 20 * time.Millisecond}
 			srv := serve(t, newMiddleware(t, sc.store(t)).Wrap(pay))
-			key := newKey()
-			answers := make([]answer, 50)
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			for i := range answers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-start
-					a, err := post(t, http.DefaultClient, srv.URL+"/payments", key, order)
-					if err != nil {
-						t.Error(err)
-					}
-					answers[i] = a
-				}()
-			}
-			close(start)
-			wg.Wait()
+			answers := sendAtOnce(t, srv.URL+"/payments", newKey(), 50)
 			checkOneEffect(t, pay, answers)
 		})
 	}
@@ -446,5 +429,74 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		if err := f(); !errors.Is(err, dedup.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}
+	}
+}
+
+// TestClientGoneLeavesKeyRetryable: a handler that gives up when its client
+// goes away, writing nothing, leaves the key retryable; one that still
+// answers 201 (its effect happened) has that answer stored and replayed.
+func TestClientGoneLeavesKeyRetryable(t *testing.T) {
+	var mu sync.Mutex
+	runs := map[string]int{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mode := r.URL.Query().Get("mode")
+		mu.Lock()
+		runs[mode]++
+		n := runs[mode]
+		mu.Unlock()
+		if n == 1 {
+			<-r.Context().Done()
+			if mode == "gives-up" {
+				return
+			}
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+	})
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore()).Wrap(h))
+	impatient := &http.Client{Timeout: 100 * time.Millisecond}
+	for _, mode := range []string{"gives-up", "finishes"} {
+		url := srv.URL + "/payments?mode=" + mode
+		key := newKey()
+		if _, err := post(t, impatient, url, key, order); err == nil {
+			t.Fatalf("%s: the impatient client got an answer", mode)
+		}
+		var a answer
+		for range 50 { // until the first run has settled
+			if a = mustPost(t, url, key, order); a.status != http.StatusConflict {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		mu.Lock()
+		n := runs[mode]
+		mu.Unlock()
+		switch {
+		case mode == "gives-up" && (a.status != http.StatusCreated || a.replayed() || n != 2):
+			t.Errorf("gave up: retry %d replayed=%v after %d runs, want a second run", a.status, a.replayed(), n)
+		case mode == "finishes" && (a.status != http.StatusCreated || !a.replayed() || n != 1):
+			t.Errorf("finished: retry %d replayed=%v after %d runs, want the stored answer", a.status, a.replayed(), n)
+		}
+	}
+}
+
+// TestPolicyVersion: a retry after a rule change replays the first decision;
+// bumping the policy version makes the old key conflict instead.
+func TestPolicyVersion(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	pay := &payments{}
+	v1 := serve(t, newMiddleware(t, store, idemhttp.WithPolicyVersion("tariff-2026")).Wrap(pay))
+	same := serve(t, newMiddleware(t, store, idemhttp.WithPolicyVersion("tariff-2026")).Wrap(pay))
+	v2 := serve(t, newMiddleware(t, store, idemhttp.WithPolicyVersion("tariff-2027")).Wrap(pay))
+	key := newKey()
+	first := mustPost(t, v1.URL, key, order)
+	if a := mustPost(t, same.URL, key, order); !a.replayed() || a.body != first.body {
+		t.Errorf("same version: %d replayed=%v", a.status, a.replayed())
+	}
+	if a := mustPost(t, v2.URL, key, order); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("new version: %d, want 422", a.status)
+	}
+	if n := pay.charges.Load(); n != 1 {
+		t.Errorf("%d charges", n)
 	}
 }

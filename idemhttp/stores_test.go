@@ -28,8 +28,19 @@ func uniqueName(prefix string) string { return prefix + strings.ToLower(dedup.Ne
 func postgresStore(t testing.TB) (*dedup.PostgresStore, *pgxpool.Pool) {
 	t.Helper()
 	pool := testenv.Postgres(t)
-	table := uniqueName("idemhttp_")
-	s, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
+	s, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(t, pool)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, pool
+}
+
+// recordsTable creates a fresh dedup table on pool, dropped when t ends, and
+// returns its name.
+func recordsTable(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	name := uniqueName("idemhttp_")
+	s, err := dedup.NewPostgresStore(pool, dedup.WithTable(name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,9 +48,9 @@ func postgresStore(t testing.TB) (*dedup.PostgresStore, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{name}.Sanitize())
 	})
-	return s, pool
+	return name
 }
 
 func dynamoStore(t *testing.T) dedup.Store {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/dedupkit/dedup"
@@ -78,24 +77,7 @@ func newTxServer(t *testing.T, status *int, opts ...idemhttp.Opt) (url string, p
 // transactional mode commit one charge row; the rest wait for it and replay.
 func TestTxConcurrentRequestsOneRow(t *testing.T) {
 	url, pool, charges := newTxServer(t, nil)
-	key := newKey()
-	answers := make([]answer, 50)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range answers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			a, err := post(t, http.DefaultClient, url, key, order)
-			if err != nil {
-				t.Error(err)
-			}
-			answers[i] = a
-		}()
-	}
-	close(start)
-	wg.Wait()
+	answers := sendAtOnce(t, url, newKey(), 50)
 	if n := countRows(t, pool, charges); n != 1 {
 		t.Fatalf("%d charge rows, want 1", n)
 	}
