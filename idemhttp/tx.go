@@ -2,12 +2,14 @@ package idemhttp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 
 	"github.com/dedupkit/dedup"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TxHandlerFunc handles a request inside the PostgreSQL transaction that
@@ -21,6 +23,9 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// lockNotAvailable is PostgreSQL's SQLSTATE for a lock_timeout that ran out.
+const lockNotAvailable = "55P03"
+
 // TxMiddleware is the transactional mode on PostgreSQL: for each request
 // with a key it begins a transaction, claims the key in it, runs the handler
 // with it, stores the response in it and commits. The handler's rows and the
@@ -29,7 +34,11 @@ type TxBeginner interface {
 // transaction rolls back and the retry runs it afresh.
 //
 // A concurrent request with the same key waits on the key's row until the
-// first transaction ends, then replays its answer (commit) or runs (rollback).
+// first transaction ends, then replays its answer (commit) or runs
+// (rollback). Each waiter holds a pooled connection; to bound the wait, give
+// the pool a lock_timeout (pgxpool.Config.ConnConfig.RuntimeParams
+// ["lock_timeout"] = "2s"): a waiter past it is answered as in flight (409
+// with Retry-After, or 202 with WithInFlightAccepted).
 // Answers that are not stored (5xx, other 4xx) roll the transaction back. A
 // response over the snapshot limit cannot be stored, so it rolls back too and
 // the client gets a 500 problem instead. Streaming is not possible: the
@@ -83,7 +92,13 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 	var owner string
 	if p != nil {
 		c, err := m.store.ClaimTx(ctx, tx, p.claimRequest(m.cfg))
-		if err != nil {
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+			// The pool's lock_timeout ran out while the first request held
+			// the key: it is in flight.
+			c.Status = dedup.ClaimInFlight
+		case err != nil:
 			m.storeError(w, p, "claim", err)
 			return
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/idemhttp"
+	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -198,5 +199,46 @@ func TestClaimTxHooks(t *testing.T) {
 	rec, err := store.Get(ctx, key)
 	if err != nil || rec.Status != dedup.StatusSucceeded || string(rec.Result) != "r" {
 		t.Errorf("record %+v %v", rec, err)
+	}
+}
+
+// TestTxLockTimeoutIsInFlight: with a lock_timeout on the pool, a request
+// waiting on a running request's key is answered 409 in flight, not held.
+func TestTxLockTimeoutIsInFlight(t *testing.T) {
+	setup := testenv.Postgres(t)
+	cfg := setup.Config()
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "200ms"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(t, setup)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := idemhttp.NewTx(store, pool, idemhttp.WithScope("payments-api"), idemhttp.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	srv := serve(t, m.Wrap(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	key := newKey()
+	done := make(chan answer)
+	go func() { done <- mustPost(t, srv.URL, key, order) }()
+	<-entered
+	if a := mustPost(t, srv.URL, key, order); a.status != http.StatusConflict || a.problemType() != problem(idemhttp.ProblemInFlight) {
+		t.Errorf("waiter past lock_timeout: %d %q", a.status, a.body)
+	}
+	close(release)
+	if a := <-done; a.status != http.StatusCreated {
+		t.Errorf("first: %d", a.status)
+	}
+	if a := mustPost(t, srv.URL, key, order); !a.replayed() {
+		t.Errorf("after: %d replayed=%v", a.status, a.replayed())
 	}
 }
