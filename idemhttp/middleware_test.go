@@ -339,12 +339,12 @@ func (stallingExtend) Extend(context.Context, dedup.Key, string, time.Duration) 
 // the key (a concurrent retry gets 409, not a second run).
 func TestLongHandlerKeepsItsLease(t *testing.T) {
 	h := newBlocking()
-	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithLease(150*time.Millisecond)).Wrap(h))
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithLease(time.Second)).Wrap(h))
 	key := newKey()
 	done := make(chan answer)
 	go func() { done <- mustPost(t, srv.URL, key, order) }()
 	<-h.entered
-	time.Sleep(500 * time.Millisecond) // over three leases
+	time.Sleep(2500 * time.Millisecond) // two and a half leases
 	if a := mustPost(t, srv.URL, key, order); a.status != http.StatusConflict {
 		t.Errorf("retry during a long handler: %d %q, want 409", a.status, a.body)
 	}
