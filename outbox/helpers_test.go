@@ -220,4 +220,3 @@ func (e *env) begin() pgx.Tx {
 	e.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	return tx
 }
-

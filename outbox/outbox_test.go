@@ -236,4 +236,3 @@ func TestDeleteSentAndRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "a row younger than the retention is kept")
 }
-
