@@ -198,4 +198,3 @@ func appendOnce(ids []string, id string) []string {
 	}
 	return append(ids, id)
 }
-
