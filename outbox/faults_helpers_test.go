@@ -21,20 +21,7 @@ func refuseProduce(kc *kfake.Cluster) *atomic.Bool {
 		if !on.Load() {
 			return nil, nil, false
 		}
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotEnoughReplicas.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refusal(kreq.(*kmsg.ProduceRequest), kerr.NotEnoughReplicas), nil, true
 	})
 	return &on
 }

@@ -47,33 +47,38 @@ func TestSameKeyIsPublishedInCommitOrderNotIDOrder(t *testing.T) {
 	idLow, idHigh := outbox.NewID(), outbox.NewID()
 	idLow, idHigh = min(idLow, idHigh), max(idLow, idHigh)
 
-	var mu sync.Mutex
-	var commitOrder []string
-	committed := func(id string) {
-		mu.Lock()
-		commitOrder = append(commitOrder, id)
-		mu.Unlock()
-	}
 	first := e.begin()
 	_, err := e.ob.Add(ctx, first, outbox.Event{ID: idHigh, Destination: e.topic, Key: []byte("k"), Payload: []byte("first")})
 	require.NoError(t, err)
-	second := make(chan error)
+	// The second transaction adds its event and commits as soon as it can.
+	// Once its Add returns it checks, on the server, whether the first has
+	// committed: the witness that it commits second.
+	type outcome struct {
+		firstVisible int
+		err          error
+	}
+	second := make(chan outcome)
 	go func() {
+		var o outcome
 		tx, err := e.pool.Begin(ctx)
 		if err == nil {
+			defer func() { _ = tx.Rollback(ctx) }()
 			_, err = e.ob.Add(ctx, tx, outbox.Event{ID: idLow, Destination: e.topic, Key: []byte("k"), Payload: []byte("second")})
 		}
 		if err == nil {
-			err = tx.Commit(ctx)
-			committed(idLow)
+			err = tx.QueryRow(ctx, "SELECT count(*) FROM "+e.table+" WHERE event_id = $1", idHigh).Scan(&o.firstVisible)
 		}
-		second <- err
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		o.err = err
+		second <- o
 	}()
 	time.Sleep(200 * time.Millisecond) // let the second transaction try to overtake
 	require.NoError(t, first.Commit(ctx))
-	committed(idHigh)
-	require.NoError(t, <-second)
-	require.Equal(t, []string{idHigh, idLow}, commitOrder)
+	o := <-second
+	require.NoError(t, o.err)
+	require.Equal(t, 1, o.firstVisible, "the second transaction's Add returned before the first committed")
 
 	e.start(e.relay(), e.relay(), e.relay())
 	recs := e.consume(2, 10*time.Second)

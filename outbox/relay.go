@@ -26,6 +26,10 @@ type Relay struct {
 	purg time.Duration
 }
 
+// DefaultApplicationName is the application_name of a relay's connections
+// unless its configuration sets one: what pg_stat_activity shows for them.
+const DefaultApplicationName = "dedup-outbox-relay"
+
 // NewRelay returns a relay of ob that publishes with pub. The relay opens its
 // own connections with pg, at most two while it runs: one listening for
 // notifications, and one holding each pass's transaction open while the broker
@@ -52,6 +56,9 @@ func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (
 	}
 	pg = pg.Copy()
 	pg.MaxConns, pg.MinConns = 1, 0
+	if pg.ConnConfig.RuntimeParams["application_name"] == "" {
+		pg.ConnConfig.RuntimeParams["application_name"] = DefaultApplicationName
+	}
 	return &Relay{ob: ob, pg: pg, pub: pub, cfg: cfg, log: log.With(slog.String("outbox", ob.table)),
 		purg: min(max(cfg.retention/2, 10*time.Millisecond), time.Minute)}, nil
 }
