@@ -57,6 +57,9 @@ func main() {
 		repeat   = flag.Int("repeat", 3, "runs of the no dedup, batched and floor rows, in rounds; the median is reported")
 		jsonPath = flag.String("json", "", "write the JSON results to this file instead of stdout")
 	)
+	outboxRows := flag.Bool("outbox", false, "run the outbox relay rows instead (see BENCHMARKS.md): throughput to kfake and commit-to-publish latency")
+	outboxN := flag.Int("outbox-n", 100_000, "events of each outbox throughput row")
+	outboxFor := flag.Duration("outbox-for", 10*time.Second, "how long each outbox latency row writes")
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
 	flag.StringVar(&cfg.Redis, "redis", env("DEDUP_REDIS_ADDR", "127.0.0.1:6379"), "Redis address (host:port or redis:// URL)")
@@ -70,6 +73,14 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+
+	if *outboxRows {
+		if err := runOutboxBench(ctx, os.Stdout, cfg.Postgres, *outboxN, *outboxFor); err != nil {
+			fmt.Fprintln(os.Stderr, "dedupbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	plan := plan{cfg: cfg, n: 200_000, smallN: 20_000, flatN: 20_000, dup: *dup, repeat: *repeat}
 	if *quick {
