@@ -20,6 +20,18 @@ func TestConformance(t *testing.T) {
 		}
 		deduptest.Run(t, s, deduptest.WithExpiryDeletes())
 	})
+	// RESP2 answers a script's false with nil where RESP3 answers false.
+	t.Run("RESP2", func(t *testing.T) {
+		opts := *client.Options()
+		opts.Protocol = 2
+		resp2 := redis.NewClient(&opts)
+		t.Cleanup(func() { resp2.Close() })
+		s, err := New(resp2, WithKeyPrefix("deduptest:"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		deduptest.Run(t, s, deduptest.WithExpiryDeletes())
+	})
 	// The path a Cluster or Ring client takes (one script call per key),
 	// run here on the single node.
 	t.Run("sharded", func(t *testing.T) {
