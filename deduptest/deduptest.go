@@ -56,7 +56,7 @@ func Run(t *testing.T, s dedup.Store) {
 		{"ReleaseUncountsAttempt", testReleaseUncountsAttempt},
 		{"CompleteStoresResult", testCompleteStoresResult},
 		{"CompleteBatch", testCompleteBatch},
-		{"BatchSameKeyTwice", testBatchSameKeyTwice},
+		{"BatchRepeatedKeyRejected", testBatchRepeatedKeyRejected},
 		{"BatchMatchesSingleClaims", testBatchMatchesSingleClaims},
 		{"InvalidKeysRejected", testInvalidKeysRejected},
 		{"MaxLengthKeyAccepted", testMaxLengthKeyAccepted},
