@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -175,21 +176,6 @@ func TestConcurrentInboxFailsTwiceThenSucceeds(t *testing.T) {
 	require.Equal(t, 1, outcomes[dedup.Processed])
 }
 
-// freezable is a Store whose lease extensions can be made to fail, as those
-// of a frozen process never reach the store: its leases lapse while its
-// handler runs. Every other call goes to the real store.
-type freezable struct {
-	dedup.Store
-	frozen atomic.Bool
-}
-
-func (s *freezable) Extend(ctx context.Context, key dedup.Key, owner string, lease time.Duration) error {
-	if s.frozen.Load() {
-		return errors.New("frozen: extension never sent")
-	}
-	return s.Store.Extend(ctx, key, owner, lease)
-}
-
 // TestStaleWorkerWritesNoDeadLetter: worker A claims an event and stops
 // extending its lease; after the lease, 20 deliveries race on worker B and
 // one completes the event; then A's handler returns a permanent error. A must
@@ -201,7 +187,7 @@ func TestStaleWorkerWritesNoDeadLetter(t *testing.T) {
 		for _, batch := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/batch=%v", name, batch), func(t *testing.T) {
 				real := newStore(t)
-				stale := &freezable{Store: real}
+				stale := deduptest.NewStallingStore(real)
 				sink := &dedup.MemorySink{}
 				scope := uniqueScope(t)
 				opts := []dedup.Opt{dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithLease(lease)}
@@ -212,10 +198,10 @@ func TestStaleWorkerWritesNoDeadLetter(t *testing.T) {
 						return nil
 					}
 					starts.Add(1)
-					stale.frozen.Store(true)
+					stale.Stall()
 					close(aStarted)
 					<-release
-					stale.frozen.Store(false) // A wakes up
+					stale.Resume() // A wakes up
 					return dedup.Permanent(errors.New("rejected by a rule B's run did not hit"))
 				}, opts...)
 				require.NoError(t, err)
@@ -271,4 +257,147 @@ func TestStaleWorkerWritesNoDeadLetter(t *testing.T) {
 			})
 		}
 	}
+}
+
+// raceBatches runs n HandleBatch calls at once, each over msgs and then
+// over its unsettled messages again until all settle.
+func raceBatches(t *testing.T, n int, w *dedup.Wrapper[event], msgs []event) (map[dedup.Outcome]int, int) {
+	t.Helper()
+	var mu sync.Mutex
+	outcomes := map[dedup.Outcome]int{}
+	errs := 0
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			<-start
+			todo := msgs
+			for range 200 {
+				var again []event
+				wait := time.Duration(0)
+				err := w.HandleBatch(context.Background(), todo, func(i int, res dedup.Result, err error) bool {
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err != nil:
+						errs++
+						t.Logf("HandleBatch: %v", err)
+						again = append(again, todo[i])
+					case res.Settled():
+						outcomes[res.Outcome]++
+					default:
+						again = append(again, todo[i])
+						wait = max(wait, res.RetryAfter)
+					}
+					return true
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(again) == 0 {
+					return
+				}
+				todo = again
+				time.Sleep(max(wait, 10*time.Millisecond))
+			}
+			t.Error("a batch never settled")
+		})
+	}
+	close(start)
+	wg.Wait()
+	return outcomes, errs
+}
+
+// TestConcurrentBatches races 20 batches that each hold a failing event
+// twice (a producer retry in one fetch) beside an event of their own: the
+// failing event starts at most MaxAttempts times and is parked once; with
+// batch completion, an event held twice by every batch runs once.
+func TestConcurrentBatches(t *testing.T) {
+	const maxAttempts = 3
+	for name, newStore := range concurrencyBackends() {
+		t.Run(name+"/failing", func(t *testing.T) {
+			store, sink := newStore(t), &dedup.MemorySink{}
+			var starts atomic.Int32
+			scope := uniqueScope(t)
+			w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+				if e.ID != "poison" {
+					return nil
+				}
+				starts.Add(1)
+				time.Sleep(2 * time.Millisecond)
+				return errors.New("downstream refused")
+			}, dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithMaxAttempts(maxAttempts),
+				dedup.WithBackoff(dedup.ExponentialBackoff(time.Millisecond, 5*time.Millisecond)))
+			require.NoError(t, err)
+			outcomes, errs := raceBatches(t, concurrentDeliveries, w, []event{
+				{ID: "poison", Body: "x"}, {ID: "other", Body: "y"}, {ID: "poison", Body: "x"},
+			})
+			rec, err := store.Get(context.Background(), dedup.Key{Scope: scope, EventID: "poison"})
+			require.NoError(t, err)
+			f := attemptFigures{starts: int(starts.Load()), letters: len(sink.Letters()), attempts: rec.Attempts,
+				errs: errs, outcomes: outcomes}
+			t.Log(f)
+			require.LessOrEqual(t, f.starts, maxAttempts)
+			require.Equal(t, 1, f.letters)
+			require.Equal(t, f.starts, f.attempts)
+			require.Zero(t, errs)
+			require.Equal(t, 1, outcomes[dedup.DeadLettered])
+			require.Equal(t, 1, outcomes[dedup.Processed])
+		})
+		t.Run(name+"/batch-completion", func(t *testing.T) {
+			store := newStore(t)
+			if _, ok := store.(dedup.BatchCompleter); !ok {
+				t.Skip("no batch completion")
+			}
+			var starts atomic.Int32
+			scope := uniqueScope(t)
+			w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+				if e.ID == "e" {
+					starts.Add(1)
+				}
+				return nil
+			}, dedup.WithScope(scope), dedup.WithSink(&dedup.MemorySink{}), dedup.WithBatchCompletion(5*time.Millisecond))
+			require.NoError(t, err)
+			outcomes, errs := raceBatches(t, concurrentDeliveries, w, []event{
+				{ID: "e", Body: "x"}, {ID: "f", Body: "y"}, {ID: "e", Body: "x"},
+			})
+			rec, err := store.Get(context.Background(), dedup.Key{Scope: scope, EventID: "e"})
+			require.NoError(t, err)
+			t.Logf("handler starts %d, record %s after %d attempts, outcomes %v", starts.Load(), rec.Status, rec.Attempts, outcomes)
+			require.EqualValues(t, 1, starts.Load())
+			require.Equal(t, 1, rec.Attempts)
+			require.Equal(t, dedup.StatusSucceeded, rec.Status)
+			require.Zero(t, errs)
+			require.Equal(t, 2, outcomes[dedup.Processed], "e and f once each")
+		})
+	}
+	t.Run("postgres-inbox/failing", func(t *testing.T) {
+		pool := testenv.Postgres(t)
+		store, sink := newPostgresStore(t, pool), &dedup.MemorySink{}
+		var starts atomic.Int32
+		scope := uniqueScope(t)
+		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+			if e.ID != "poison" {
+				return nil
+			}
+			starts.Add(1)
+			time.Sleep(2 * time.Millisecond)
+			return errors.New("downstream refused")
+		}, dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithMaxAttempts(maxAttempts),
+			dedup.WithBackoff(dedup.ExponentialBackoff(time.Millisecond, 5*time.Millisecond)))
+		require.NoError(t, err)
+		outcomes, errs := raceBatches(t, concurrentDeliveries, w, []event{
+			{ID: "poison", Body: "x"}, {ID: "other", Body: "y"}, {ID: "poison", Body: "x"},
+		})
+		rec, err := store.Get(context.Background(), dedup.Key{Scope: scope, EventID: "poison"})
+		require.NoError(t, err)
+		f := attemptFigures{starts: int(starts.Load()), letters: len(sink.Letters()), attempts: rec.Attempts,
+			errs: errs, outcomes: outcomes}
+		t.Log(f)
+		require.LessOrEqual(t, f.starts, maxAttempts)
+		require.Equal(t, 1, f.letters)
+		require.Equal(t, f.starts, f.attempts)
+		require.Zero(t, errs)
+	})
 }
