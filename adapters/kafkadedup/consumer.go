@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -92,7 +93,10 @@ type Consumer struct {
 
 // NewConsumer returns a Consumer that passes records through w. The kgo
 // client is created by Run, from the options given with WithClientOpts,
-// which must name a consumer group (kgo.ConsumerGroup) and its topics.
+// which must name a consumer group (kgo.ConsumerGroup) and its topics
+// (kgo.ConsumeTopics); NewConsumer checks them without contacting a broker,
+// and fails with an error matching dedup.ErrConfig that names what is
+// missing or invalid.
 func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) {
 	cfg := consumerConfig{
 		logger:       slog.New(slog.DiscardHandler),
@@ -115,7 +119,54 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 	case cfg.drainTimeout < 0:
 		return nil, fmt.Errorf("%w: kafkadedup: negative drain timeout", dedup.ErrConfig)
 	}
+	if err := checkClientOpts(cfg.clientOpts); err != nil {
+		return nil, err
+	}
 	return &Consumer{w: w, cfg: cfg}, nil
+}
+
+// errOffline is what the client built by checkClientOpts gets for every
+// connection it tries.
+var errOffline = errors.New("kafkadedup: offline client for checking options")
+
+// checkClientOpts checks the kgo options given to a Consumer: they must name
+// a consumer group and its topics, and be valid with the options Run adds.
+// It reads them back from a client built with every connection refused, so
+// checking contacts no broker and joins no group.
+func checkClientOpts(opts []kgo.Opt) error {
+	offline := append(slices.Clip(opts),
+		kgo.DialTLSConfig(nil),
+		kgo.Dialer(func(context.Context, string, string) (net.Conn, error) { return nil, errOffline }),
+		kgo.WithLogger(nil),
+	)
+	cl, err := kgo.NewClient(offline...)
+	if err != nil {
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts: %v", dedup.ErrConfig, err)
+	}
+	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
+	cl.Close()
+	switch {
+	case group == "":
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts names no consumer group: add kgo.ConsumerGroup", dedup.ErrConfig)
+	case len(topics) == 0:
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts names no topics: add kgo.ConsumeTopics", dedup.ErrConfig)
+	}
+	if err := kgo.ValidateOpts(append(offline, runOpts(&session{})...)...); err != nil {
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts: %v", dedup.ErrConfig, err)
+	}
+	return nil
+}
+
+// runOpts are the client options Run adds to the caller's: those the
+// Consumer's guarantees rest on.
+func runOpts(s *session) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.AutoCommitMarks(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+	}
 }
 
 // Run creates the client, joins the group and consumes until ctx is done.
@@ -132,13 +183,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.running.Store(false)
 
 	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, parts: make(map[topicPartition]*partition)}
-	opts := append(slices.Clip(c.cfg.clientOpts),
-		kgo.AutoCommitMarks(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.OnPartitionsRevoked(s.revoked),
-		kgo.OnPartitionsLost(s.lost),
-	)
-	cl, err := kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(append(slices.Clip(c.cfg.clientOpts), runOpts(s)...)...)
 	if err != nil {
 		return fmt.Errorf("kafkadedup: new client: %w", err)
 	}

@@ -70,11 +70,11 @@ func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Mes
 	}
 	switch {
 	case client == nil:
-		return nil, fmt.Errorf("%w: nil SQS client", dedup.ErrConfig)
-	case queueURL == "":
-		return nil, fmt.Errorf("%w: empty queue URL", dedup.ErrConfig)
+		return nil, fmt.Errorf("%w: sqsdedup: nil SQS client", dedup.ErrConfig)
+	case checkQueueURL(queueURL) != nil:
+		return nil, fmt.Errorf("%w: sqsdedup: %v", dedup.ErrConfig, checkQueueURL(queueURL))
 	case w == nil:
-		return nil, fmt.Errorf("%w: nil wrapper", dedup.ErrConfig)
+		return nil, fmt.Errorf("%w: sqsdedup: nil wrapper", dedup.ErrConfig)
 	}
 	return &Consumer{
 		client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg,
