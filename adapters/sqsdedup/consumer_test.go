@@ -236,7 +236,7 @@ func TestMissingReceiveCountFallsBackToStore(t *testing.T) {
 		return errors.New("still failing")
 	}, dedup.WithMaxAttempts(3), dedup.WithSink(sink))
 	send(t, c, url, "uncounted-1", "x", nil)
-	logs := &capture{}
+	logs := &testenv.Logs{}
 	stop := start(t, c, url, w, sqsdedup.WithLogger(slog.New(logs)))
 	waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
 	stop()
@@ -246,7 +246,7 @@ func TestMissingReceiveCountFallsBackToStore(t *testing.T) {
 	if letters := sink.Letters(); len(letters) != 1 || letters[0].Attempts != 3 {
 		t.Errorf("dead letters %+v, want one with 3 attempts", letters)
 	}
-	if n := logs.count(slog.LevelWarn, "no ApproximateReceiveCount"); n != 1 {
+	if n := logs.Count(slog.LevelWarn, "no ApproximateReceiveCount"); n != 1 {
 		t.Errorf("%d warnings of the missing receive count, want 1; logs:\n%s", n, logs)
 	}
 	assertDrained(t, c, url)
