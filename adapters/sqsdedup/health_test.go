@@ -141,7 +141,14 @@ func TestMaxOutageStopsRun(t *testing.T) {
 	if !errors.Is(err, sqsdedup.ErrOutage) || !errors.Is(err, errInjected) {
 		t.Errorf("Run: %v, want ErrOutage wrapping the store's error", err)
 	}
-	if msgs := receive(t, c, url, 5*time.Second); len(msgs) != 1 || eventID(msgs[0]) != "m-1" {
-		t.Errorf("received %d messages after Run gave up, want m-1 back", len(msgs))
+	// local-aws-sqs may return one message several times in a receive.
+	msgs := receive(t, c, url, 5*time.Second)
+	for _, m := range msgs {
+		if eventID(m) != "m-1" {
+			t.Errorf("received %s, want only m-1", eventID(m))
+		}
+	}
+	if len(msgs) == 0 {
+		t.Error("m-1 is not in the queue after Run gave up")
 	}
 }
