@@ -140,3 +140,4 @@ mkdir -p "$CACHE"
 start_postgres
 start_dynamodb
 start_sqs
+"$ROOT/scripts/redis.sh"
