@@ -132,7 +132,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 			}
 		}
 		_ = tx.Rollback(sctx)
-		rec.flush()
+		m.answer(ctx, w, rec)
 		return
 	}
 	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
