@@ -9,7 +9,7 @@ import (
 
 func TestSnapshotRoundTrip(t *testing.T) {
 	h := http.Header{"Content-Type": {"application/json"}, "Location": {"/p/1"}, "Set-Cookie": {"s=1"}, "Etag": {`"a"`, `"b"`}}
-	b := encodeSnapshot(201, h, DefaultStoredHeaders, []byte(`{"id":1}`))
+	b := encodeSnapshot(201, h, defaultStoredHeaders, []byte(`{"id":1}`))
 	s, err := decodeSnapshot(b)
 	if err != nil {
 		t.Fatal(err)
@@ -21,7 +21,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 }
 
 func TestSnapshotRefusesDamage(t *testing.T) {
-	good := encodeSnapshot(200, http.Header{"Content-Type": {"text/plain"}}, DefaultStoredHeaders, []byte("hello"))
+	good := encodeSnapshot(200, http.Header{"Content-Type": {"text/plain"}}, defaultStoredHeaders, []byte("hello"))
 	for name, b := range map[string][]byte{
 		"empty":        nil,
 		"other magic":  append([]byte{0x7b}, good[1:]...),
@@ -48,7 +48,7 @@ func encodeSnapshotRaw(name, value string) []byte {
 // FuzzSnapshot: decoding anything never panics, and whatever decodes
 // re-encodes to the same bytes.
 func FuzzSnapshot(f *testing.F) {
-	f.Add(encodeSnapshot(201, http.Header{"Location": {"/x"}}, DefaultStoredHeaders, []byte("body")))
+	f.Add(encodeSnapshot(201, http.Header{"Location": {"/x"}}, defaultStoredHeaders, []byte("body")))
 	f.Add([]byte{snapshotMagic, 1, 0, 200, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := decodeSnapshot(b)
