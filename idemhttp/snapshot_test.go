@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -99,4 +100,27 @@ func TestEntropy(t *testing.T) {
 			t.Errorf("%s: %.1f bits", key, entropyBits(key))
 		}
 	}
+}
+
+// FuzzKeyField: parsing any field value never panics, and an accepted key is
+// printable ASCII that round-trips through its sf-string form.
+func FuzzKeyField(f *testing.F) {
+	for _, s := range []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `"a\"b";p=1;q`, `"x";p=:aGk=:`, `abc`, `"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		key, err := parseKeyField(v)
+		if err != nil {
+			return
+		}
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x20 || key[i] > 0x7e {
+				t.Fatalf("%q accepted as %q", v, key)
+			}
+		}
+		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+		if again, err := parseKeyField(quoted); err != nil || again != key {
+			t.Fatalf("%q: %q re-parsed as %q, %v", v, key, again, err)
+		}
+	})
 }
