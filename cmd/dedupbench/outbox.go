@@ -51,7 +51,12 @@ type outboxBench struct {
 }
 
 func runOutboxBench(ctx context.Context, w io.Writer, dsn string, n int, steady time.Duration) error {
-	pool, err := pgxpool.New(ctx, dsn)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	pcfg.MaxConns = 20 // a connection per writer of the latency rows
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
