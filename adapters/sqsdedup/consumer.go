@@ -53,6 +53,9 @@ type Consumer struct {
 	w      *dedup.Wrapper[types.Message]
 	cfg    config
 	log    *slog.Logger
+	// noReceiveCount is done once a message came without its
+	// ApproximateReceiveCount, which is then logged.
+	noReceiveCount sync.Once
 }
 
 // NewConsumer returns a Consumer of the queue at queueURL running messages
@@ -201,6 +204,7 @@ func (r *runner) poll(ctx context.Context) {
 		}
 		failures = 0
 		r.release(n - len(out.Messages))
+		r.checkReceiveCount(out.Messages)
 		r.dispatch(ctx, out.Messages)
 	}
 }
@@ -219,6 +223,10 @@ func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput,
 		VisibilityTimeout:           seconds(r.vis),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		// Real SQS answers both parameters; some SQS-compatible endpoints
+		// know only the older one.
+		//lint:ignore SA1019 the deprecated parameter is what those endpoints read
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll},
 	}
 	if r.fifo {
 		// The SDK's retries of this receive then get the same messages
@@ -226,6 +234,22 @@ func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput,
 		in.ReceiveRequestAttemptId = aws.String(rand.Text())
 	}
 	return r.client.ReceiveMessage(ctx, in)
+}
+
+// checkReceiveCount logs, once per Consumer, that the endpoint returns
+// messages without their ApproximateReceiveCount. Attempts are then counted
+// by the store alone, so a handler that crashes its process before the store
+// records the attempt is not counted against dedup.WithMaxAttempts.
+func (r *runner) checkReceiveCount(msgs []types.Message) {
+	for _, m := range msgs {
+		if _, ok := m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]; !ok {
+			r.noReceiveCount.Do(func() {
+				r.log.Warn("sqsdedup: the SQS endpoint returns no ApproximateReceiveCount; attempts are counted by the store only",
+					slog.String("message_id", aws.ToString(m.MessageId)))
+			})
+			return
+		}
+	}
 }
 
 // acquire takes between one and maxMessages free worker slots, waiting for

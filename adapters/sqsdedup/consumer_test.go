@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -218,6 +219,53 @@ func TestReceiveCountCountsAsAttempts(t *testing.T) {
 		t.Errorf("dead letters %+v, want one with 4 attempts", letters)
 	}
 	assertDrained(t, c, url)
+}
+
+// An endpoint that returns no ApproximateReceiveCount (here: the client's
+// middleware removes it from every received message) is said once in the log,
+// and the store's count of attempts takes its place: the message is still
+// dead-lettered after WithMaxAttempts attempts.
+func TestMissingReceiveCountFallsBackToStore(t *testing.T) {
+	t.Parallel()
+	c := client(t, stripReceiveCount)
+	url := queue(t, c)
+	rec := newRecorder()
+	sink := &dedup.MemorySink{}
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		rec.call(eventID(m))
+		return errors.New("still failing")
+	}, dedup.WithMaxAttempts(3), dedup.WithSink(sink))
+	send(t, c, url, "uncounted-1", "x", nil)
+	logs := &capture{}
+	stop := start(t, c, url, w, sqsdedup.WithLogger(slog.New(logs)))
+	waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+	stop()
+	if n := len(rec.callList()); n != 3 {
+		t.Errorf("handler ran %d times, want 3", n)
+	}
+	if letters := sink.Letters(); len(letters) != 1 || letters[0].Attempts != 3 {
+		t.Errorf("dead letters %+v, want one with 3 attempts", letters)
+	}
+	if n := logs.count(slog.LevelWarn, "no ApproximateReceiveCount"); n != 1 {
+		t.Errorf("%d warnings of the missing receive count, want 1; logs:\n%s", n, logs)
+	}
+	assertDrained(t, c, url)
+}
+
+// stripReceiveCount is a client middleware that removes the
+// ApproximateReceiveCount from received messages, as some SQS-compatible
+// endpoints do.
+func stripReceiveCount(stack *middleware.Stack) error {
+	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("stripReceiveCount",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			out, md, err := next.HandleInitialize(ctx, in)
+			if r, ok := out.Result.(*sqs.ReceiveMessageOutput); ok {
+				for _, m := range r.Messages {
+					delete(m.Attributes, string(types.MessageSystemAttributeNameApproximateReceiveCount))
+				}
+			}
+			return out, md, err
+		}), middleware.After)
 }
 
 // When the DLQ cannot be written, the original stays in its queue; once the

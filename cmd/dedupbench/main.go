@@ -2,7 +2,8 @@
 // run: Kafka (kfake, in process) through the Kafka adapter and the wrapper
 // into PostgreSQL, against consumption with no dedup, a naive per-message
 // claim, the transactional inbox and the PostgreSQL floor (a bare multi-row
-// insert of the same event IDs), plus DynamoDB Local and SQS (fauxqs) rows.
+// insert of the same event IDs), plus Redis, DynamoDB Local and SQS (fauxqs)
+// rows.
 //
 //	go run ./cmd/dedupbench -quick   # 20,000 events, under a minute
 //	go run ./cmd/dedupbench          # 200,000 events, and 20,000 for memory flatness
@@ -28,6 +29,7 @@ type config struct {
 	Postgres   string
 	DynamoDB   string
 	SQS        string
+	Redis      string // host:port or redis:// URL
 	Partitions int
 	Brokers    string
 	Topic      string
@@ -60,6 +62,7 @@ func main() {
 	outboxFor := flag.Duration("outbox-for", 10*time.Second, "how long each outbox latency row writes")
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
+	flag.StringVar(&cfg.Redis, "redis", env("DEDUP_REDIS_ADDR", "127.0.0.1:6379"), "Redis address (host:port or redis:// URL)")
 	flag.StringVar(&cfg.SQS, "sqs", env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint (fauxqs)")
 	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic (one worker each)")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")
