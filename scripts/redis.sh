@@ -39,11 +39,11 @@ if ! command -v redis-server >/dev/null; then
 	log "installed $(redis-server --version | cut -d' ' -f1-3)"
 fi
 
-mkdir -p "$CACHE/redis"
 if answers 2>/dev/null; then
 	log "Redis already answers on 127.0.0.1:$PORT; not starting another"
 	exit 0
 fi
+mkdir -p "$CACHE/redis"
 log "starting $(redis-server --version | cut -d' ' -f1-3) on 127.0.0.1:$PORT"
 nohup redis-server --port "$PORT" --bind 127.0.0.1 --dir "$CACHE/redis" --save "" --appendonly no \
 	--daemonize no >"$CACHE/redis.log" 2>&1 </dev/null &
