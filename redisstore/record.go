@@ -8,10 +8,21 @@ import (
 	"github.com/dedupkit/dedup"
 )
 
-// parseClaim reads the claim script's answer for one request:
-// {code, previous status, record fields}.
-func parseClaim(reply any, req dedup.ClaimRequest) (dedup.Claim, error) {
+// parseClaim reads the claim script's answer for one request made with
+// owner: {2, now} for a record it created, else {code, previous status,
+// record fields}.
+func parseClaim(reply any, req dedup.ClaimRequest, owner string) (dedup.Claim, error) {
 	vals, ok := reply.([]any)
+	if ok && len(vals) == 2 && vals[0] == int64(2) {
+		if ms, ok := vals[1].(int64); ok {
+			now := time.UnixMilli(ms)
+			return dedup.Claim{Status: dedup.ClaimAcquired, Record: dedup.Record{
+				Key: req.Key, Status: dedup.StatusProcessing, Fingerprint: req.Fingerprint, Attempts: 1, Owner: owner,
+				LeaseUntil: time.UnixMilli(ms + req.Lease.Milliseconds()), CreatedAt: now, UpdatedAt: now,
+				ExpiresAt: time.UnixMilli(ms + req.TTL.Milliseconds()),
+			}}, nil
+		}
+	}
 	if !ok || len(vals) != 2+len(recordFields) {
 		return dedup.Claim{}, fmt.Errorf("%w: claim reply %v", dedup.ErrMalformedRecord, reply)
 	}

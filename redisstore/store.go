@@ -155,7 +155,7 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 			// acquired.
 			cerr := err
 			if cerr == nil {
-				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j])
+				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j], owners[i+j])
 			}
 			if cerr != nil && firstErr == nil {
 				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, cerr)
