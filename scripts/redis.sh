@@ -3,7 +3,8 @@
 # answers PING on 127.0.0.1:$DEDUP_REDIS_PORT (default 6379), it is left
 # alone; otherwise redis-server starts there in the background, keeping
 # nothing on disk, with its pid file and log in .cache/ (git-ignored).
-# redis-server is installed with apt when missing: the tests also start
+# redis-server is installed with apt when missing, saying so first
+# (DEDUP_NO_APT=1 makes it stop instead): the tests also start
 # private servers of their own (internal/testenv/redis.go).
 # Stop it with `make stop-services`.
 set -euo pipefail
@@ -29,7 +30,9 @@ answers() {
 }
 
 if ! command -v redis-server >/dev/null; then
-	log "redis-server is missing: installing it with apt-get (Debian package redis-server)"
+	[[ "${DEDUP_NO_APT:-}" != 1 ]] ||
+		die "redis-server is missing: install it (apt-get install redis-server) or unset DEDUP_NO_APT to let this script do it"
+	log "redis-server is missing: installing it system-wide with apt-get install redis-server (set DEDUP_NO_APT=1 to stop instead)"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 	log "installed $(redis-server --version | cut -d' ' -f1-3)"
