@@ -21,18 +21,18 @@ var (
 func TestTrackerOutage(t *testing.T) {
 	logs := &testenv.Logs{}
 	const threshold = 50 * time.Millisecond
-	tr := outage.New(slog.New(logs), "test:", threshold, errSentinel)
+	tr := outage.New(slog.New(logs), "test:", threshold, 0, errSentinel)
 
-	if _, out := tr.Failure(errDown); out {
-		t.Error("the first failure is an outage")
+	if level, stop := tr.Failure(errDown); level != slog.LevelWarn || stop != nil {
+		t.Errorf("the first failure: level %v, stop %v; want WARN and no stop", level, stop)
 	}
 	if err := tr.Health(); err != nil {
 		t.Errorf("Health before the threshold: %v", err)
 	}
 	time.Sleep(threshold)
 	for range 5 {
-		if _, out := tr.Failure(errDown); !out {
-			t.Fatal("failures past the threshold are not an outage")
+		if level, stop := tr.Failure(errDown); level != slog.LevelDebug || stop != nil {
+			t.Fatalf("a failure in the outage: level %v, stop %v; want DEBUG (the outage is the ERROR) and no stop", level, stop)
 		}
 	}
 	if n := logs.Count(slog.LevelError, "test: store or dead-letter sink failing"); n != 1 {
@@ -59,5 +59,18 @@ func TestTrackerOutage(t *testing.T) {
 	tr.Success()
 	if n := logs.Count(slog.LevelInfo, "outage over"); n != 1 {
 		t.Errorf("a success outside an outage logged its end again")
+	}
+}
+
+// Failures lasting longer than the maximum give the error to stop with.
+func TestTrackerMax(t *testing.T) {
+	const maxOutage = 50 * time.Millisecond
+	tr := outage.New(slog.New(slog.DiscardHandler), "test:", time.Hour, maxOutage, errSentinel)
+	if _, stop := tr.Failure(errDown); stop != nil {
+		t.Errorf("the first failure stops: %v", stop)
+	}
+	time.Sleep(2 * maxOutage)
+	if _, stop := tr.Failure(errDown); !errors.Is(stop, errSentinel) || !errors.Is(stop, errDown) {
+		t.Errorf("a failure past the maximum: stop %v, want the sentinel wrapping the last error", stop)
 	}
 }
