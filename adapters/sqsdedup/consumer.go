@@ -384,7 +384,11 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 	}
 	switch {
 	case err != nil:
-		r.log.Log(r.work, r.failed(err), "sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
+		level := slog.LevelWarn
+		if stop.Err() == nil { // not a handler cancelled by the shutdown
+			level = r.failed(err)
+		}
+		r.log.Log(r.work, level, "sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
 			slog.String("key", res.Key.String()), slog.Any("error", err))
 		if stop.Err() != nil {
 			r.giveBack(0, m)
