@@ -9,16 +9,18 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/dedupkit/dedup/redisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// allStores are the stores the end-to-end tests run on: memory, PostgreSQL
-// and DynamoDB Local (skipped when absent, failing under CI=true).
+// allStores are the stores the end-to-end tests run on: memory, PostgreSQL,
+// DynamoDB Local and Redis (skipped when absent, failing under CI=true).
 var allStores = []storeCase{
 	{"memory", memoryStore},
 	{"postgres", func(t *testing.T) dedup.Store { s, _ := postgresStore(t); return s }},
 	{"dynamodb", dynamoStore},
+	{"redis", redisStore},
 }
 
 // uniqueName returns a table name for t alone.
@@ -64,6 +66,25 @@ func dynamoStore(t *testing.T) dedup.Store {
 		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
 	})
 	s, err := dedup.NewDynamoDBStore(client, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// redisStore returns a store under a key prefix of t's own.
+func redisStore(t *testing.T) dedup.Store {
+	t.Helper()
+	client := testenv.Redis(t)
+	prefix := uniqueName("idemhttp-test-") + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			client.Del(ctx, iter.Val())
+		}
+	})
+	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
