@@ -12,6 +12,7 @@ import (
 	"github.com/dedupkit/dedup/redisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
 // allStores are the stores the end-to-end tests run on: memory, PostgreSQL,
@@ -20,7 +21,7 @@ var allStores = []storeCase{
 	{"memory", memoryStore},
 	{"postgres", func(t *testing.T) dedup.Store { s, _ := postgresStore(t); return s }},
 	{"dynamodb", dynamoStore},
-	{"redis", redisStore},
+	{"redis", func(t *testing.T) dedup.Store { s, _ := redisStore(t); return s }},
 }
 
 // uniqueName returns a table name for t alone.
@@ -72,8 +73,9 @@ func dynamoStore(t *testing.T) dedup.Store {
 	return s
 }
 
-// redisStore returns a store under a key prefix of t's own.
-func redisStore(t *testing.T) dedup.Store {
+// redisStore returns a store under a key prefix of t's own, whose keys are
+// deleted when t ends.
+func redisStore(t testing.TB) (*redisstore.Store, *redis.Client) {
 	t.Helper()
 	client := testenv.Redis(t)
 	prefix := uniqueName("idemhttp-test-") + ":"
@@ -88,5 +90,5 @@ func redisStore(t *testing.T) dedup.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return s, client
 }
