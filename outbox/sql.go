@@ -2,13 +2,6 @@ package outbox
 
 import "github.com/jackc/pgx/v5"
 
-// Row statuses.
-const (
-	statusPending = "pending"
-	statusSent    = "sent"
-	statusFailed  = "failed"
-)
-
 // statements holds every statement of an outbox, built once for its table.
 type statements struct {
 	migrateLock, createTable, createPending, createKeyHead, createSent string

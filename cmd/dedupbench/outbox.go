@@ -51,7 +51,12 @@ type outboxBench struct {
 }
 
 func runOutboxBench(ctx context.Context, w io.Writer, dsn string, n int, steady time.Duration) error {
-	pool, err := pgxpool.New(ctx, dsn)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	pcfg.MaxConns = 20 // a connection per writer of the latency rows
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
@@ -73,6 +78,7 @@ func runOutboxBench(ctx context.Context, w io.Writer, dsn string, n int, steady 
 		{"relay, publisher discarding (1 relay)", b.drain(1, false)},
 		{"relay to kfake, 1 relay", b.drain(1, true)},
 		{"relay to kfake, 3 relays", b.drain(3, true)},
+		{"relay to kfake, 1 relay, WithDeleteSent", b.drain(1, true, outbox.WithDeleteSent())},
 		{"latency at 1,000 events/s, 1 relay", b.latency(1, 1000)},
 		{"latency at 1,000 events/s, 3 relays", b.latency(3, 1000)},
 		{"latency at saturation, 3 relays", b.latency(3, 0)},
@@ -203,7 +209,7 @@ func (c *counting) Publish(ctx context.Context, events []outbox.Event) []error {
 }
 
 // relays starts n relays publishing through pub; stop ends them.
-func (b *outboxBench) relays(ctx context.Context, n int, pub outbox.Publisher) (stop func() error, err error) {
+func (b *outboxBench) relays(ctx context.Context, n int, pub outbox.Publisher, opts ...outbox.RelayOpt) (stop func() error, err error) {
 	cfg, err := pgxpool.ParseConfig(b.dsn)
 	if err != nil {
 		return nil, err
@@ -213,8 +219,8 @@ func (b *outboxBench) relays(ctx context.Context, n int, pub outbox.Publisher) (
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for range n {
-		r, err := outbox.NewRelay(b.ob, cfg, pub, outbox.WithBatchSize(1000), outbox.WithLogger(quiet),
-			outbox.WithBackoff(dedup.ExponentialBackoff(10*time.Millisecond, 100*time.Millisecond)))
+		r, err := outbox.NewRelay(b.ob, cfg, pub, append([]outbox.RelayOpt{outbox.WithBatchSize(1000), outbox.WithLogger(quiet),
+			outbox.WithBackoff(dedup.ExponentialBackoff(10*time.Millisecond, 100*time.Millisecond))}, opts...)...)
 		if err != nil {
 			cancel()
 			return nil, err
@@ -239,7 +245,7 @@ func (b *outboxBench) producer() (*kgo.Client, error) {
 }
 
 // drain measures n relays publishing a backlog of b.n events.
-func (b *outboxBench) drain(n int, toKafka bool) func(context.Context) (outboxResult, error) {
+func (b *outboxBench) drain(n int, toKafka bool, opts ...outbox.RelayOpt) func(context.Context) (outboxResult, error) {
 	return func(ctx context.Context) (outboxResult, error) {
 		if err := b.fill(ctx); err != nil {
 			return outboxResult{}, err
@@ -256,7 +262,7 @@ func (b *outboxBench) drain(n int, toKafka bool) func(context.Context) (outboxRe
 			}
 		}
 		start := time.Now()
-		stop, err := b.relays(ctx, n, pub)
+		stop, err := b.relays(ctx, n, pub, opts...)
 		if err != nil {
 			return outboxResult{}, err
 		}
