@@ -79,9 +79,11 @@ func runOutboxBench(ctx context.Context, w io.Writer, dsn string, n int, steady 
 		{"relay to kfake, 1 relay", b.drain(1, true)},
 		{"relay to kfake, 3 relays", b.drain(3, true)},
 		{"relay to kfake, 1 relay, WithDeleteSent", b.drain(1, true, outbox.WithDeleteSent())},
-		{"latency at 1,000 events/s, 1 relay", b.latency(1, 1000)},
-		{"latency at 1,000 events/s, 3 relays", b.latency(3, 1000)},
-		{"latency at saturation, 3 relays", b.latency(3, 0)},
+		{"latency at 1,000 events/s, 1 relay", b.latency(1, 1000, true)},
+		{"latency at 1,000 events/s, 3 relays", b.latency(3, 1000, true)},
+		{"latency at saturation (20 events/tx), 3 relays", b.latency(3, 0, true)},
+		{"latency at 1,000 events/s, 3 relays, no NOTIFY, poll 20 ms", b.latency(3, 1000, false)},
+		{"latency at saturation (20 events/tx), 3 relays, no NOTIFY, poll 20 ms", b.latency(3, 0, false)},
 	} {
 		if err := b.fresh(ctx); err != nil {
 			return err
@@ -277,11 +279,22 @@ func (b *outboxBench) drain(n int, toKafka bool, opts ...outbox.RelayOpt) func(c
 	}
 }
 
-// latency measures commit-to-acknowledgement with writers committing one
-// event per transaction at rate events/s (0: 16 writers as fast as they
-// can), for b.steady.
-func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxResult, error) {
+// latency measures commit-to-acknowledgement with 16 writers committing one
+// event per transaction at rate events/s in all (0: 20 events per
+// transaction, as fast as they can),
+// for b.steady. Without notify, the writers do not NOTIFY and the relays
+// poll every 20 ms.
+func (b *outboxBench) latency(relays, rate int, notify bool) func(context.Context) (outboxResult, error) {
 	return func(ctx context.Context) (outboxResult, error) {
+		var opts []outbox.RelayOpt
+		if !notify {
+			ob, err := outbox.New(outbox.WithTable(b.table), outbox.WithNotify(false))
+			if err != nil {
+				return outboxResult{}, err
+			}
+			b.ob = ob
+			opts = append(opts, outbox.WithPollInterval(20*time.Millisecond))
+		}
 		cl, err := b.producer()
 		if err != nil {
 			return outboxResult{}, err
@@ -292,13 +305,14 @@ func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxRes
 			return outboxResult{}, err
 		}
 		pub := &counting{next: kpub, committed: &sync.Map{}, lat: &histogram{}}
-		stop, err := b.relays(ctx, relays, pub)
+		stop, err := b.relays(ctx, relays, pub, opts...)
 		if err != nil {
 			return outboxResult{}, err
 		}
-		writers, interval := 16, time.Duration(0)
+		writers, interval, perTx := 16, time.Duration(0), 20
 		if rate > 0 {
-			writers, interval = 8, time.Second*8/time.Duration(rate)
+			perTx = 1
+			interval = time.Second * time.Duration(writers) / time.Duration(rate)
 		}
 		var written atomic.Int64
 		start := time.Now()
@@ -314,11 +328,11 @@ func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxRes
 						time.Sleep(time.Until(next))
 						next = next.Add(interval)
 					}
-					if err := b.writeOne(ctx, pub.committed, fmt.Appendf(nil, "key-%d-%d", w, i%4), payload); err != nil {
+					if err := b.write(ctx, pub.committed, perTx, fmt.Appendf(nil, "key-%d-%d", w, i%4), payload); err != nil {
 						errs <- err
 						return
 					}
-					written.Add(1)
+					written.Add(int64(perTx))
 				}
 			})
 		}
@@ -342,21 +356,30 @@ func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxRes
 	}
 }
 
-// writeOne commits one event, noting the time just before the commit: the
-// relay may publish the event before Commit has returned.
-func (b *outboxBench) writeOne(ctx context.Context, committed *sync.Map, key, payload []byte) error {
+// write commits n events of one key in one transaction, noting the time
+// just before the commit: the relay may publish them before Commit returns.
+func (b *outboxBench) write(ctx context.Context, committed *sync.Map, n int, key, payload []byte) error {
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	id := outbox.NewID()
-	if _, err := b.ob.Add(ctx, tx, outbox.Event{ID: id, Destination: b.topic, Key: key, Payload: payload}); err != nil {
+	events := make([]outbox.Event, n)
+	for i := range events {
+		events[i] = outbox.Event{Destination: b.topic, Key: key, Payload: payload}
+	}
+	ids, err := b.ob.Add(ctx, tx, events...)
+	if err != nil {
 		return err
 	}
-	committed.Store(id, time.Now())
+	at := time.Now()
+	for _, id := range ids {
+		committed.Store(id, at)
+	}
 	if err := tx.Commit(ctx); err != nil {
-		committed.Delete(id)
+		for _, id := range ids {
+			committed.Delete(id)
+		}
 		return err
 	}
 	return nil
