@@ -33,6 +33,7 @@ type Outbox struct {
 	table   string // quoted, possibly schema-qualified
 	channel string // the LISTEN/NOTIFY channel
 	notify  bool
+	relays  int32 // the advisory lock namespace of the relays' key locks
 	sql     statements
 }
 
@@ -79,6 +80,7 @@ func New(opts ...Opt) (*Outbox, error) {
 		table:   table,
 		channel: fmt.Sprintf("outbox_%016x", h.Sum64()),
 		notify:  cfg.notify,
+		relays:  int32(h.Sum64()),
 		sql:     buildStatements(table, ident[len(ident)-1]),
 	}, nil
 }
@@ -120,7 +122,7 @@ func (o *Outbox) Migrate(ctx context.Context, db DB) error {
 	}
 	// The advisory lock makes concurrent migrations wait for each other
 	// instead of racing on CREATE ... IF NOT EXISTS, which is not atomic.
-	for _, stmt := range []string{o.sql.migrateLock, o.sql.createTable, o.sql.createPending, o.sql.createKeyHead, o.sql.createSent} {
+	for _, stmt := range []string{o.sql.migrateLock, o.sql.createTable, o.sql.createPending, o.sql.createKeyHead, o.sql.createSent, o.sql.createBackoff} {
 		if _, err := db.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("outbox: migrate %s: %w", o.table, err)
 		}

@@ -86,7 +86,7 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 }
 
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]int64, []Event, error) {
-	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.batch)
+	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.batch, r.ob.relays)
 	if err != nil {
 		return nil, nil, r.ob.notMigrated(fmt.Errorf("outbox: claim: %w", err))
 	}
