@@ -22,7 +22,8 @@ import (
 )
 
 // The outbox rows (-outbox) measure the relay: throughput draining a backlog
-// of N committed events to kfake with one and three relays, beside the floor
+// of N committed events on 1,000 keys (16 in one row) to kfake with one and
+// three relays, beside the floor
 // (the same rows taken with SKIP LOCKED and deleted, nothing published) and
 // a relay whose publisher discards; then commit-to-publish latency with
 // writers committing one event per transaction at a steady rate, and as fast
@@ -75,10 +76,12 @@ func runOutboxBench(ctx context.Context, w io.Writer, dsn string, n int, steady 
 		run   func(context.Context) (outboxResult, error)
 	}{
 		{"floor: SKIP LOCKED + DELETE, no publishing", b.floor},
-		{"relay, publisher discarding (1 relay)", b.drain(1, false)},
-		{"relay to kfake, 1 relay", b.drain(1, true)},
-		{"relay to kfake, 3 relays", b.drain(3, true)},
-		{"relay to kfake, 1 relay, WithDeleteSent", b.drain(1, true, outbox.WithDeleteSent())},
+		{"relay, publisher discarding (1 relay)", b.drain(1, false, 1000)},
+		{"relay to kfake, 1 relay", b.drain(1, true, 1000)},
+		{"relay to kfake, 3 relays", b.drain(3, true, 1000)},
+		{"relay to kfake, 3 relays, 16 keys", b.drain(3, true, 16)},
+		{"relay to kfake, 1 relay, WithDeleteSent", b.drain(1, true, 1000, outbox.WithDeleteSent())},
+		{"relay to kfake, 3 relays, WithDeleteSent", b.drain(3, true, 1000, outbox.WithDeleteSent())},
 		{"latency at 1,000 events/s, 1 relay", b.latency(1, 1000, true)},
 		{"latency at 1,000 events/s, 3 relays", b.latency(3, 1000, true)},
 		{"latency at saturation (20 events/tx), 3 relays", b.latency(3, 0, true)},
@@ -132,13 +135,13 @@ func (b *outboxBench) fresh(ctx context.Context) error {
 	return err
 }
 
-// fill commits n events in transactions of 1,000, on 16 keys.
-func (b *outboxBench) fill(ctx context.Context) error {
+// fill commits n events in transactions of 1,000, spread over keys.
+func (b *outboxBench) fill(ctx context.Context, keys int) error {
 	payload := make([]byte, 200)
 	for done := 0; done < b.n; {
 		batch := make([]outbox.Event, min(1000, b.n-done))
 		for i := range batch {
-			batch[i] = outbox.Event{Destination: b.topic, Key: fmt.Appendf(nil, "key-%d", (done+i)%16), Payload: payload}
+			batch[i] = outbox.Event{Destination: b.topic, Key: fmt.Appendf(nil, "key-%d", (done+i)%keys), Payload: payload}
 		}
 		if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			_, err := b.ob.Add(ctx, tx, batch...)
@@ -153,7 +156,7 @@ func (b *outboxBench) fill(ctx context.Context) error {
 }
 
 func (b *outboxBench) floor(ctx context.Context) (outboxResult, error) {
-	if err := b.fill(ctx); err != nil {
+	if err := b.fill(ctx, 1000); err != nil {
 		return outboxResult{}, err
 	}
 	q := `DELETE FROM ` + b.table + ` WHERE seq IN (SELECT seq FROM ` + b.table + `
@@ -247,9 +250,9 @@ func (b *outboxBench) producer() (*kgo.Client, error) {
 }
 
 // drain measures n relays publishing a backlog of b.n events.
-func (b *outboxBench) drain(n int, toKafka bool, opts ...outbox.RelayOpt) func(context.Context) (outboxResult, error) {
+func (b *outboxBench) drain(n int, toKafka bool, keys int, opts ...outbox.RelayOpt) func(context.Context) (outboxResult, error) {
 	return func(ctx context.Context) (outboxResult, error) {
-		if err := b.fill(ctx); err != nil {
+		if err := b.fill(ctx, keys); err != nil {
 			return outboxResult{}, err
 		}
 		pub := &counting{}
