@@ -33,3 +33,5 @@ fuzz:
 	go test -run '^$$' -fuzz '^FuzzJSONFingerprint$$' -fuzztime $(FUZZTIME) .
 	go test -run '^$$' -fuzz '^FuzzKeyValidate$$' -fuzztime $(FUZZTIME) .
 	go test -run '^$$' -fuzz '^FuzzSinkInput$$' -fuzztime $(FUZZTIME) ./adapters/sqsdedup
+	go test -run '^$$' -fuzz '^FuzzSnapshot$$' -fuzztime $(FUZZTIME) ./idemhttp
+	go test -run '^$$' -fuzz '^FuzzKeyField$$' -fuzztime $(FUZZTIME) ./idemhttp

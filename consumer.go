@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Handler handles one message of a transport's native type M (*kgo.Record,
@@ -111,10 +113,12 @@ type Wrapper[M any] struct {
 	msgs    Messages[M]
 	handler Handler[M]
 	cfg     config
-	// inbox is set for the PostgreSQL transactional inbox (WrapTx), which
-	// replaces the store claim path.
-	inbox      *inbox[M]
-	heartbeats sync.Pool // of *heartbeat
+	// steps are the store claim path's, or the transactional inbox's.
+	steps steps[M]
+	// batchClaims says whether HandleBatch claims a batch's keys up front
+	// in one store call; the inbox claims each in its own transaction.
+	batchClaims bool
+	heartbeats  sync.Pool // of *heartbeat
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -128,6 +132,7 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
 	w.handler = h
+	w.steps, w.batchClaims = storeSteps[M]{w}, true
 	return w, nil
 }
 
@@ -165,6 +170,12 @@ type delivery[M any] struct {
 	bad       Reason
 	badErr    error
 	leaseTime time.Duration
+
+	// What an acquired claim holds, kept by the steps: the owner token
+	// and attempt count of a store claim, the inbox's open transaction.
+	owner    string
+	attempts int
+	tx       pgx.Tx
 }
 
 func (w *Wrapper[M]) prepare(ctx context.Context, msg M) delivery[M] {
@@ -222,153 +233,23 @@ func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {
 // message, which will come back.
 func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
 	d := w.prepare(ctx, msg)
-	return w.finish(ctx, &d)
-}
-
-func (w *Wrapper[M]) finish(ctx context.Context, d *delivery[M]) (Result, error) {
-	var res Result
-	var err error
-	if d.bad != "" {
-		res, err = w.parkBad(ctx, d)
-	} else if w.inbox != nil {
-		res, err = w.runInTx(ctx, d)
-	} else {
-		res, err = w.claimAndRun(ctx, d)
-	}
+	res, err := w.process(ctx, &d)
 	if err == nil && w.cfg.observer != nil {
 		w.cfg.observer(ctx, res)
 	}
 	return res, err
 }
 
-// claimAndRun is the store claim path: claim, run, settle.
-func (w *Wrapper[M]) claimAndRun(ctx context.Context, d *delivery[M]) (Result, error) {
-	c, err := w.store.Claim(ctx, d.request(w.cfg.ttl))
+// process claims d's key and settles the attempt.
+func (w *Wrapper[M]) process(ctx context.Context, d *delivery[M]) (Result, error) {
+	if d.bad != "" {
+		return w.parkBad(ctx, d)
+	}
+	c, err := w.steps.claim(ctx, d)
 	if err != nil {
-		return Result{Key: d.key}, fmt.Errorf("dedup: claim %s: %w", d.key, err)
-	}
-	return w.settleClaim(ctx, d, c)
-}
-
-func (w *Wrapper[M]) settleClaim(ctx context.Context, d *delivery[M], c Claim) (Result, error) {
-	return w.settleClaimLater(ctx, d, c, nil)
-}
-
-// settleClaimLater is settleClaim, except that when later is not nil a
-// success is appended to it, for the caller to complete with others, instead
-// of being completed here.
-func (w *Wrapper[M]) settleClaimLater(ctx context.Context, d *delivery[M], c Claim, later *[]Completion) (Result, error) {
-	res := Result{Key: d.key, Attempts: c.Record.Attempts}
-	switch c.Status {
-	case ClaimDuplicate, ClaimFinal:
-		res.Outcome = Duplicate
-		return res, nil
-	case ClaimInFlight:
-		res.Outcome = InFlight
-		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, min(d.leaseTime, maxInFlightWait))
-		return res, nil
-	case ClaimConflict:
-		return w.parkConflict(ctx, d, c.Record)
-	case ClaimAcquired:
-	default:
-		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
-	}
-	owner := c.Record.Owner
-	fail := func(ctx context.Context, f Failure) error {
-		return w.settleHeld(ctx, d, owner, func(ctx context.Context) error { return w.store.Fail(ctx, d.key, owner, f) })
-	}
-	if c.Record.Attempts > w.cfg.maxAttempts {
-		// The last attempt never reached a verdict (its worker died) or its
-		// dead letter could not be written: park it now without running.
-		// With no failure ever recorded, every attempt ended in a death, even
-		// when the claim was given back since (a batch releasing it).
-		reason := ReasonHandlerError
-		if c.Previous == StatusProcessing || c.Record.LastError == "" {
-			reason = ReasonCrashLoop
-		}
-		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))
-		return w.parkFinal(ctx, d, c.Record, reason, cause, fail)
-	}
-
-	hctx, cancel := context.WithCancelCause(ctx)
-	hb := w.heartbeats.Get().(*heartbeat)
-	hb.start(hctx, cancel, d.key, owner, d.leaseTime)
-	err := callHandler(hctx, w.handler, d.msg)
-	hb.stop()
-	w.heartbeats.Put(hb)
-	cancel(nil)
-
-	if err == nil && ctx.Err() != nil {
-		w.warnNilAfterCancel(d.key)
-	}
-	if err == nil && later != nil {
-		*later = append(*later, Completion{Key: d.key, Owner: c.Record.Owner, TTL: w.cfg.ttl})
-		res.Outcome = Processed
-		return res, nil
-	}
-	sctx, scancel := settleContext(ctx)
-	defer scancel()
-	if err == nil {
-		err := w.settleHeld(sctx, d, owner, func(ctx context.Context) error {
-			return w.store.Complete(ctx, d.key, owner, nil, w.cfg.ttl)
-		})
-		if err != nil {
-			return res, w.settleError("complete", d.key, err)
-		}
-		res.Outcome = Processed
-		return res, nil
-	}
-	res, serr := w.afterFailure(sctx, d, c.Record, err, fail)
-	if serr == nil && ctx.Err() != nil {
-		// Shutting down: the attempt is recorded, the caller must not ack.
-		return res, err
-	}
-	return res, serr
-}
-
-// afterFailure decides between retry and dead letter after a failed attempt
-// and records it with fail (the store's Fail, or the inbox's failure write).
-func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Record, herr error, fail func(context.Context, Failure) error) (Result, error) {
-	attempts := rec.Attempts
-	if w.msgs.Attempts != nil {
-		attempts = max(attempts, w.msgs.Attempts(d.msg))
-	}
-	reason := ReasonHandlerError
-	var perr *PanicError
-	switch {
-	case IsPermanent(herr):
-		reason = ReasonPermanent
-	case errors.As(herr, &perr):
-		reason = ReasonPanic
-	}
-	if reason == ReasonPermanent || attempts >= w.cfg.maxAttempts {
-		rec.Attempts = attempts
-		return w.parkFinal(ctx, d, rec, reason, herr, fail)
-	}
-	if err := fail(ctx, Failure{Error: herr.Error(), TTL: w.cfg.ttl}); err != nil {
-		return Result{Key: d.key}, w.settleError("record failure", d.key, err)
-	}
-	w.cfg.logger.Debug("dedup: attempt failed, will retry", slog.String("key", d.key.String()),
-		slog.Int("attempt", attempts), slog.Any("error", herr))
-	return Result{Outcome: Retry, Key: d.key, Attempts: attempts, Err: herr,
-		RetryAfter: w.cfg.backoff(attempts)}, nil
-}
-
-// parkFinal writes the dead letter, then records the key as failed for good.
-// The order matters: if the sink fails, the record stays retryable and the
-// message comes back, so a dead letter is never lost.
-func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error, fail func(context.Context, Failure) error) (Result, error) {
-	res := Result{Outcome: DeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: reason, Err: cause}
-	if err := w.park(ctx, d, reason, cause, rec); err != nil {
-		if ferr := fail(ctx, Failure{Error: cause.Error(), TTL: w.cfg.ttl}); ferr != nil {
-			err = errors.Join(err, ferr)
-		}
 		return Result{Key: d.key}, err
 	}
-	if err := fail(ctx, Failure{Final: true, Error: cause.Error(), TTL: w.cfg.ttl}); err != nil {
-		return Result{Key: d.key}, w.settleError("record dead letter", d.key, err)
-	}
-	return res, nil
+	return w.settle(ctx, d, c, nil)
 }
 
 // parkBad dead-letters a message that cannot be processed at all. Nothing is
@@ -414,14 +295,6 @@ func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, ca
 	return nil
 }
 
-func (w *Wrapper[M]) settleError(op string, key Key, err error) error {
-	if errors.Is(err, ErrLeaseLost) {
-		w.cfg.logger.Error("dedup: lease lost: another worker took this event over while it ran; its effect may be applied twice",
-			slog.String("key", key.String()), slog.String("op", op))
-	}
-	return fmt.Errorf("dedup: %s %s: %w", op, key, err)
-}
-
 // warnNilAfterCancel reports a handler that returned nil after its context
 // was cancelled. Its success is trusted, because running it again could apply
 // its effect twice, but a handler that gives up on cancellation must return
@@ -459,12 +332,13 @@ func settleContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 }
 
-// callHandler runs h, turning a panic into a *PanicError.
-func callHandler[M any](ctx context.Context, h Handler[M], msg M) (err error) {
+// callHandler runs the handler through run, turning a panic into a
+// *PanicError.
+func callHandler[M any](ctx context.Context, run func(context.Context, *delivery[M]) error, d *delivery[M]) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	return h(ctx, msg)
+	return run(ctx, d)
 }

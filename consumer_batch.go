@@ -15,64 +15,54 @@ import (
 // yield returns false, or ctx is done, it stops and gives back the claims of
 // the messages not yet run. It returns an error, having processed nothing,
 // only when the batch claim itself fails.
+//
+// A key the batch holds more than once is sent to the store once: a later
+// copy gets its answer from the first copy's outcome (Duplicate once that is
+// settled, the same Retry or InFlight otherwise), or, when its payload
+// differs, from a claim of its own made after the first copy settled.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
-	ds := make([]delivery[M], len(msgs))
-	reqs := make([]ClaimRequest, 0, len(msgs))
+	b := &batch[M]{w: w, ds: make([]delivery[M], len(msgs)), claims: make([]*Claim, len(msgs)),
+		first: make([]int, len(msgs)), outcomes: make([]pendingResult, len(msgs)), yield: yield}
+	var firsts map[Key]int
 	for i, m := range msgs {
-		ds[i] = w.prepare(ctx, m)
-		if ds[i].bad == "" {
-			reqs = append(reqs, ds[i].request(w.cfg.ttl))
+		b.ds[i] = w.prepare(ctx, m)
+		b.first[i] = -1
+		if b.ds[i].bad != "" || len(msgs) == 1 {
+			continue
+		}
+		if firsts == nil {
+			firsts = make(map[Key]int, len(msgs))
+		}
+		if f, ok := firsts[b.ds[i].key]; ok {
+			b.first[i] = f
+		} else {
+			firsts[b.ds[i].key] = i
 		}
 	}
-	if w.inbox != nil || len(reqs) <= 1 {
-		for i := range ds {
-			if ctx.Err() != nil {
-				return nil
-			}
-			res, err := w.finish(ctx, &ds[i])
-			if !yield(i, res, err) {
-				return nil
-			}
+	if w.batchClaims {
+		if err := b.claim(ctx, 0); err != nil {
+			return err
 		}
-		return nil
-	}
-	claimedAt := time.Now()
-	claims, err := w.store.ClaimBatch(ctx, reqs)
-	if err != nil {
-		return fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
-	}
-	if len(claims) != len(reqs) {
-		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
-	}
-	b := &batch[M]{w: w, ds: ds, claims: make([]*Claim, len(ds)), yield: yield,
-		seen: make(map[Key]struct{}, len(reqs)), claimedAt: claimedAt}
-	b.settled = make(map[Key]settledCopy)
-	next := 0
-	for i := range ds {
-		if ds[i].bad == "" {
-			b.claims[i] = &claims[next]
-			next++
+		if bc, ok := w.store.(BatchCompleter); ok && w.cfg.batchCompletion {
+			b.completer = bc
 		}
-	}
-	if bc, ok := w.store.(BatchCompleter); ok && w.cfg.batchCompletion {
-		b.completer = bc
 	}
 	b.run(ctx)
 	return nil
 }
 
-// batch is the progress of one HandleBatch after its claim.
+// batch is the progress of one HandleBatch.
 type batch[M any] struct {
-	w         *Wrapper[M]
-	ds        []delivery[M]
-	claims    []*Claim // per delivery; nil for a message that cannot be claimed
+	w      *Wrapper[M]
+	ds     []delivery[M]
+	claims []*Claim // per delivery; nil for one not claimed up front
+	// first is, per delivery, the index of the batch's first copy of its key
+	// when it is a later copy, else -1.
+	first []int
+	// outcomes are the results of the deliveries run so far.
+	outcomes  []pendingResult
 	yield     func(i int, res Result, err error) bool
-	seen      map[Key]struct{}
 	claimedAt time.Time
-	// settled holds the keys of this batch whose copy was processed or
-	// dead-lettered: a later copy is a duplicate of it, known without
-	// asking the store.
-	settled map[Key]settledCopy
 	// completer is set when successes are completed together.
 	completer BatchCompleter
 	// pending are the results not yet given to yield, in order. The first
@@ -87,23 +77,51 @@ type pendingResult struct {
 	res  Result
 	err  error
 	comp int  // index into comps, or -1
-	dup  bool // a duplicate of an earlier copy, valid once comp is written
+	dup  bool // a later copy answered from its first, valid once comp is written
 }
 
-type settledCopy struct {
-	attempts int
-	comp     int // its deferred completion, or -1 once written
+// claim claims, in one store call, the keys of the deliveries from index
+// from on that are first copies. With at most one such key, each is
+// claimed when it runs.
+func (b *batch[M]) claim(ctx context.Context, from int) error {
+	var reqs []ClaimRequest
+	for j := from; j < len(b.ds); j++ {
+		if b.ds[j].bad == "" && b.first[j] < 0 {
+			reqs = append(reqs, b.ds[j].request(b.w.cfg.ttl))
+		}
+	}
+	if len(reqs) <= 1 {
+		return nil
+	}
+	b.claimedAt = time.Now()
+	claims, err := b.w.store.ClaimBatch(ctx, reqs)
+	if err != nil {
+		return fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
+	}
+	if len(claims) != len(reqs) {
+		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
+	}
+	for j, k := from, 0; j < len(b.ds); j++ {
+		if b.ds[j].bad == "" && b.first[j] < 0 {
+			b.claims[j] = &claims[k]
+			k++
+		}
+	}
+	return nil
 }
 
 func (b *batch[M]) run(ctx context.Context) {
 	reclaimAt := -1 // claim the messages from here on again, in one call
 	for i := range b.ds {
 		if i == reclaimAt {
-			b.reclaim(ctx, i)
+			_ = b.claim(ctx, i) // on failure they are claimed one by one
 		}
 		d, c := &b.ds[i], b.claims[i]
 		due := len(b.comps) > 0 && !time.Now().Before(b.flushBy)
-		if ctx.Err() != nil || due {
+		// A copy with another payload asks the store, which must see its
+		// first copy's completion.
+		ownClaim := b.first[i] >= 0 && d.fp != b.ds[b.first[i]].fp
+		if ctx.Err() != nil || due || ownClaim && len(b.comps) > 0 {
 			if !b.flush(ctx) || ctx.Err() != nil {
 				b.releaseFrom(ctx, i)
 				return
@@ -114,18 +132,21 @@ func (b *batch[M]) run(ctx context.Context) {
 			// worker too. Claims held behind it would then count an attempt
 			// for messages that never ran, and after a few such deaths park
 			// them as a crash loop: give them back, and claim those messages
-			// one by one once this one is settled.
+			// again once this one is settled.
 			b.releaseFrom(ctx, i+1)
 			clear(b.claims[i+1:])
 			reclaimAt = i + 1
 		}
-		res, comp, err := b.handle(ctx, d, c)
-		dup := c != nil && c.Status == ClaimInFlight && res.Outcome == Duplicate
-		b.pending = append(b.pending, pendingResult{i: i, res: res, err: err, comp: comp, dup: dup})
-		if err == nil && !dup && (res.Outcome == Processed || res.Outcome == DeadLettered) {
-			b.settled[d.key] = settledCopy{attempts: res.Attempts, comp: comp}
+		var p pendingResult
+		if b.first[i] >= 0 && !ownClaim {
+			p = b.copyOf(i)
+		} else {
+			p = pendingResult{i: i, comp: -1}
+			p.res, p.comp, p.err = b.handle(ctx, d, c)
 		}
-		if b.completer == nil || err != nil || !res.Settled() {
+		b.outcomes[i] = p
+		b.pending = append(b.pending, p)
+		if b.completer == nil || p.err != nil || !p.res.Settled() {
 			if !b.flush(ctx) {
 				b.releaseFrom(ctx, i+1)
 				return
@@ -135,29 +156,19 @@ func (b *batch[M]) run(ctx context.Context) {
 	b.flush(ctx)
 }
 
-// reclaim claims the messages from index i on in one store call, after
-// their first claims were given back; on failure they are claimed one by one.
-func (b *batch[M]) reclaim(ctx context.Context, i int) {
-	reqs := make([]ClaimRequest, 0, len(b.ds)-i)
-	for j := i; j < len(b.ds); j++ {
-		if b.ds[j].bad == "" {
-			reqs = append(reqs, b.ds[j].request(b.w.cfg.ttl))
-		}
+// copyOf answers delivery i, a later copy of a key with the same payload,
+// from the outcome of the key's first copy, without asking the store.
+func (b *batch[M]) copyOf(i int) pendingResult {
+	f := b.outcomes[b.first[i]]
+	p := pendingResult{i: i, comp: -1, err: f.err}
+	switch f.res.Outcome {
+	case Processed, DeadLettered, Duplicate, Conflict:
+		p.res = Result{Outcome: Duplicate, Key: f.res.Key, Attempts: f.res.Attempts}
+		p.comp, p.dup = f.comp, f.comp >= 0
+	default: // Retry or InFlight: this copy comes back too; or an error
+		p.res = f.res
 	}
-	if len(reqs) == 0 {
-		return
-	}
-	b.claimedAt = time.Now()
-	claims, err := b.w.store.ClaimBatch(ctx, reqs)
-	if err != nil || len(claims) != len(reqs) {
-		return
-	}
-	for j, k := i, 0; j < len(b.ds); j++ {
-		if b.ds[j].bad == "" {
-			b.claims[j] = &claims[k]
-			k++
-		}
-	}
+	return p
 }
 
 // handle settles one message whose claim was made up front (c), or claims
@@ -165,29 +176,14 @@ func (b *batch[M]) reclaim(ctx context.Context, i int) {
 func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim) (res Result, comp int, err error) {
 	w := b.w
 	if c == nil {
-		res, err := w.finish(ctx, d)
+		res, err := w.process(ctx, d)
 		return res, -1, err
 	}
-	_, again := b.seen[d.key]
-	b.seen[d.key] = struct{}{}
-	switch {
-	case c.Status == ClaimInFlight && again:
-		// The batch's own earlier copy held the key at claim time.
-		if e, ok := b.settled[d.key]; ok {
-			res := Result{Outcome: Duplicate, Key: d.key, Attempts: e.attempts}
-			if e.comp < 0 && w.cfg.observer != nil {
-				w.cfg.observer(ctx, res)
-			}
-			return res, e.comp, nil
-		}
-		// It did not settle for good: claim afresh.
-		res, err := w.finish(ctx, d)
-		return res, -1, err
-	case c.Status == ClaimAcquired && time.Since(b.claimedAt) > d.leaseTime/2:
+	if c.Status == ClaimAcquired && time.Since(b.claimedAt) > d.leaseTime/2 {
 		// Earlier messages of the batch took a while: renew before running.
 		if err := w.store.Extend(ctx, d.key, c.Record.Owner, d.leaseTime); err != nil {
 			if errors.Is(err, ErrLeaseLost) {
-				res, err := w.finish(ctx, d)
+				res, err := w.process(ctx, d)
 				return res, -1, err
 			}
 			return Result{Key: d.key}, -1, fmt.Errorf("dedup: extend %s: %w", d.key, err)
@@ -198,15 +194,12 @@ func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim) (res Re
 		later = &b.comps
 	}
 	n := len(b.comps)
-	res, err = w.settleClaimLater(ctx, d, *c, later)
+	res, err = w.settle(ctx, d, *c, later)
 	if len(b.comps) > n {
 		if n == 0 {
 			b.flushBy = time.Now().Add(min(w.cfg.batchWait, d.leaseTime/3))
 		}
 		return res, n, err
-	}
-	if err == nil && w.cfg.observer != nil {
-		w.cfg.observer(ctx, res)
 	}
 	return res, -1, err
 }
@@ -230,22 +223,15 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 			if cerr == nil {
 				cerr = errs[p.comp]
 			}
-			switch {
-			case cerr != nil && p.dup:
+			if cerr != nil {
 				p.res.Outcome = 0
-				p.err = fmt.Errorf("dedup: %s: its earlier copy in the batch was not recorded: %w", p.res.Key, cerr)
-			case cerr != nil:
-				p.res.Outcome = 0
-				p.err = w.settleError("complete", p.res.Key, cerr)
-				delete(b.settled, p.res.Key)
-			default:
-				if !p.dup {
-					b.settled[p.res.Key] = settledCopy{attempts: p.res.Attempts, comp: -1}
-				}
-				if w.cfg.observer != nil {
-					w.cfg.observer(ctx, p.res)
-				}
+				p.err = w.settleError("complete", p.res.Key, cerr, !p.dup)
 			}
+			p.comp = -1
+			b.outcomes[p.i] = p
+		}
+		if p.err == nil && w.cfg.observer != nil {
+			w.cfg.observer(ctx, p.res)
 		}
 		if !b.yield(p.i, p.res, p.err) {
 			return false
@@ -254,38 +240,29 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 	return true
 }
 
-// completeHeld writes the pending completions, trying again as settleHeld
-// does while the claims hold: the handlers ran, and giving up would run them
-// again once the leases lapsed. A completion refused after an earlier try
-// whose answer was lost counts as done when it landed.
+// completeHeld writes the pending completions, trying again while the
+// claims hold, as a single completion is: the handlers ran, and giving up
+// would run them again once the leases lapsed. A completion refused after
+// an earlier try whose answer was lost counts as done when it landed.
 func (b *batch[M]) completeHeld(ctx context.Context) ([]error, error) {
-	deadline := time.Now().Add(b.ds[0].leaseTime)
-	wait := settleRetryMin
-	for tries := 1; ; tries++ {
-		errs, err := b.completer.CompleteBatch(ctx, b.comps)
-		if err == nil && len(errs) != len(b.comps) {
-			return nil, fmt.Errorf("dedup: batch completion of %d answered %d", len(b.comps), len(errs))
+	var errs []error
+	err := b.w.retryHeld(ctx, b.ds[0].leaseTime, func(ctx context.Context, retried bool) error {
+		var err error
+		errs, err = b.completer.CompleteBatch(ctx, b.comps)
+		if err != nil {
+			return err
 		}
-		if err == nil {
-			for i, cerr := range errs {
-				if tries > 1 && errors.Is(cerr, ErrLeaseLost) && b.w.landed(ctx, b.comps[i].Key, b.comps[i].Owner) {
-					errs[i] = nil
-				}
+		if len(errs) != len(b.comps) {
+			return unrepeatable{fmt.Errorf("dedup: batch completion of %d answered %d", len(b.comps), len(errs))}
+		}
+		for i, cerr := range errs {
+			if retried && errors.Is(cerr, ErrLeaseLost) && b.w.landed(ctx, b.comps[i].Key, b.comps[i].Owner) {
+				errs[i] = nil
 			}
-			return errs, nil
 		}
-		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
-			return nil, err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, err
-		case <-t.C:
-		}
-		wait = min(2*wait, settleRetryMax)
-	}
+		return nil
+	})
+	return errs, err
 }
 
 // releaseFrom gives back the acquired claims of the messages from index i

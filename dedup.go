@@ -201,9 +201,11 @@ type Store interface {
 	// reports why it cannot. An invalid key returns an error matching
 	// ErrInvalidKey and writes nothing.
 	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
-	// ClaimBatch claims several keys, answering exactly as the same claims
-	// made one by one in order would; results are in request order. Any
-	// invalid key fails the whole batch before anything is written.
+	// ClaimBatch claims several distinct keys, answering exactly as the
+	// same claims made one by one would; results are in request order. Any
+	// invalid or repeated key fails the whole batch before anything is
+	// written (ValidateBatch checks both): the wrapper sends each key of a
+	// batch once and answers its later copies itself.
 	ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error)
 	// Complete marks the record succeeded, keeping result, if owner still
 	// holds it; otherwise it returns ErrLeaseLost and changes nothing.
@@ -242,13 +244,24 @@ func Classify(rec Record, fingerprint string) ClaimStatus {
 	}
 }
 
-// ValidateBatch validates every key of a batch claim and returns the first
-// error, for Store implementations.
+// ValidateBatch validates every key of a batch claim and checks that none
+// is repeated, returning the first error, for Store implementations.
 func ValidateBatch(reqs []ClaimRequest) error {
+	var seen map[Key]struct{}
+	if len(reqs) > 1 {
+		seen = make(map[Key]struct{}, len(reqs))
+	}
 	for i := range reqs {
 		if err := reqs[i].Key.Validate(); err != nil {
 			return err
 		}
+		if seen == nil {
+			continue
+		}
+		if _, ok := seen[reqs[i].Key]; ok {
+			return fmt.Errorf("key %s repeated in a batch claim", reqs[i].Key)
+		}
+		seen[reqs[i].Key] = struct{}{}
 	}
 	return nil
 }

@@ -302,44 +302,25 @@ func mayTakeOver(rec Record, fingerprint string, now int64) bool {
 		rec.Status == StatusProcessing && rec.LeaseUntil.UnixMilli() <= now
 }
 
-// ClaimBatch claims the keys concurrently, at most 16 requests at a time,
-// since DynamoDB has no conditional multi-item write that answers per item.
-// Repeats of a key are claimed after it, in request order, so they get the
-// answers one-by-one claims would.
+// ClaimBatch claims distinct keys concurrently, at most 16 requests at a
+// time, since DynamoDB has no conditional multi-item write that answers per
+// item.
 func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
 	if err := ValidateBatch(reqs); err != nil {
-		return nil, err
-	}
-	var groups [][]int // indexes into reqs, one group per key, in request order
-	group := make(map[Key]int, len(reqs))
-	for i, r := range reqs {
-		g, ok := group[r.Key]
-		if !ok {
-			g = len(groups)
-			group[r.Key] = g
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], i)
+		return nil, fmt.Errorf("dedup: dynamodb claim batch: %w", err)
 	}
 	claims := make([]Claim, len(reqs))
-	errs := make([]error, len(groups))
-	err := forEachLimit(ctx, len(groups), func(ctx context.Context, g int) error {
-		for _, i := range groups[g] {
-			c, err := s.Claim(ctx, reqs[i])
-			if err != nil {
-				// The other groups go on rather than being canceled: a claim
-				// canceled in flight may have been applied unseen, and only a
-				// claim that is seen can be given back.
-				errs[g] = err
-				return nil
-			}
-			claims[i] = c
-		}
+	errs := make([]error, len(reqs))
+	err := forEachLimit(ctx, len(reqs), func(ctx context.Context, i int) error {
+		// The other claims go on rather than being canceled: a claim
+		// canceled in flight may have been applied unseen, and only a
+		// claim that is seen can be given back.
+		claims[i], errs[i] = s.Claim(ctx, reqs[i])
 		return nil
 	})
-	for _, gerr := range errs {
+	for _, cerr := range errs {
 		if err == nil {
-			err = gerr
+			err = cerr
 		}
 	}
 	if err != nil {

@@ -403,7 +403,7 @@ func BenchmarkDynamoDBClaimComplete(b *testing.B) {
 	}
 }
 
-func TestDynamoDBClaimBatchRepeatsAnswerInOrder(t *testing.T) {
+func TestDynamoDBClaimBatchAnswersInOrder(t *testing.T) {
 	store, _, _ := newDynamoDBStore(t)
 	ctx := context.Background()
 	first, err := store.Claim(ctx, claimReq("batch", "failed", "a"))
@@ -413,28 +413,31 @@ func TestDynamoDBClaimBatchRepeatsAnswerInOrder(t *testing.T) {
 	if err := store.Fail(ctx, first.Record.Key, first.Record.Owner, dedup.Failure{Error: "boom", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{"conflict", "held"} {
+		if _, err := store.Claim(ctx, claimReq("batch", id, "a")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	reqs := []dedup.ClaimRequest{
-		claimReq("batch", "failed", "b"), // conflict: the record keeps fingerprint a
+		claimReq("batch", "conflict", "b"), // the record keeps fingerprint a
 		claimReq("batch", "new", "x"),
 		claimReq("batch", "failed", "a"), // takes the failed record over
-		claimReq("batch", "failed", "a"), // now held by the one before
-		claimReq("batch", "new", "x"),
+		claimReq("batch", "held", "a"),
 	}
 	claims, err := store.ClaimBatch(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []dedup.ClaimStatus{dedup.ClaimConflict, dedup.ClaimAcquired, dedup.ClaimAcquired, dedup.ClaimInFlight, dedup.ClaimInFlight}
+	want := []dedup.ClaimStatus{dedup.ClaimConflict, dedup.ClaimAcquired, dedup.ClaimAcquired, dedup.ClaimInFlight}
 	for i, c := range claims {
 		if c.Status != want[i] {
 			t.Errorf("claim %d (%s, %s) = %v, want %v", i, reqs[i].Key, reqs[i].Fingerprint, c.Status, want[i])
 		}
 	}
-	if claims[2].Record.Attempts != 2 || claims[3].Record.Owner != claims[2].Record.Owner {
-		t.Errorf("takeover = attempt %d owner %s, repeat saw owner %s", claims[2].Record.Attempts,
-			claims[2].Record.Owner, claims[3].Record.Owner)
+	if claims[2].Record.Attempts != 2 || claims[2].Previous != dedup.StatusFailedRetryable {
+		t.Errorf("takeover = attempt %d previous %s", claims[2].Record.Attempts, claims[2].Previous)
 	}
-	bad := append(reqs, claimReq("batch", "", "x"))
+	bad := []dedup.ClaimRequest{claimReq("batch", "other", "x"), claimReq("batch", "", "x")}
 	if _, err := store.ClaimBatch(ctx, bad); !errors.Is(err, dedup.ErrInvalidKey) {
 		t.Fatalf("batch with an empty ID: %v, want ErrInvalidKey", err)
 	}

@@ -47,8 +47,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error
 	return s.claim(req, time.Now()), nil
 }
 
-// ClaimBatch claims several keys under one lock, answering exactly as the
-// same claims made one by one in order would.
+// ClaimBatch claims several distinct keys under one lock.
 func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dedup: memory claim batch: %w", err)

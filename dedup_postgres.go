@@ -17,6 +17,9 @@ import (
 // [WithTable] names another.
 const DefaultPostgresTable = "dedup_records"
 
+// inboxSavepoint is the savepoint an inbox attempt takes after its claim.
+const inboxSavepoint = "dedup_attempt"
+
 // purgeBatch bounds the rows one Purge statement deletes, so purging a large
 // backlog never holds many row locks or one long transaction.
 const purgeBatch = 1000
@@ -107,6 +110,7 @@ func validIdentifier(s string) bool {
 type postgresSQL struct {
 	createTable, createIndex, migrateLock       string
 	claim, claimBatch, claimInTx, recordFailure string
+	savepoint, rollbackToSavepoint, failInTx    string
 	read, readBatch, get                        string
 	complete, completeBatch                     string
 	fail, extend, release, purge                string
@@ -201,6 +205,13 @@ VALUES ($1, $2, 'SUCCEEDED', $3, 1, $4, now(), now(), now(), now() + $5::interva
 ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
 WHERE ` + takeoverAllowed + `
 RETURNING previous_status, ` + recordColumns,
+
+		savepoint:           `SAVEPOINT ` + inboxSavepoint,
+		rollbackToSavepoint: `ROLLBACK TO SAVEPOINT ` + inboxSavepoint,
+		// The claim in the same transaction wrote the row: it is there.
+		failInTx: `UPDATE ` + table + ` SET status = $3, last_error = $4,
+	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
+	expires_at = now() + $5::interval ` + where + ` RETURNING attempts`,
 
 		recordFailure: `INSERT INTO ` + table + ` AS t (scope, event_id, status, fingerprint, attempts, owner,
 	lease_until, created_at, updated_at, expires_at, last_error, first_failure, last_failure)
@@ -447,22 +458,78 @@ func (s *PostgresStore) Purge(ctx context.Context) (int, error) {
 // claimInTx records req as SUCCEEDED inside the caller's transaction, for the
 // transactional inbox: the record commits or vanishes with the handler's own
 // writes. A concurrent claim of the same key waits for this transaction and
-// then sees a duplicate (commit) or acquires the key itself (rollback).
+// then sees a duplicate (commit) or acquires the key itself (rollback). When
+// the claim is acquired, the savepoint inboxSavepoint follows it in the same
+// round trip, so that a failed attempt can undo the handler's writes and
+// still record its failure while the row stays locked.
 func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (Claim, error) {
 	if err := req.Key.Validate(); err != nil {
 		return Claim{}, fmt.Errorf("dedup: postgres claim in tx: %w", err)
 	}
-	c, err := s.claim(ctx, tx, s.sql.claimInTx, req,
-		req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.TTL)
+	args := []any{req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.TTL}
+	var b pgx.Batch
+	b.Queue(s.sql.claimInTx, args...)
+	b.Queue(s.sql.savepoint)
+	br := tx.SendBatch(ctx, &b)
+	var r pgRecord
+	var previous pgtype.Text
+	err := br.QueryRow().Scan(r.targets(&previous)...)
+	_, serr := br.Exec()
+	if cerr := br.Close(); serr == nil {
+		serr = cerr
+	}
+	var c Claim
+	switch {
+	case err == nil && serr == nil:
+		c, err = acquired(req.Key, &r, previous)
+	case err == nil:
+		err = serr
+	case errors.Is(err, pgx.ErrNoRows):
+		// Refused: the savepoint is harmless, the transaction ends here.
+		c, err = s.claim(ctx, tx, s.sql.claimInTx, req, args...)
+	default:
+		err = scanError(err)
+	}
 	if err != nil {
 		return Claim{}, s.opError("claim in tx "+req.Key.String(), err)
 	}
 	return c, nil
 }
 
-// recordFailure counts a failed inbox attempt after its transaction rolled
-// back, and returns the attempts so far. It returns ErrLeaseLost when the
-// event was settled (succeeded or failed for good) meanwhile.
+// failInTx records a failed inbox attempt in its own transaction, after
+// rolling back to the savepoint claimInTx took: the handler's writes vanish,
+// the row stays locked, and the failure commits with the claim's attempt. It
+// returns the attempts recorded.
+func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Failure) (int, error) {
+	status := StatusFailedRetryable
+	if f.Final {
+		status = StatusFailedFinal
+	}
+	var b pgx.Batch
+	b.Queue(s.sql.rollbackToSavepoint)
+	b.Queue(s.sql.failInTx, key.Scope, key.EventID, string(status), f.Error, f.TTL)
+	br := tx.SendBatch(ctx, &b)
+	_, err := br.Exec()
+	var attempts int
+	if err == nil {
+		err = br.QueryRow().Scan(&attempts)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		return 0, s.opError("record failure "+key.String(), err)
+	}
+	return attempts, nil
+}
+
+// recordFailure counts a failed inbox attempt whose transaction was lost
+// before its failure was recorded in it, and returns the attempts so far. It
+// returns ErrLeaseLost when the event was settled (succeeded or failed for
+// good) meanwhile.
 func (s *PostgresStore) recordFailure(ctx context.Context, req ClaimRequest, f Failure) (int, error) {
 	if err := req.Key.Validate(); err != nil {
 		return 0, fmt.Errorf("dedup: postgres record failure: %w", err)

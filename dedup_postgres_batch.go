@@ -1,7 +1,6 @@
 package dedup
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -74,9 +73,8 @@ func ownerTokens(n int) string {
 
 func ownerToken(tokens string, w int) string { return tokens[33*w : 33*w+32] }
 
-// ClaimBatch claims several keys, answering exactly as the same claims made
-// one by one in order would, with one upsert round trip for all first
-// occurrences of each key and one read for the keys it could not acquire.
+// ClaimBatch claims several distinct keys with one upsert round trip for
+// all of them and one read for those it could not acquire.
 func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
 	if err := ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres claim batch: %w", err)
@@ -89,28 +87,11 @@ func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 	for i := range b.pending {
 		b.pending[i] = i
 	}
-	seen := make(map[Key]struct{}, len(reqs))
-	for i := range reqs {
-		k := reqs[i].Key
-		if _, ok := seen[k]; !ok {
-			seen[k] = struct{}{}
-			continue
-		}
-		if b.repeated == nil {
-			b.repeated = make(map[Key]bool)
-			b.known = make(map[Key]postgresObserved)
-		}
-		b.repeated[k] = true
-	}
-	// PostgreSQL refuses to update one row twice in a statement, so each
-	// wave sends a key at most once. Later occurrences are answered from the
-	// record the earlier one left, or go to the next wave when that record
-	// would let them take over (e.g. a lapsed lease with lease <= 0).
+	// A key refused, then purged before it was read, is claimed again in a
+	// second wave.
 	for len(b.pending) > 0 {
-		wave := b.plan()
-		if len(wave) == 0 {
-			break
-		}
+		wave := b.pending
+		b.pending = nil
 		if err := s.runWave(ctx, &b, wave); err != nil {
 			s.giveBack(ctx, &b)
 			return nil, s.opError("claim batch", err)
@@ -125,10 +106,6 @@ type postgresBatch struct {
 	claims  []Claim
 	pending []int // request indexes still unanswered, ascending
 	retried map[int]bool
-	// repeated holds the keys the batch has more than once, and known the
-	// records the batch has seen of them; both are nil when there are none.
-	repeated map[Key]bool
-	known    map[Key]postgresObserved
 	// sent are the keys and owner tokens of every claim sent so far.
 	sent []keyOwner
 }
@@ -156,58 +133,7 @@ func (s *PostgresStore) giveBack(ctx context.Context, b *postgresBatch) {
 	_ = s.pool.SendBatch(ctx, &batch).Close()
 }
 
-// postgresObserved is a record as the database had it at time at.
-type postgresObserved struct {
-	rec Record
-	at  time.Time
-}
-
-// allows reports whether a claim with fingerprint would have taken over o
-// at o.at: the SQL takeover rule, evaluated in Go.
-func (o postgresObserved) allows(fingerprint string) bool {
-	r := o.rec
-	return !o.at.Before(r.ExpiresAt) || r.Fingerprint == fingerprint &&
-		(r.Status == StatusFailedRetryable || r.Status == StatusProcessing && !o.at.Before(r.LeaseUntil))
-}
-
-// plan answers the pending requests the known records decide and returns
-// the next wave: the earliest remaining request of each other key.
-func (b *postgresBatch) plan() []int {
-	if b.repeated == nil {
-		wave := b.pending
-		b.pending = nil
-		return wave
-	}
-	var wave, rest []int
-	inWave := make(map[Key]bool)
-	for _, i := range b.pending {
-		req := b.reqs[i]
-		if !b.repeated[req.Key] {
-			wave = append(wave, i)
-			continue
-		}
-		if inWave[req.Key] {
-			rest = append(rest, i)
-			continue
-		}
-		if o, ok := b.known[req.Key]; ok && !o.allows(req.Fingerprint) {
-			b.claims[i] = Claim{Status: Classify(o.rec, req.Fingerprint), Record: cloneRecord(o.rec)}
-			continue
-		}
-		inWave[req.Key] = true
-		wave = append(wave, i)
-	}
-	b.pending = rest
-	return wave
-}
-
-func (b *postgresBatch) observe(key Key, rec Record, at time.Time) {
-	if b.repeated[key] {
-		b.known[key] = postgresObserved{rec: rec, at: at}
-	}
-}
-
-// runWave claims the wave's keys (distinct) in one statement and reads the
+// runWave claims the wave's keys in one statement and reads the
 // records of those it could not acquire in a second one.
 func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []int) error {
 	slices.SortFunc(wave, func(i, j int) int {
@@ -269,7 +195,6 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 			return fmt.Errorf("%s: %w", req.Key, err)
 		}
 		b.claims[i] = c
-		b.observe(req.Key, c.Record, at)
 		r, previous = pgRecord{}, pgtype.Text{}
 		return nil
 	})
@@ -308,7 +233,6 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 			return fmt.Errorf("%s: %w", req.Key, err)
 		}
 		b.claims[i] = Claim{Status: Classify(rec, req.Fingerprint), Record: rec}
-		b.observe(req.Key, rec, at)
 		r = pgRecord{}
 		return nil
 	})
@@ -406,11 +330,4 @@ func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 		}
 	}
 	return errs, nil
-}
-
-// cloneRecord returns rec with its own Result, so that answers for one key
-// in a batch do not share a slice.
-func cloneRecord(rec Record) Record {
-	rec.Result = bytes.Clone(rec.Result)
-	return rec
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -18,9 +19,11 @@ type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 // inserts the record as succeeded, runs h with that transaction and commits.
 // The handler's effect and the dedup record commit together, so the effect
 // happens exactly once. A concurrent duplicate waits on the record's row
-// until the first transaction ends. A failed attempt rolls back and is
-// counted by a separate write. Use it when the handler's effects live in the
-// same database.
+// until the first transaction ends. A failed attempt rolls back the
+// handler's writes to a savepoint taken after the claim and records the
+// failure in the same transaction, so that the attempt is counted before
+// the row is let go. Use it when the handler's effects live in the same
+// database.
 func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts ...Opt) (*Wrapper[M], error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
@@ -32,66 +35,77 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
-	w.inbox = &inbox[M]{store: store, handler: h}
+	w.steps = inboxSteps[M]{store: store, handler: h, ttl: w.cfg.ttl}
 	return w, nil
 }
 
-// inbox is what a transactional-inbox wrapper runs instead of store claims.
-type inbox[M any] struct {
+// inboxSteps are the steps of an attempt in the transactional inbox: the
+// claim is made in a transaction that stays open, holding the record's row,
+// until the attempt is committed or its failure recorded in it.
+type inboxSteps[M any] struct {
 	store   *PostgresStore
 	handler TxHandler[M]
+	ttl     time.Duration
 }
 
-func (w *Wrapper[M]) runInTx(ctx context.Context, d *delivery[M]) (Result, error) {
-	s, h := w.inbox.store, w.inbox.handler
-	req := d.request(w.cfg.ttl)
-	tx, err := s.pool.Begin(ctx)
+func (s inboxSteps[M]) claim(ctx context.Context, d *delivery[M]) (Claim, error) {
+	tx, err := s.store.pool.Begin(ctx)
 	if err != nil {
-		return Result{Key: d.key}, fmt.Errorf("dedup: inbox begin %s: %w", d.key, err)
+		return Claim{}, fmt.Errorf("dedup: inbox begin %s: %w", d.key, err)
 	}
-	// Rolling back after a commit is a no-op; this covers every early return.
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	c, err := s.store.claimInTx(ctx, tx, d.request(s.ttl))
+	if err != nil || c.Status != ClaimAcquired {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return c, err
+	}
+	d.tx = tx
+	return c, nil
+}
 
-	c, err := s.claimInTx(ctx, tx, req)
-	if err != nil {
-		return Result{Key: d.key}, fmt.Errorf("dedup: inbox claim %s: %w", d.key, err)
-	}
-	fail := func(ctx context.Context, f Failure) error {
-		// Not fenced on a token: a refusal means the event was settled.
-		return w.settleHeld(ctx, d, "", func(ctx context.Context) error {
-			_, err := s.recordFailure(ctx, req, f)
-			return err
-		})
-	}
-	switch {
-	case c.Status != ClaimAcquired:
-		_ = tx.Rollback(ctx)
-		return w.settleClaim(ctx, d, c)
-	case c.Record.Attempts > w.cfg.maxAttempts:
-		// An earlier attempt failed last and its dead letter was not written.
-		_ = tx.Rollback(ctx)
-		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))
-		return w.parkFinal(ctx, d, c.Record, ReasonHandlerError, cause, fail)
-	}
+func (s inboxSteps[M]) leased() bool { return false }
 
-	err = callHandler(ctx, func(ctx context.Context, msg M) error { return h(ctx, tx, msg) }, d.msg)
-	if err == nil && ctx.Err() != nil {
-		w.warnNilAfterCancel(d.key)
+func (s inboxSteps[M]) run(ctx context.Context, d *delivery[M]) error {
+	return s.handler(ctx, d.tx, d.msg)
+}
+
+// hold has nothing to check: the open transaction holds the row.
+func (s inboxSteps[M]) hold(context.Context, *delivery[M]) error { return nil }
+
+func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
+	tx := d.tx
+	d.tx = nil
+	if err := tx.Commit(ctx); err != nil {
+		// The transaction is gone either way: committing again cannot help.
+		return unrepeatable{fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)}
 	}
-	if err == nil {
-		sctx, cancel := settleContext(ctx)
-		defer cancel()
-		if err := tx.Commit(sctx); err != nil {
-			return Result{Key: d.key}, fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)
+	return nil
+}
+
+// fail records the failure in the attempt's transaction while it holds the
+// row. When that transaction is lost first (its connection broke), the
+// claim's attempt went with it, and the failure is counted by a write of its
+// own.
+func (s inboxSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
+	if tx := d.tx; tx != nil {
+		d.tx = nil
+		attempts, err := s.store.failInTx(ctx, tx, d.key, f)
+		if err == nil {
+			return attempts, nil
 		}
-		return Result{Outcome: Processed, Key: d.key, Attempts: c.Record.Attempts}, nil
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return 0, err
 	}
-	sctx, cancel := settleContext(ctx)
-	defer cancel()
-	_ = tx.Rollback(sctx)
-	res, serr := w.afterFailure(sctx, d, c.Record, err, fail)
-	if serr == nil && ctx.Err() != nil {
-		return res, err
+	attempts, err := s.store.recordFailure(ctx, d.request(s.ttl), f)
+	if errors.Is(err, ErrLeaseLost) {
+		// Another delivery settled the event once this one let go of it.
+		return 0, unrepeatable{err}
 	}
-	return res, serr
+	return attempts, err
+}
+
+func (s inboxSteps[M]) end(ctx context.Context, d *delivery[M]) {
+	if d.tx != nil {
+		_ = d.tx.Rollback(context.WithoutCancel(ctx))
+		d.tx = nil
+	}
 }

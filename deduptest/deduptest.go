@@ -77,7 +77,7 @@ func Run(t *testing.T, s dedup.Store, opts ...Opt) {
 		{"ReleaseUncountsAttempt", testReleaseUncountsAttempt},
 		{"CompleteStoresResult", testCompleteStoresResult},
 		{"CompleteBatch", testCompleteBatch},
-		{"BatchSameKeyTwice", testBatchSameKeyTwice},
+		{"BatchRepeatedKeyRejected", testBatchRepeatedKeyRejected},
 		{"BatchMatchesSingleClaims", testBatchMatchesSingleClaims},
 		{"InvalidKeysRejected", testInvalidKeysRejected},
 		{"MaxLengthKeyAccepted", testMaxLengthKeyAccepted},

@@ -86,12 +86,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.lease)
 	defer scancel()
-	log := m.cfg.logger.With(slog.String("key", p.key.String()))
 	fail := func(reason string) {
 		err := m.store.Fail(sctx, p.key, owner, dedup.Failure{Error: reason, TTL: m.cfg.ttl})
 		if err != nil {
-			log.Warn("idemhttp: could not leave the key retryable; it is freed when its lease lapses",
-				slog.String("reason", reason), slog.Any("error", err))
+			m.cfg.logger.Warn("idemhttp: could not leave the key retryable; it is freed when its lease lapses",
+				slog.String("key", p.key.String()), slog.String("reason", reason), slog.Any("error", err))
 		}
 	}
 	switch {
@@ -100,30 +99,45 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		panic(value)
 	case rec.over:
 		fail("response over the snapshot limit")
-		log.Warn("idemhttp: response answered but not stored (over the snapshot limit); a retry runs the handler again",
-			slog.Int("limit", m.cfg.maxSnapshot))
+		m.cfg.logger.Warn("idemhttp: response answered but not stored (over the snapshot limit); a retry runs the handler again",
+			slog.String("key", p.key.String()), slog.Int("limit", m.cfg.maxSnapshot))
 		return
 	case !m.storable(ctx, rec):
 		fail("status " + strconv.Itoa(rec.status))
-		rec.flush()
+		m.answer(ctx, w, rec)
 		return
 	}
 	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
 	err := m.complete(sctx, p.key, owner, snap)
 	switch {
 	case errors.Is(err, dedup.ErrLeaseLost):
-		log.Error("idemhttp: handler outlived its lease; its response was not stored and another request may have run it again",
-			slog.Any("error", err))
+		m.cfg.logger.Error("idemhttp: handler outlived its lease; its response was not stored and another request may have run it again",
+			slog.String("key", p.key.String()), slog.Any("error", err))
 		m.cfg.writeProblem(w, ProblemLeaseLost, http.StatusServiceUnavailable,
 			"the request took longer than its lease; retry to get the stored answer", m.cfg.retryAfter)
 	case err != nil:
 		// The effect is done but not recorded: answering it is the best
 		// the client can get; a retry after the lease would run it again.
-		log.Error("idemhttp: response answered but not stored; a retry after the lease runs the handler again",
-			slog.Any("error", err))
+		m.cfg.logger.Error("idemhttp: response answered but not stored; a retry after the lease runs the handler again",
+			slog.String("key", p.key.String()), slog.Any("error", err))
 		rec.flush()
 	default:
 		rec.flush()
+	}
+}
+
+// answer sends an answer that is not stored: the handler's own, or, when
+// its request ended before it wrote anything, a problem saying why.
+func (f *front) answer(ctx context.Context, w http.ResponseWriter, rec *recorder) {
+	switch {
+	case rec.wrote || ctx.Err() == nil:
+		rec.flush()
+	case errors.Is(context.Cause(ctx), errLeaseLost):
+		f.cfg.writeProblem(w, ProblemLeaseLost, http.StatusServiceUnavailable,
+			"the request's claim on its key was lost; retry with the same key", f.cfg.retryAfter)
+	default:
+		f.cfg.writeProblem(w, ProblemAbandoned, http.StatusServiceUnavailable,
+			"the request ended before the handler answered; retry with the same key", f.cfg.retryAfter)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -498,5 +499,32 @@ func TestPolicyVersion(t *testing.T) {
 	}
 	if n := pay.charges.Load(); n != 1 {
 		t.Errorf("%d charges", n)
+	}
+}
+
+// TestServerDeadlineBeforeAnswer: a handler cut off by a server-side
+// deadline before it wrote anything gets a 503 request-abandoned, never an
+// empty 200, and the key stays retryable.
+func TestServerDeadlineBeforeAnswer(t *testing.T) {
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			<-r.Context().Done()
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	m := newMiddleware(t, dedup.NewMemoryStore()).Wrap(h)
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 50*time.Millisecond)
+		defer cancel()
+		m.ServeHTTP(w, r.WithContext(ctx))
+	}))
+	key := newKey()
+	if a := mustPost(t, srv.URL, key, order); a.status != http.StatusServiceUnavailable || a.problemType() != problem(idemhttp.ProblemAbandoned) || a.header.Get("Retry-After") == "" {
+		t.Errorf("cut off: %d %q", a.status, a.body)
+	}
+	if a := mustPost(t, srv.URL, key, order); a.status != http.StatusCreated || a.replayed() {
+		t.Errorf("retry: %d replayed=%v, want a second run", a.status, a.replayed())
 	}
 }

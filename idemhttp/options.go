@@ -18,15 +18,13 @@ const (
 	DefaultRetryAfter   = time.Second
 )
 
-// DefaultStoredHeaders are the response headers a snapshot keeps unless
-// [WithStoredHeaders] names others. Cookies and other per-caller headers are
-// deliberately absent.
-var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
+// defaultStoredHeaders are the response headers a snapshot keeps unless
+// WithStoredHeaders names others.
+var defaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
 
-// DefaultFinalStatuses are the 4xx answers stored and replayed like 2xx ones
-// unless [WithFinalStatuses] names others: the request itself was refused, so
-// repeating it cannot change the answer.
-var DefaultFinalStatuses = []int{http.StatusBadRequest, http.StatusPaymentRequired, http.StatusUnprocessableEntity}
+// defaultFinalStatuses are the 4xx answers stored and replayed like 2xx
+// ones unless WithFinalStatuses names others.
+var defaultFinalStatuses = []int{http.StatusBadRequest, http.StatusPaymentRequired, http.StatusUnprocessableEntity}
 
 // Opt configures a [Middleware].
 type Opt interface{ apply(*config) }
@@ -68,12 +66,12 @@ func defaultConfig() config {
 		ttl:            dedup.DefaultTTL,
 		retryAfter:     DefaultRetryAfter,
 		conflictStatus: http.StatusUnprocessableEntity,
-		storedHeaders:  DefaultStoredHeaders,
+		storedHeaders:  defaultStoredHeaders,
 		problemBase:    DefaultProblemBase,
 		logger:         slog.Default(),
 		jsonFP:         dedup.JSONFingerprint(""),
 	}
-	c.final = statusSet(DefaultFinalStatuses)
+	c.final = statusSet(defaultFinalStatuses)
 	return c
 }
 
@@ -138,8 +136,10 @@ func WithTenant(f func(*http.Request) (string, error)) Opt {
 }
 
 // WithRoute sets the function naming the operation a request invokes, part of
-// the fingerprint (default: the URL path). Give the route pattern (e.g.
-// r.Pattern) when paths carry IDs that a key must not outlive.
+// the fingerprint (default: the URL path, so one key sent to /accounts/1/pay
+// and /accounts/2/pay conflicts). A coarser route, such as the mux pattern
+// r.Pattern, makes requests differing only in the path's wildcards the same
+// operation: use one only when the body names them too.
 func WithRoute(f func(*http.Request) string) Opt { return optFunc(func(c *config) { c.route = f }) }
 
 // WithPolicyVersion adds a version to the fingerprint. Changing it makes the
@@ -188,14 +188,17 @@ func WithInFlightAccepted(location func(r *http.Request, key string) string) Opt
 func WithConflictStatus(code int) Opt { return optFunc(func(c *config) { c.conflictStatus = code }) }
 
 // WithStoredHeaders sets the response headers a snapshot keeps and a replay
-// sends (default [DefaultStoredHeaders]).
+// sends (default Content-Type, Content-Language, Content-Location, Location,
+// ETag and Last-Modified). Leave out Set-Cookie and other headers made for
+// one caller or one moment.
 func WithStoredHeaders(names ...string) Opt {
 	names = append([]string(nil), names...)
 	return optFunc(func(c *config) { c.storedHeaders = names })
 }
 
 // WithFinalStatuses sets the 4xx statuses stored and replayed like 2xx ones
-// (default [DefaultFinalStatuses]). Any other status leaves the key retryable.
+// (default 400, 402 and 422: the request itself was refused, so repeating it
+// cannot change the answer). Any other status leaves the key retryable.
 func WithFinalStatuses(codes ...int) Opt {
 	set := statusSet(codes)
 	return optFunc(func(c *config) { c.final = set })

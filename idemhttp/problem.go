@@ -35,6 +35,7 @@ const (
 	ProblemStoredMalformed Problem = "stored-response-malformed"
 	ProblemStore           Problem = "store-unavailable"
 	ProblemLeaseLost       Problem = "lease-lost"
+	ProblemAbandoned       Problem = "request-abandoned"
 	ProblemTooLarge        Problem = "response-too-large"
 )
 
@@ -53,6 +54,7 @@ var problemTitles = map[Problem]string{
 	ProblemStoredMalformed: "The stored response for this Idempotency-Key is unreadable",
 	ProblemStore:           "Idempotency store unavailable",
 	ProblemLeaseLost:       "The request's claim on its Idempotency-Key was taken over",
+	ProblemAbandoned:       "The request ended before the handler answered",
 	ProblemTooLarge:        "Response too large to be stored for replay",
 }
 

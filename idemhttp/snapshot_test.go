@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 )
 
 func TestSnapshotRoundTrip(t *testing.T) {
 	h := http.Header{"Content-Type": {"application/json"}, "Location": {"/p/1"}, "Set-Cookie": {"s=1"}, "Etag": {`"a"`, `"b"`}}
-	b := encodeSnapshot(201, h, DefaultStoredHeaders, []byte(`{"id":1}`))
+	b := encodeSnapshot(201, h, defaultStoredHeaders, []byte(`{"id":1}`))
 	s, err := decodeSnapshot(b)
 	if err != nil {
 		t.Fatal(err)
@@ -21,7 +22,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 }
 
 func TestSnapshotRefusesDamage(t *testing.T) {
-	good := encodeSnapshot(200, http.Header{"Content-Type": {"text/plain"}}, DefaultStoredHeaders, []byte("hello"))
+	good := encodeSnapshot(200, http.Header{"Content-Type": {"text/plain"}}, defaultStoredHeaders, []byte("hello"))
 	for name, b := range map[string][]byte{
 		"empty":        nil,
 		"other magic":  append([]byte{0x7b}, good[1:]...),
@@ -48,7 +49,7 @@ func encodeSnapshotRaw(name, value string) []byte {
 // FuzzSnapshot: decoding anything never panics, and whatever decodes
 // re-encodes to the same bytes.
 func FuzzSnapshot(f *testing.F) {
-	f.Add(encodeSnapshot(201, http.Header{"Location": {"/x"}}, DefaultStoredHeaders, []byte("body")))
+	f.Add(encodeSnapshot(201, http.Header{"Location": {"/x"}}, defaultStoredHeaders, []byte("body")))
 	f.Add([]byte{snapshotMagic, 1, 0, 200, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := decodeSnapshot(b)
@@ -99,4 +100,27 @@ func TestEntropy(t *testing.T) {
 			t.Errorf("%s: %.1f bits", key, entropyBits(key))
 		}
 	}
+}
+
+// FuzzKeyField: parsing any field value never panics, and an accepted key is
+// printable ASCII that round-trips through its sf-string form.
+func FuzzKeyField(f *testing.F) {
+	for _, s := range []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `"a\"b";p=1;q`, `"x";p=:aGk=:`, `abc`, `"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		key, err := parseKeyField(v)
+		if err != nil {
+			return
+		}
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x20 || key[i] > 0x7e {
+				t.Fatalf("%q accepted as %q", v, key)
+			}
+		}
+		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+		if again, err := parseKeyField(quoted); err != nil || again != key {
+			t.Fatalf("%q: %q re-parsed as %q, %v", v, key, again, err)
+		}
+	})
 }

@@ -65,7 +65,8 @@ func NewTx(store *dedup.PostgresStore, db TxBeginner, opts ...Opt) (*TxMiddlewar
 
 // Wrap returns h as an http.Handler behind the middleware. A request that
 // has no key and may go without one (WithOptionalKey) still runs in a
-// transaction of its own, committed when it answers 2xx or 3xx. It panics if h is nil.
+// transaction of its own, committed when it answers 2xx or 3xx; the snapshot
+// limit bounds its answer too, as every answer is sent after the commit. It panics if h is nil.
 func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 	if h == nil {
 		panic("idemhttp: Wrap(nil)")
@@ -125,14 +126,14 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 			"the answer is too large to be stored, so the operation was not applied", 0)
 		return
 	case p == nil || !m.storable(ctx, rec):
-		if p == nil && rec.status < 400 {
+		if p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil) {
 			if err := tx.Commit(sctx); err != nil {
 				m.storeError(w, p, "commit", err)
 				return
 			}
 		}
 		_ = tx.Rollback(sctx)
-		rec.flush()
+		m.answer(ctx, w, rec)
 		return
 	}
 	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())

@@ -242,3 +242,20 @@ func TestTxLockTimeoutIsInFlight(t *testing.T) {
 		t.Errorf("after: %d replayed=%v", a.status, a.replayed())
 	}
 }
+
+// TestTxKeyless: with WithOptionalKey a request without a key runs in a
+// transaction of its own, committed on 2xx and rolled back on 5xx.
+func TestTxKeyless(t *testing.T) {
+	status := 0
+	url, pool, charges := newTxServer(t, &status, idemhttp.WithOptionalKey())
+	if a := mustPost(t, url, "", order); a.status != http.StatusCreated {
+		t.Fatalf("keyless: %d %q", a.status, a.body)
+	}
+	status = http.StatusServiceUnavailable
+	if a := mustPost(t, url, "", order); a.status != http.StatusServiceUnavailable {
+		t.Fatalf("keyless 503: %d", a.status)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1 (the 503's rolled back)", n)
+	}
+}

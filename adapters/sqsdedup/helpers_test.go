@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -296,46 +295,4 @@ func newSink(t *testing.T, c *sqs.Client, url string, opts ...sqsdedup.SinkOpt) 
 		t.Fatal(err)
 	}
 	return s
-}
-
-// capture is a slog.Handler keeping every record, for tests of what is
-// logged and at which level.
-type capture struct {
-	mu      sync.Mutex
-	records []slog.Record
-}
-
-func (c *capture) Enabled(context.Context, slog.Level) bool { return true }
-
-func (c *capture) Handle(_ context.Context, r slog.Record) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.records = append(c.records, r.Clone())
-	return nil
-}
-
-func (c *capture) WithAttrs([]slog.Attr) slog.Handler { return c }
-func (c *capture) WithGroup(string) slog.Handler      { return c }
-
-// count returns how many records at level have a message containing text.
-func (c *capture) count(level slog.Level, text string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, r := range c.records {
-		if r.Level == level && strings.Contains(r.Message, text) {
-			n++
-		}
-	}
-	return n
-}
-
-func (c *capture) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var b strings.Builder
-	for _, r := range c.records {
-		fmt.Fprintf(&b, "%s %s\n", r.Level, r.Message)
-	}
-	return b.String()
 }

@@ -81,7 +81,7 @@ func created(w http.ResponseWriter, id string, p paymentRequest) {
 // handler builds the API: the memory store in claim mode, or PostgreSQL in
 // transactional mode when pool is set.
 func handler(ctx context.Context, gw *gateway, pool *pgxpool.Pool) (http.Handler, error) {
-	opts := []idemhttp.Opt{idemhttp.WithScope("payments-api"), idemhttp.WithRoute(func(r *http.Request) string { return r.Pattern })}
+	opts := []idemhttp.Opt{idemhttp.WithScope("payments-api")}
 	mux := http.NewServeMux()
 	if pool == nil {
 		m, err := idemhttp.New(dedup.NewMemoryStore(), opts...)

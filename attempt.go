@@ -1,0 +1,304 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// steps carries out the steps of one attempt: claim, run, complete, fail.
+// The store claim path and the transactional inbox each implement them once;
+// [Wrapper.settle] is the one routine around them that decides what an
+// attempt's outcome is and in which order it is made durable.
+type steps[M any] interface {
+	// claim claims d's key. An acquired claim is held, and whatever it holds
+	// kept in d, until complete, fail or end.
+	claim(ctx context.Context, d *delivery[M]) (Claim, error)
+	// leased reports whether a held claim is a lease to extend while the
+	// handler runs.
+	leased() bool
+	// run runs the handler on d's message.
+	run(ctx context.Context, d *delivery[M]) error
+	// hold makes sure the claim is still d's, for as long as a lease, or
+	// returns an error matching ErrLeaseLost.
+	hold(ctx context.Context, d *delivery[M]) error
+	// complete records the attempt's success.
+	complete(ctx context.Context, d *delivery[M]) error
+	// fail records the attempt's failure, the handler's effects undone where
+	// the steps can, and returns the attempts recorded.
+	fail(ctx context.Context, d *delivery[M], f Failure) (int, error)
+	// end lets go of whatever the attempt still holds.
+	end(ctx context.Context, d *delivery[M])
+}
+
+// unrepeatable marks a settling write's error that trying again cannot mend.
+type unrepeatable struct{ error }
+
+func (e unrepeatable) Unwrap() error { return e.error }
+
+// storeSteps are the steps of an attempt on the store claim path: a claim
+// with a lease, fenced writes on its owner token.
+type storeSteps[M any] struct{ w *Wrapper[M] }
+
+func (s storeSteps[M]) claim(ctx context.Context, d *delivery[M]) (Claim, error) {
+	c, err := s.w.store.Claim(ctx, d.request(s.w.cfg.ttl))
+	if err != nil {
+		return Claim{}, fmt.Errorf("dedup: claim %s: %w", d.key, err)
+	}
+	return c, nil
+}
+
+func (s storeSteps[M]) leased() bool { return true }
+
+func (s storeSteps[M]) run(ctx context.Context, d *delivery[M]) error { return s.w.handler(ctx, d.msg) }
+
+// hold renews the lease: a refusal means another worker took the key over.
+func (s storeSteps[M]) hold(ctx context.Context, d *delivery[M]) error {
+	return s.w.store.Extend(ctx, d.key, d.owner, d.leaseTime)
+}
+
+func (s storeSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
+	return s.w.store.Complete(ctx, d.key, d.owner, nil, s.w.cfg.ttl)
+}
+
+// fail returns the claim's attempt count: the write is fenced on the claim,
+// so no other attempt was counted since.
+func (s storeSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
+	return d.attempts, s.w.store.Fail(ctx, d.key, d.owner, f)
+}
+
+func (s storeSteps[M]) end(context.Context, *delivery[M]) {}
+
+// settle carries one claimed delivery through its attempt: it answers a
+// claim that was not acquired, parks an event whose attempts are exhausted,
+// runs the handler with a heartbeat and panic recovery, and records the
+// outcome. When later is not nil, a success is appended to it, for the
+// caller to complete with others, instead of being completed here.
+func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later *[]Completion) (Result, error) {
+	res := Result{Key: d.key, Attempts: c.Record.Attempts}
+	switch c.Status {
+	case ClaimDuplicate, ClaimFinal:
+		res.Outcome = Duplicate
+		return res, nil
+	case ClaimInFlight:
+		res.Outcome = InFlight
+		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, min(d.leaseTime, maxInFlightWait))
+		return res, nil
+	case ClaimConflict:
+		return w.parkConflict(ctx, d, c.Record)
+	case ClaimAcquired:
+	default:
+		w.steps.end(ctx, d)
+		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
+	}
+	d.owner, d.attempts = c.Record.Owner, c.Record.Attempts
+	defer w.steps.end(ctx, d)
+
+	if c.Record.Attempts > w.cfg.maxAttempts {
+		// The last attempt never reached a verdict (its worker died) or its
+		// dead letter could not be written: park it now without running.
+		// With no failure ever recorded, every attempt ended in a death, even
+		// when the claim was given back since (a batch releasing it).
+		reason := ReasonHandlerError
+		if c.Previous == StatusProcessing || c.Record.LastError == "" {
+			reason = ReasonCrashLoop
+		}
+		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))
+		sctx, cancel := settleContext(ctx)
+		defer cancel()
+		return w.parkFinal(sctx, d, c.Record, reason, cause)
+	}
+
+	err := w.run(ctx, d)
+	if err == nil && ctx.Err() != nil {
+		w.warnNilAfterCancel(d.key)
+	}
+	if err == nil && later != nil {
+		*later = append(*later, Completion{Key: d.key, Owner: d.owner, TTL: w.cfg.ttl})
+		res.Outcome = Processed
+		return res, nil
+	}
+	sctx, cancel := settleContext(ctx)
+	defer cancel()
+	if err == nil {
+		err := w.retryHeld(sctx, d.leaseTime, func(ctx context.Context, retried bool) error {
+			err := w.steps.complete(ctx, d)
+			if retried && errors.Is(err, ErrLeaseLost) && w.landed(ctx, d.key, d.owner) {
+				return nil // an earlier try was applied but its answer lost
+			}
+			return err
+		})
+		if err != nil {
+			return res, w.settleError("complete", d.key, err, true)
+		}
+		res.Outcome = Processed
+		return res, nil
+	}
+	res, serr := w.afterFailure(sctx, d, c.Record, err)
+	if serr == nil && ctx.Err() != nil {
+		// Shutting down: the attempt is recorded, the caller must not ack.
+		return res, err
+	}
+	return res, serr
+}
+
+// run runs the handler of a held claim, extending a lease meanwhile and
+// turning a panic into a *PanicError. A lost lease cancels the handler.
+func (w *Wrapper[M]) run(ctx context.Context, d *delivery[M]) error {
+	if !w.steps.leased() {
+		return callHandler(ctx, w.steps.run, d)
+	}
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	hb := w.heartbeats.Get().(*heartbeat)
+	hb.start(hctx, cancel, d.key, d.owner, d.leaseTime)
+	err := callHandler(hctx, w.steps.run, d)
+	hb.stop()
+	w.heartbeats.Put(hb)
+	return err
+}
+
+// afterFailure decides between retry and dead letter after a failed attempt
+// and records it.
+func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Record, herr error) (Result, error) {
+	attempts := rec.Attempts
+	if w.msgs.Attempts != nil {
+		attempts = max(attempts, w.msgs.Attempts(d.msg))
+	}
+	reason := ReasonHandlerError
+	var perr *PanicError
+	switch {
+	case IsPermanent(herr):
+		reason = ReasonPermanent
+	case errors.As(herr, &perr):
+		reason = ReasonPanic
+	}
+	if reason == ReasonPermanent || attempts >= w.cfg.maxAttempts {
+		rec.Attempts = attempts
+		return w.parkFinal(ctx, d, rec, reason, herr)
+	}
+	recorded, err := w.fail(ctx, d, Failure{Error: herr.Error(), TTL: w.cfg.ttl})
+	if err != nil {
+		return Result{Key: d.key}, w.settleError("record failure", d.key, err, false)
+	}
+	attempts = max(attempts, recorded)
+	w.cfg.logger.Debug("dedup: attempt failed, will retry", slog.String("key", d.key.String()),
+		slog.Int("attempt", attempts), slog.Any("error", herr))
+	return Result{Outcome: Retry, Key: d.key, Attempts: attempts, Err: herr,
+		RetryAfter: w.cfg.backoff(attempts)}, nil
+}
+
+// parkFinal dead-letters a held event and records it as failed for good.
+//
+// The order is what makes it safe. First hold: a worker that lost its claim
+// (it froze, its lease lapsed, another worker took the event over and may
+// have completed it) learns it here and writes nothing. Then the letter:
+// if the sink fails, the record stays retryable and the message comes back,
+// so a letter is never lost. Then the final write, fenced on the claim. hold
+// renewed the lease for its whole length and the sink write is bounded by
+// it, so another worker can take the event over between the steps only if
+// the sink accepted the letter past its deadline: the final write is then
+// refused and reported, and the letter carries the event ID by which
+// whoever drains the dead letters finds the event settled.
+func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error) (Result, error) {
+	if err := w.steps.hold(ctx, d); err != nil {
+		return Result{Key: d.key}, w.settleError("dead-letter", d.key, err, false)
+	}
+	pctx, cancel := ctx, context.CancelFunc(func() {})
+	if w.steps.leased() {
+		pctx, cancel = context.WithTimeout(ctx, d.leaseTime)
+	}
+	err := w.park(pctx, d, reason, cause, rec)
+	cancel()
+	if err != nil {
+		if _, ferr := w.fail(ctx, d, Failure{Error: cause.Error(), TTL: w.cfg.ttl}); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		return Result{Key: d.key}, err
+	}
+	if _, err := w.fail(ctx, d, Failure{Final: true, Error: cause.Error(), TTL: w.cfg.ttl}); err != nil {
+		return Result{Key: d.key}, w.settleError("record dead letter", d.key, err, false)
+	}
+	return Result{Outcome: DeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: reason, Err: cause}, nil
+}
+
+// fail records a failed attempt, trying again while the claim holds.
+func (w *Wrapper[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
+	var attempts int
+	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, retried bool) error {
+		var err error
+		attempts, err = w.steps.fail(ctx, d, f)
+		if retried && errors.Is(err, ErrLeaseLost) && w.landed(ctx, d.key, d.owner) {
+			return nil
+		}
+		return err
+	})
+	return attempts, err
+}
+
+// Bounds of the waits between tries of a settling write.
+const (
+	settleRetryMin = 50 * time.Millisecond
+	settleRetryMax = time.Second
+)
+
+// retryHeld makes write, a write that records the outcome of attempts that
+// ran (retried tells it whether an earlier try may have been applied),
+// durable. A write that fails for another reason than a lost claim is tried
+// again, for up to the lease length, while ctx lasts: the claims are still
+// held, so waiting for the store to come back records the outcome once,
+// where giving up would have the message redelivered and the handler, whose
+// effect is already applied, run again once the lease lapsed.
+func (w *Wrapper[M]) retryHeld(ctx context.Context, lease time.Duration, write func(ctx context.Context, retried bool) error) error {
+	deadline := time.Now().Add(lease)
+	wait := settleRetryMin
+	for tries := 1; ; tries++ {
+		err := write(ctx, tries > 1)
+		var final unrepeatable
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, ErrLeaseLost) || errors.As(err, &final):
+			return err
+		case ctx.Err() != nil || time.Now().Add(wait).After(deadline):
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, settleRetryMax)
+	}
+}
+
+// landed reports whether the record of key was settled by owner: still its
+// token, no longer processing. Only owner settles its own claim, and a
+// takeover replaces the token.
+func (w *Wrapper[M]) landed(ctx context.Context, key Key, owner string) bool {
+	if owner == "" || !w.steps.leased() {
+		return false
+	}
+	rec, err := w.store.Get(ctx, key)
+	return err == nil && rec.Owner == owner && rec.Status != StatusProcessing
+}
+
+// settleError reports a write that could not record an attempt's outcome.
+// applied says whether the attempt's effect stays applied (it succeeded):
+// then a lost claim means that another worker will apply it again.
+func (w *Wrapper[M]) settleError(op string, key Key, err error, applied bool) error {
+	switch {
+	case !errors.Is(err, ErrLeaseLost):
+	case applied:
+		w.cfg.logger.Error("dedup: lease lost: another worker took this event over while it ran; its effect may be applied twice",
+			slog.String("key", key.String()), slog.String("op", op))
+	default:
+		w.cfg.logger.Warn("dedup: lease lost: another worker took this event over; this attempt's failure is not recorded",
+			slog.String("key", key.String()), slog.String("op", op))
+	}
+	return fmt.Errorf("dedup: %s %s: %w", op, key, err)
+}
