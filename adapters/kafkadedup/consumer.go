@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -19,6 +21,7 @@ const (
 	DefaultMaxPollRecords  = 1000
 	DefaultPartitionBuffer = 2000
 	DefaultDrainTimeout    = 10 * time.Second
+	DefaultOutageAfter     = time.Minute
 )
 
 // commitTimeout bounds each synchronous commit and the final group leave.
@@ -27,6 +30,12 @@ const commitTimeout = 10 * time.Second
 // ErrRunning is returned by [Consumer.Run] while another Run of the same
 // Consumer is in progress.
 var ErrRunning = errors.New("kafkadedup: consumer is already running")
+
+// ErrOutage means settling records has kept failing (the store or the
+// dead-letter sink unreachable) for longer than [WithOutageAfter], as
+// reported by [Consumer.Health], or than [WithMaxOutage], as returned by
+// [Consumer.Run].
+var ErrOutage = errors.New("kafkadedup: store or dead-letter sink failing")
 
 // Opt configures a [Consumer].
 type Opt func(*consumerConfig)
@@ -38,6 +47,8 @@ type consumerConfig struct {
 	buffer       int
 	drainTimeout time.Duration
 	errBackoff   dedup.Backoff
+	outageAfter  time.Duration
+	maxOutage    time.Duration
 }
 
 // WithClientOpts adds kgo client options: brokers, TLS, SASL, the consumer
@@ -49,7 +60,11 @@ func WithClientOpts(opts ...kgo.Opt) Opt {
 }
 
 // WithLogger sets the logger for the poll loop and partition workers
-// (default: discard). The wrapper has its own, dedup.WithLogger.
+// (default: slog.Default() as of NewConsumer). They log at INFO only when an
+// outage ends, at WARN what they will retry (a fetch error, a record not
+// settled before an outage is declared, a lost partition), and at ERROR an
+// outage ([WithOutageAfter]) and a failed commit. The wrapper has its own
+// logger, dedup.WithLogger.
 func WithLogger(l *slog.Logger) Opt { return func(c *consumerConfig) { c.logger = l } }
 
 // WithMaxPollRecords caps the records taken from the client per poll
@@ -70,6 +85,18 @@ func WithDrainTimeout(d time.Duration) Opt { return func(c *consumerConfig) { c.
 // default dedup.ExponentialBackoff(100ms, 5s).
 func WithErrorBackoff(b dedup.Backoff) Opt { return func(c *consumerConfig) { c.errBackoff = b } }
 
+// WithOutageAfter sets how long settling records must keep failing (the
+// store or the dead-letter sink unreachable) before it is an outage
+// (default 1 min): the Consumer then logs it at ERROR, once and again at
+// this interval while it lasts, and [Consumer.Health] reports it.
+func WithOutageAfter(d time.Duration) Opt { return func(c *consumerConfig) { c.outageAfter = d } }
+
+// WithMaxOutage makes Run shut down, as if its context were canceled, and
+// return an error matching [ErrOutage] once settling records has kept
+// failing for longer than d (default 0: Run never gives up), so that a
+// supervisor can restart or replace the process.
+func WithMaxOutage(d time.Duration) Opt { return func(c *consumerConfig) { c.maxOutage = d } }
+
 // Consumer runs a consumer-group poll loop that passes every record through
 // a dedup wrapper, one goroutine per assigned partition: a partition's
 // records run in order, partitions in parallel. Each fetched partition batch
@@ -88,14 +115,19 @@ type Consumer struct {
 	w       *dedup.Wrapper[*kgo.Record]
 	cfg     consumerConfig
 	running atomic.Bool
+	health  *outage.Tracker
 }
 
 // NewConsumer returns a Consumer that passes records through w. The kgo
 // client is created by Run, from the options given with WithClientOpts,
-// which must name a consumer group (kgo.ConsumerGroup) and its topics.
+// which must name a consumer group (kgo.ConsumerGroup) and its topics
+// (kgo.ConsumeTopics); NewConsumer checks them without contacting a broker,
+// and fails with an error matching dedup.ErrConfig that names what is
+// missing or invalid.
 func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) {
 	cfg := consumerConfig{
-		logger:       slog.New(slog.DiscardHandler),
+		logger:       slog.Default(),
+		outageAfter:  DefaultOutageAfter,
 		maxPoll:      DefaultMaxPollRecords,
 		buffer:       DefaultPartitionBuffer,
 		drainTimeout: DefaultDrainTimeout,
@@ -114,8 +146,59 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 			dedup.ErrConfig, cfg.maxPoll, cfg.buffer)
 	case cfg.drainTimeout < 0:
 		return nil, fmt.Errorf("%w: kafkadedup: negative drain timeout", dedup.ErrConfig)
+	case cfg.outageAfter <= 0:
+		return nil, fmt.Errorf("%w: kafkadedup: WithOutageAfter(%v): must be positive", dedup.ErrConfig, cfg.outageAfter)
+	case cfg.maxOutage < 0:
+		return nil, fmt.Errorf("%w: kafkadedup: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, cfg.maxOutage)
 	}
-	return &Consumer{w: w, cfg: cfg}, nil
+	if err := checkClientOpts(cfg.clientOpts); err != nil {
+		return nil, err
+	}
+	return &Consumer{w: w, cfg: cfg, health: outage.New(cfg.logger, "kafkadedup:", cfg.outageAfter, ErrOutage)}, nil
+}
+
+// errOffline is what the client built by checkClientOpts gets for every
+// connection it tries.
+var errOffline = errors.New("kafkadedup: offline client for checking options")
+
+// checkClientOpts checks the kgo options given to a Consumer: they must name
+// a consumer group and its topics, and be valid with the options Run adds.
+// It reads them back from a client built with every connection refused, so
+// checking contacts no broker and joins no group.
+func checkClientOpts(opts []kgo.Opt) error {
+	offline := append(slices.Clip(opts),
+		kgo.DialTLSConfig(nil),
+		kgo.Dialer(func(context.Context, string, string) (net.Conn, error) { return nil, errOffline }),
+		kgo.WithLogger(nil),
+	)
+	cl, err := kgo.NewClient(offline...)
+	if err != nil {
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts: %v", dedup.ErrConfig, err)
+	}
+	group, _ := cl.OptValue(kgo.ConsumerGroup).(string)
+	topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
+	cl.Close()
+	switch {
+	case group == "":
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts names no consumer group: add kgo.ConsumerGroup", dedup.ErrConfig)
+	case len(topics) == 0:
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts names no topics: add kgo.ConsumeTopics", dedup.ErrConfig)
+	}
+	if err := kgo.ValidateOpts(append(offline, runOpts(&session{})...)...); err != nil {
+		return fmt.Errorf("%w: kafkadedup: WithClientOpts: %v", dedup.ErrConfig, err)
+	}
+	return nil
+}
+
+// runOpts are the client options Run adds to the caller's: those the
+// Consumer's guarantees rest on.
+func runOpts(s *session) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.AutoCommitMarks(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+	}
 }
 
 // Run creates the client, joins the group and consumes until ctx is done.
@@ -124,21 +207,21 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 // commits the marked offsets, leaves the group and closes the client. The
 // commit and the leave are bounded by 10 s together, the settling of a
 // canceled attempt by the wrapper's own bound. It returns nil after a clean
-// shutdown, or the error that prevented starting or the final commit.
+// shutdown, or the error that prevented starting or the final commit. With
+// [WithMaxOutage], Run also shuts down, and returns an error matching
+// [ErrOutage], once settling records has kept failing for longer than that
+// bound.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
 	defer c.running.Store(false)
 
-	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, parts: make(map[topicPartition]*partition)}
-	opts := append(slices.Clip(c.cfg.clientOpts),
-		kgo.AutoCommitMarks(),
-		kgo.BlockRebalanceOnPoll(),
-		kgo.OnPartitionsRevoked(s.revoked),
-		kgo.OnPartitionsLost(s.lost),
-	)
-	cl, err := kgo.NewClient(opts...)
+	ctx, giveUp := context.WithCancelCause(ctx)
+	defer giveUp(nil)
+	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, health: c.health, giveUp: giveUp,
+		parts: make(map[topicPartition]*partition)}
+	cl, err := kgo.NewClient(append(slices.Clip(c.cfg.clientOpts), runOpts(s)...)...)
 	if err != nil {
 		return fmt.Errorf("kafkadedup: new client: %w", err)
 	}
@@ -149,7 +232,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	s.base = withGroup(context.WithoutCancel(ctx), s.group)
 
 	s.poll(ctx)
-	return s.shutdown()
+	err = s.shutdown()
+	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
+		return errors.Join(cause, err)
+	}
+	return err
 }
 
 // session is the state of one Run.
@@ -160,6 +247,9 @@ type session struct {
 	cl    *kgo.Client
 	group string
 	base  context.Context // parent of the handlers' contexts; carries the group
+
+	health *outage.Tracker
+	giveUp context.CancelCauseFunc // stops Run with an outage error (WithMaxOutage)
 
 	mu    sync.Mutex
 	parts map[topicPartition]*partition
@@ -188,6 +278,20 @@ func (s *session) poll(ctx context.Context) {
 		})
 		s.cl.AllowRebalance()
 	}
+}
+
+// failed records a failure to settle a record, stops Run once failures have
+// lasted longer than WithMaxOutage, and returns the level to log this one
+// at: WARN, or DEBUG once the outage is logged at ERROR.
+func (s *session) failed(err error) slog.Level {
+	failingFor, outage := s.health.Failure(err)
+	if s.cfg.maxOutage > 0 && failingFor > s.cfg.maxOutage {
+		s.giveUp(fmt.Errorf("%w; stopping (WithMaxOutage(%v))", s.health.Err(), s.cfg.maxOutage))
+	}
+	if outage {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }
 
 // worker returns the partition's worker, starting it on first use.

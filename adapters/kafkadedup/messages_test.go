@@ -3,6 +3,7 @@ package kafkadedup_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,12 +120,37 @@ func TestNewConsumerAndSinkRejectBadConfig(t *testing.T) {
 	if _, err := kafkadedup.NewSink(nil); !errors.Is(err, dedup.ErrConfig) {
 		t.Errorf("NewSink(nil) = %v, want ErrConfig", err)
 	}
-	// Run reports a client without a group (AutoCommitMarks needs one).
-	c, err := kafkadedup.NewConsumer(w, kafkadedup.WithClientOpts(kgo.SeedBrokers("127.0.0.1:1")))
+}
+
+// NewConsumer names the client option that is missing or invalid, without
+// contacting a broker: the seed here is a port nothing listens on.
+func TestNewConsumerChecksClientOpts(t *testing.T) {
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), kafkadedup.Messages(),
+		func(context.Context, *kgo.Record) error { return nil },
+		dedup.WithScope("g/h"), dedup.WithSink(&dedup.MemorySink{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Run(context.Background()); err == nil {
-		t.Error("Run without a consumer group returned nil")
+	seed := kgo.SeedBrokers("127.0.0.1:1")
+	for _, tc := range []struct {
+		name  string
+		opts  []kgo.Opt
+		names string
+	}{
+		{"no options", nil, "kgo.ConsumerGroup"},
+		{"no group", []kgo.Opt{seed, kgo.ConsumeTopics("orders")}, "kgo.ConsumerGroup"},
+		{"no topics", []kgo.Opt{seed, kgo.ConsumerGroup("billing")}, "kgo.ConsumeTopics"},
+		{"direct partitions in a group", []kgo.Opt{seed, kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders"),
+			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{"payments": {0: kgo.NewOffset()}})}, "direct-partition"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := kafkadedup.NewConsumer(w, kafkadedup.WithClientOpts(tc.opts...))
+			if !errors.Is(err, dedup.ErrConfig) || !strings.Contains(err.Error(), tc.names) {
+				t.Errorf("NewConsumer = %v, want ErrConfig naming %s", err, tc.names)
+			}
+		})
+	}
+	if _, err := kafkadedup.NewConsumer(w, kafkadedup.WithClientOpts(seed, kgo.ConsumerGroup("billing"), kgo.ConsumeRegex(), kgo.ConsumeTopics("orders-.*"))); err != nil {
+		t.Errorf("NewConsumer with a group and a topic pattern = %v, want nil", err)
 	}
 }

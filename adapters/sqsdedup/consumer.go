@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // cancelGrace bounds how long Run still waits for handlers once it has
@@ -53,6 +54,10 @@ type Consumer struct {
 	w      *dedup.Wrapper[types.Message]
 	cfg    config
 	log    *slog.Logger
+	// noReceiveCount is done once a message came without its
+	// ApproximateReceiveCount, which is then logged.
+	noReceiveCount sync.Once
+	health         *outage.Tracker
 }
 
 // NewConsumer returns a Consumer of the queue at queueURL running messages
@@ -67,15 +72,16 @@ func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Mes
 	}
 	switch {
 	case client == nil:
-		return nil, fmt.Errorf("%w: nil SQS client", dedup.ErrConfig)
-	case queueURL == "":
-		return nil, fmt.Errorf("%w: empty queue URL", dedup.ErrConfig)
+		return nil, fmt.Errorf("%w: sqsdedup: nil SQS client", dedup.ErrConfig)
+	case checkQueueURL(queueURL) != nil:
+		return nil, fmt.Errorf("%w: sqsdedup: %v", dedup.ErrConfig, checkQueueURL(queueURL))
 	case w == nil:
-		return nil, fmt.Errorf("%w: nil wrapper", dedup.ErrConfig)
+		return nil, fmt.Errorf("%w: sqsdedup: nil wrapper", dedup.ErrConfig)
 	}
+	log := cfg.logger.With(slog.String("queue", queueURL))
 	return &Consumer{
-		client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg,
-		log: cfg.logger.With(slog.String("queue", queueURL)),
+		client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg, log: log,
+		health: outage.New(log, "sqsdedup:", cfg.outageAfter, ErrOutage),
 	}, nil
 }
 
@@ -104,7 +110,9 @@ func VisibilityTimeout(ctx context.Context, client *sqs.Client, queueURL string)
 // visibility 0. Even if SQS or a handler hangs, it returns within the wait
 // time plus the shutdown timeout plus 35 s; a handler still running then is
 // reported as an error. Run fails at once if the queue's visibility timeout
-// cannot be read, unless ctx is done by then.
+// cannot be read, unless ctx is done by then. With [WithMaxOutage], Run also
+// shuts down, and returns an error matching [ErrOutage], once settling
+// messages has kept failing for longer than that bound.
 func (c *Consumer) Run(ctx context.Context) error {
 	vis := c.cfg.visibility
 	if vis == 0 {
@@ -123,7 +131,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			dedup.ErrConfig, c.url)
 	}
 
+	ctx, giveUp := context.WithCancelCause(ctx)
+	defer giveUp(nil)
 	r := c.start(ctx, vis)
+	r.giveUp = giveUp
 	stopLog := context.AfterFunc(ctx, func() {
 		c.log.Info("sqsdedup: stopping: waiting for receives in progress and running handlers")
 	})
@@ -135,6 +146,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	pollers.Wait()
 	err := r.drain()
 	r.stop()
+	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
+		return errors.Join(cause, err)
+	}
 	return err
 }
 
@@ -148,8 +162,10 @@ type runner struct {
 	work       context.Context
 	cancelWork context.CancelFunc
 	// bg is for the consumer's own calls, until Run returns.
-	bg       context.Context
-	stopBg   context.CancelFunc
+	bg     context.Context
+	stopBg context.CancelFunc
+	// giveUp stops Run with an outage error (WithMaxOutage).
+	giveUp   context.CancelCauseFunc
 	handlers sync.WaitGroup
 	services sync.WaitGroup
 	hb       *heartbeat
@@ -201,6 +217,7 @@ func (r *runner) poll(ctx context.Context) {
 		}
 		failures = 0
 		r.release(n - len(out.Messages))
+		r.checkReceiveCount(out.Messages)
 		r.dispatch(ctx, out.Messages)
 	}
 }
@@ -219,6 +236,10 @@ func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput,
 		VisibilityTimeout:           seconds(r.vis),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		// Real SQS answers both parameters; some SQS-compatible endpoints
+		// know only the older one.
+		//lint:ignore SA1019 the deprecated parameter is what those endpoints read
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll},
 	}
 	if r.fifo {
 		// The SDK's retries of this receive then get the same messages
@@ -226,6 +247,22 @@ func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput,
 		in.ReceiveRequestAttemptId = aws.String(rand.Text())
 	}
 	return r.client.ReceiveMessage(ctx, in)
+}
+
+// checkReceiveCount logs, once per Consumer, that the endpoint returns
+// messages without their ApproximateReceiveCount. Attempts are then counted
+// by the store alone, so a handler that crashes its process before the store
+// records the attempt is not counted against dedup.WithMaxAttempts.
+func (r *runner) checkReceiveCount(msgs []types.Message) {
+	for _, m := range msgs {
+		if _, ok := m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]; !ok {
+			r.noReceiveCount.Do(func() {
+				r.log.Warn("sqsdedup: the SQS endpoint returns no ApproximateReceiveCount; attempts are counted by the store only",
+					slog.String("message_id", aws.ToString(m.MessageId)))
+			})
+			return
+		}
+	}
 }
 
 // acquire takes between one and maxMessages free worker slots, waiting for
@@ -320,7 +357,7 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 		return
 	}
 	if err != nil && stop.Err() == nil {
-		r.log.Warn("sqsdedup: claiming a group's messages failed; they come back when their visibility timeout runs out",
+		r.log.Log(r.work, r.failed(err), "sqsdedup: claiming a group's messages failed; they come back when their visibility timeout runs out",
 			slog.Int("messages", len(rest)), slog.Any("error", err))
 		r.hb.remove(rest...)
 	} else {
@@ -329,11 +366,28 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 	r.release(len(rest))
 }
 
+// failed records a failure to settle a message, stops Run once failures
+// have lasted longer than WithMaxOutage, and returns the level to log this
+// one at: WARN, or DEBUG once the outage is logged at ERROR.
+func (r *runner) failed(err error) slog.Level {
+	failingFor, outage := r.health.Failure(err)
+	if r.cfg.maxOutage > 0 && failingFor > r.cfg.maxOutage {
+		r.giveUp(fmt.Errorf("%w; stopping (WithMaxOutage(%v))", r.health.Err(), r.cfg.maxOutage))
+	}
+	if outage {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
+}
+
 // settle acts on the outcome of one message.
 func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result, err error) {
+	if err == nil {
+		r.health.Success()
+	}
 	switch {
 	case err != nil:
-		r.log.Warn("sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
+		r.log.Log(r.work, r.failed(err), "sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
 			slog.String("key", res.Key.String()), slog.Any("error", err))
 		if stop.Err() != nil {
 			r.giveBack(0, m)

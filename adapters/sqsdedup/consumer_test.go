@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -220,6 +221,53 @@ func TestReceiveCountCountsAsAttempts(t *testing.T) {
 	assertDrained(t, c, url)
 }
 
+// An endpoint that returns no ApproximateReceiveCount (here: the client's
+// middleware removes it from every received message) is said once in the log,
+// and the store's count of attempts takes its place: the message is still
+// dead-lettered after WithMaxAttempts attempts.
+func TestMissingReceiveCountFallsBackToStore(t *testing.T) {
+	t.Parallel()
+	c := client(t, stripReceiveCount)
+	url := queue(t, c)
+	rec := newRecorder()
+	sink := &dedup.MemorySink{}
+	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
+		rec.call(eventID(m))
+		return errors.New("still failing")
+	}, dedup.WithMaxAttempts(3), dedup.WithSink(sink))
+	send(t, c, url, "uncounted-1", "x", nil)
+	logs := &testenv.Logs{}
+	stop := start(t, c, url, w, sqsdedup.WithLogger(slog.New(logs)))
+	waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+	stop()
+	if n := len(rec.callList()); n != 3 {
+		t.Errorf("handler ran %d times, want 3", n)
+	}
+	if letters := sink.Letters(); len(letters) != 1 || letters[0].Attempts != 3 {
+		t.Errorf("dead letters %+v, want one with 3 attempts", letters)
+	}
+	if n := logs.Count(slog.LevelWarn, "no ApproximateReceiveCount"); n != 1 {
+		t.Errorf("%d warnings of the missing receive count, want 1; logs:\n%s", n, logs)
+	}
+	assertDrained(t, c, url)
+}
+
+// stripReceiveCount is a client middleware that removes the
+// ApproximateReceiveCount from received messages, as some SQS-compatible
+// endpoints do.
+func stripReceiveCount(stack *middleware.Stack) error {
+	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("stripReceiveCount",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			out, md, err := next.HandleInitialize(ctx, in)
+			if r, ok := out.Result.(*sqs.ReceiveMessageOutput); ok {
+				for _, m := range r.Messages {
+					delete(m.Attributes, string(types.MessageSystemAttributeNameApproximateReceiveCount))
+				}
+			}
+			return out, md, err
+		}), middleware.After)
+}
+
 // When the DLQ cannot be written, the original stays in its queue; once the
 // DLQ works again, the message is parked and deleted.
 func TestFailingDeadLetterKeepsOriginal(t *testing.T) {
@@ -406,23 +454,38 @@ func TestShutdownTimeoutGivesMessageBack(t *testing.T) {
 	stop()
 }
 
-func TestNewConsumerRejectsBadOptions(t *testing.T) {
-	c := testenv.SQS(t)
-	w := wrap(t, dedup.NewMemoryStore(), "u", newRecorder(), func(context.Context, types.Message) error { return nil })
-	for _, opts := range [][]sqsdedup.Opt{
-		{sqsdedup.WithPollers(0)},
-		{sqsdedup.WithWorkers(0)},
-		{sqsdedup.WithMaxMessages(11)},
-		{sqsdedup.WithWaitTime(21 * time.Second)},
-		{sqsdedup.WithVisibilityTimeout(13 * time.Hour)},
-		{sqsdedup.WithLogger(nil)},
+// NewConsumer rejects what Run could not work with, naming it, without
+// contacting SQS (the client here has no endpoint).
+func TestNewConsumerRejectsBadConfig(t *testing.T) {
+	c := sqs.New(sqs.Options{Region: "us-east-1"})
+	const url = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
+	w := wrap(t, dedup.NewMemoryStore(), url, newRecorder(), func(context.Context, types.Message) error { return nil })
+	for _, tc := range []struct {
+		client *sqs.Client
+		url    string
+		w      *dedup.Wrapper[types.Message]
+		opt    sqsdedup.Opt
+		names  string
+	}{
+		{nil, url, w, nil, "nil SQS client"},
+		{c, "", w, nil, "empty queue URL"},
+		{c, "orders", w, nil, `"orders"`},
+		{c, "https://sqs.us-east-1.amazonaws.com/", w, nil, "queue path"},
+		{c, url, nil, nil, "nil wrapper"},
+		{c, url, w, sqsdedup.WithPollers(0), "WithPollers"},
+		{c, url, w, sqsdedup.WithWorkers(0), "WithWorkers"},
+		{c, url, w, sqsdedup.WithMaxMessages(11), "WithMaxMessages"},
+		{c, url, w, sqsdedup.WithWaitTime(21 * time.Second), "WithWaitTime"},
+		{c, url, w, sqsdedup.WithVisibilityTimeout(13 * time.Hour), "WithVisibilityTimeout"},
+		{c, url, w, sqsdedup.WithLogger(nil), "WithLogger"},
 	} {
-		if _, err := sqsdedup.NewConsumer(c, "u", w, opts...); !errors.Is(err, dedup.ErrConfig) {
-			t.Errorf("NewConsumer: %v, want ErrConfig", err)
+		var opts []sqsdedup.Opt
+		if tc.opt != nil {
+			opts = append(opts, tc.opt)
 		}
-	}
-	if _, err := sqsdedup.NewConsumer(c, "", w); !errors.Is(err, dedup.ErrConfig) {
-		t.Errorf("empty URL: %v, want ErrConfig", err)
+		if _, err := sqsdedup.NewConsumer(tc.client, tc.url, tc.w, opts...); !errors.Is(err, dedup.ErrConfig) || !strings.Contains(err.Error(), tc.names) {
+			t.Errorf("NewConsumer: %v, want ErrConfig naming %s", err, tc.names)
+		}
 	}
 }
 

@@ -11,7 +11,9 @@
 //   - [Consumer] long-polls a queue with a bounded number of workers, keeps
 //     held messages invisible with a heartbeat, deletes settled messages in
 //     batches, backs failed ones off through their visibility timeout, keeps
-//     FIFO groups in order, and shuts down gracefully.
+//     FIFO groups in order, shuts down gracefully, and reports an outage of
+//     the store or the sink (an ERROR log, [Consumer.Health],
+//     [WithMaxOutage]).
 //   - [Sink] is a dedup.Sink that sends dead letters to an SQS queue.
 //   - [LambdaHandler] does the same for a Lambda function subscribed to a
 //     queue, reporting partial batch failures; [LambdaMessages] reads its

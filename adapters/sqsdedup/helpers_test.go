@@ -90,6 +90,8 @@ func receive(t *testing.T, c *sqs.Client, url string, wait time.Duration) []type
 		QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: int32(wait / time.Second),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		//lint:ignore SA1019 some SQS-compatible endpoints read only the older parameter
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll},
 	})
 	if err != nil {
 		t.Fatalf("receive from %s: %v", url, err)

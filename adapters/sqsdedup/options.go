@@ -15,6 +15,7 @@ const (
 	DefaultInFlightDelay   = 5 * time.Second
 	DefaultDeleteInterval  = 100 * time.Millisecond
 	DefaultShutdownTimeout = 30 * time.Second
+	DefaultOutageAfter     = time.Minute
 )
 
 // Opt configures a [Consumer].
@@ -29,6 +30,8 @@ type config struct {
 	inFlightDelay   time.Duration
 	deleteInterval  time.Duration
 	shutdownTimeout time.Duration
+	outageAfter     time.Duration
+	maxOutage       time.Duration
 	logger          *slog.Logger
 }
 
@@ -41,7 +44,8 @@ func defaultConfig() config {
 		inFlightDelay:   DefaultInFlightDelay,
 		deleteInterval:  DefaultDeleteInterval,
 		shutdownTimeout: DefaultShutdownTimeout,
-		logger:          slog.New(slog.DiscardHandler),
+		outageAfter:     DefaultOutageAfter,
+		logger:          slog.Default(),
 	}
 }
 
@@ -65,6 +69,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
 	case c.logger == nil:
 		return fmt.Errorf("%w: WithLogger(nil)", dedup.ErrConfig)
+	case c.outageAfter <= 0:
+		return fmt.Errorf("%w: WithOutageAfter(%v): must be positive", dedup.ErrConfig, c.outageAfter)
+	case c.maxOutage < 0:
+		return fmt.Errorf("%w: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, c.maxOutage)
 	}
 	return nil
 }
@@ -103,5 +111,20 @@ func WithDeleteInterval(d time.Duration) Opt { return func(c *config) { c.delete
 // handlers to finish before it cancels their contexts (default 30 s).
 func WithShutdownTimeout(d time.Duration) Opt { return func(c *config) { c.shutdownTimeout = d } }
 
-// WithLogger sets the logger (default: discard).
+// WithLogger sets the logger (default: slog.Default() as of NewConsumer).
+// The Consumer logs at INFO only when it stops and when an outage ends, at
+// WARN what it will retry (a failed receive, a message not acknowledged
+// before an outage is declared), and at ERROR an outage ([WithOutageAfter]).
 func WithLogger(l *slog.Logger) Opt { return func(c *config) { c.logger = l } }
+
+// WithOutageAfter sets how long handling messages must keep failing (the
+// store or the dead-letter sink unreachable) before it is an outage
+// (default 1 min): the Consumer then logs it at ERROR, once and again at
+// this interval while it lasts, and [Consumer.Health] reports it.
+func WithOutageAfter(d time.Duration) Opt { return func(c *config) { c.outageAfter = d } }
+
+// WithMaxOutage makes Run stop, as if its context were cancelled, and return
+// an error matching [ErrOutage] once handling messages has kept failing for
+// longer than d (default 0: Run never gives up), so that a supervisor can
+// restart or replace the process.
+func WithMaxOutage(d time.Duration) Opt { return func(c *config) { c.maxOutage = d } }

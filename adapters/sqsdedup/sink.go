@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -98,8 +99,8 @@ func (s *Sink) validate() error {
 	switch {
 	case s.client == nil:
 		return fmt.Errorf("%w: sqsdedup sink: nil SQS client", dedup.ErrConfig)
-	case s.url == "":
-		return fmt.Errorf("%w: sqsdedup sink: empty queue URL", dedup.ErrConfig)
+	case checkQueueURL(s.url) != nil:
+		return fmt.Errorf("%w: sqsdedup sink: %v", dedup.ErrConfig, checkQueueURL(s.url))
 	case s.maxSize < 1:
 		return fmt.Errorf("%w: sqsdedup sink: WithMaxMessageSize(%d): must be positive", dedup.ErrConfig, s.maxSize)
 	}
@@ -107,6 +108,19 @@ func (s *Sink) validate() error {
 }
 
 func isFIFO(queueURL string) bool { return strings.HasSuffix(queueURL, ".fifo") }
+
+// checkQueueURL reports what makes queueURL unusable as a queue URL, which
+// SQS APIs take as an absolute http or https URL naming account and queue.
+func checkQueueURL(queueURL string) error {
+	if queueURL == "" {
+		return errors.New("empty queue URL")
+	}
+	u, err := url.Parse(queueURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") == "" {
+		return fmt.Errorf("queue URL %q is not an http(s) URL with a queue path, such as https://sqs.us-east-1.amazonaws.com/123456789012/orders", queueURL)
+	}
+	return nil
+}
 
 // Send sends dl to the DLQ and returns once SQS has stored it. A Sink not
 // made by NewSink fails with dedup.ErrConfig.

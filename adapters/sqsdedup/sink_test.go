@@ -239,6 +239,7 @@ func TestSinkMisconfigured(t *testing.T) {
 	}{
 		{nil, "https://sqs/q", nil},
 		{c, "", nil},
+		{c, "dlq", nil},
 		{c, "https://sqs/q", []sqsdedup.SinkOpt{sqsdedup.WithMaxMessageSize(0)}},
 	} {
 		if _, err := sqsdedup.NewSink(tc.client, tc.url, tc.opts...); !errors.Is(err, dedup.ErrConfig) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/dedupkit/dedup/redisstore"
 )
 
 // storeCase opens one kind of store for a test.
@@ -26,6 +27,7 @@ func stores() []storeCase {
 		{"memory", func(*testing.T) dedup.Store { return dedup.NewMemoryStore() }},
 		{"postgres", postgresStore},
 		{"dynamodb", dynamoDBStore},
+		{"redis", redisStore},
 	}
 }
 
@@ -61,6 +63,14 @@ func dynamoDBStore(t *testing.T) dedup.Store {
 		}
 	})
 	s, err := dedup.NewDynamoDBStore(client, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func redisStore(t *testing.T) dedup.Store {
+	s, err := redisstore.New(testenv.Redis(t), redisstore.WithKeyPrefix(tableName("sqsdedup-test-")+":"))
 	if err != nil {
 		t.Fatal(err)
 	}

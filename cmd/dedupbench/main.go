@@ -2,7 +2,8 @@
 // run: Kafka (kfake, in process) through the Kafka adapter and the wrapper
 // into PostgreSQL, against consumption with no dedup, a naive per-message
 // claim, the transactional inbox and the PostgreSQL floor (a bare multi-row
-// insert of the same event IDs), plus DynamoDB Local and SQS (fauxqs) rows.
+// insert of the same event IDs), plus Redis, DynamoDB Local and SQS (fauxqs)
+// rows.
 //
 //	go run ./cmd/dedupbench -quick   # 20,000 events, under a minute
 //	go run ./cmd/dedupbench          # 200,000 events, and 20,000 for memory flatness
@@ -28,6 +29,7 @@ type config struct {
 	Postgres   string
 	DynamoDB   string
 	SQS        string
+	Redis      string // host:port or redis:// URL
 	Partitions int
 	Brokers    string
 	Topic      string
@@ -55,8 +57,12 @@ func main() {
 		repeat   = flag.Int("repeat", 3, "runs of the no dedup, batched and floor rows, in rounds; the median is reported")
 		jsonPath = flag.String("json", "", "write the JSON results to this file instead of stdout")
 	)
+	outboxRows := flag.Bool("outbox", false, "run the outbox relay rows instead (see BENCHMARKS.md): throughput to kfake and commit-to-publish latency")
+	outboxN := flag.Int("outbox-n", 100_000, "events of each outbox throughput row")
+	outboxFor := flag.Duration("outbox-for", 10*time.Second, "how long each outbox latency row writes")
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
+	flag.StringVar(&cfg.Redis, "redis", env("DEDUP_REDIS_ADDR", "127.0.0.1:6379"), "Redis address (host:port or redis:// URL)")
 	flag.StringVar(&cfg.SQS, "sqs", env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint (fauxqs)")
 	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic (one worker each)")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")
@@ -67,6 +73,14 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+
+	if *outboxRows {
+		if err := runOutboxBench(ctx, os.Stdout, cfg.Postgres, *outboxN, *outboxFor); err != nil {
+			fmt.Fprintln(os.Stderr, "dedupbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	plan := plan{cfg: cfg, n: 200_000, smallN: 20_000, flatN: 20_000, dup: *dup, repeat: *repeat}
 	if *quick {

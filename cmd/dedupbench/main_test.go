@@ -26,17 +26,19 @@ func TestSmoke(t *testing.T) {
 	testenv.Postgres(t)
 	testenv.DynamoDB(t)
 	testenv.SQS(t)
+	testenv.Redis(t)
 	p := plan{
 		cfg: config{
 			Postgres:            testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN),
 			DynamoDB:            testenv.Env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"),
 			SQS:                 testenv.Env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+			Redis:               testenv.Env("DEDUP_REDIS_ADDR", testenv.DefaultRedisAddr),
 			Partitions:          2,
 			BatchWait:           50 * time.Millisecond,
 			FetchPartitionBytes: 128 << 10,
 		},
 		n: 400, smallN: 50, dup: 0.2,
-		only: []string{"none", "batched", "floor", "dynamodb", "sqs"},
+		only: []string{"none", "batched", "redis-batched", "floor", "dynamodb", "sqs"},
 	}
 	out := filepath.Join(t.TempDir(), "results.json")
 	if err := p.run(t.Context(), out, false); err != nil {

@@ -29,14 +29,14 @@ type plan struct {
 	n, smallN, flatN int
 	dup              float64
 	only             []string
-	// repeat is how often the quick rows (no dedup, batched, floor) run; the
-	// median run is reported.
+	// repeat is how often the quick rows (no dedup, batched on PostgreSQL and
+	// on Redis, floor) run; the median run is reported.
 	repeat int
 }
 
 // repeated are the rows that take seconds, run repeat times in rounds so that
 // the load of the moment falls on all of them alike.
-var repeated = []string{"none", "batched", "floor"}
+var repeated = []string{"none", "batched", "redis-batched", "floor"}
 
 // The environment of a row's subprocess: the row and its configuration.
 const (

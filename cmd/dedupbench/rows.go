@@ -36,6 +36,8 @@ var rows = []*row{
 	{name: "naive", title: "naive: Handle per record (claim, complete)", run: runNaive},
 	{name: "batch-claim", title: "HandleBatch: batched claim, complete each", run: runAdapter(false)},
 	{name: "batched", title: "HandleBatch + WithBatchCompletion", run: runAdapter(true)},
+	{name: "redis-batch-claim", title: "Redis: HandleBatch, batched claim, complete each", run: runRedis(false)},
+	{name: "redis-batched", title: "Redis: HandleBatch + WithBatchCompletion", run: runRedis(true)},
 	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
 	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},

@@ -6,9 +6,11 @@
 //
 //	go run ./examples/quickstart
 //	go run ./examples/quickstart -postgres postgres://postgres@127.0.0.1:5432/test
+//	go run ./examples/quickstart -redis 127.0.0.1:6379
 //
-// Dedup records live in memory, or in PostgreSQL when -postgres or
-// DEDUP_POSTGRES_DSN is set. The exit status is 0 only when the check holds.
+// Dedup records live in memory, in PostgreSQL when -postgres or
+// DEDUP_POSTGRES_DSN is set, or in Redis when -redis is set (host:port or a
+// redis:// URL). The exit status is 0 only when the check holds.
 package main
 
 import (
@@ -22,13 +24,16 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/redisstore"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -52,18 +57,19 @@ func main() {
 	poison := flag.Int("poison", 10, "events whose handler always fails")
 	partitions := flag.Int("partitions", 8, "partitions of the topic")
 	dsn := flag.String("postgres", os.Getenv("DEDUP_POSTGRES_DSN"), "keep dedup records in this PostgreSQL database instead of memory")
+	redisAddr := flag.String("redis", "", "keep dedup records in the Redis at this host:port or redis:// URL instead")
 	verbose := flag.Bool("v", false, "log the wrapper's and consumer's warnings")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *total, *dupShare, *poison, int32(*partitions), *dsn, *verbose); err != nil {
+	if err := run(ctx, *total, *dupShare, *poison, int32(*partitions), *dsn, *redisAddr, *verbose); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, total int, dupShare float64, nPoison int, partitions int32, dsn string, verbose bool) error {
+func run(ctx context.Context, total int, dupShare float64, nPoison int, partitions int32, dsn, redisAddr string, verbose bool) error {
 	unique := int(float64(total) * (1 - dupShare))
 	if unique < nPoison || unique < 1 || total < unique {
 		return fmt.Errorf("-events %d with -duplicates %.2f leaves %d unique events for %d poison", total, dupShare, unique, nPoison)
@@ -85,7 +91,7 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 	}
 	defer producer.Close()
 
-	store, scope, closeStore, err := openStore(ctx, dsn)
+	store, scope, closeStore, err := openStore(ctx, dsn, redisAddr)
 	if err != nil {
 		return err
 	}
@@ -148,11 +154,34 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 	return report(&st, effects, letters, unique, nPoison, elapsed)
 }
 
-// openStore returns the dedup store: PostgreSQL when dsn is set, else memory.
-func openStore(ctx context.Context, dsn string) (dedup.Store, string, func(), error) {
+// openStore returns the dedup store: Redis when redisAddr is set, PostgreSQL
+// when dsn is, else memory.
+func openStore(ctx context.Context, dsn, redisAddr string) (dedup.Store, string, func(), error) {
 	scope := kafkadedup.Scope(group, "apply-order")
+	// A fresh scope per run: the cluster is new each time, so are its events.
+	fresh := scope + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if redisAddr != "" {
+		opts := &redis.Options{Addr: redisAddr}
+		if strings.Contains(redisAddr, "://") {
+			var err error
+			if opts, err = redis.ParseURL(redisAddr); err != nil {
+				return nil, "", nil, fmt.Errorf("-redis: %w", err)
+			}
+		}
+		client := redis.NewClient(opts)
+		store, err := redisstore.New(client)
+		if err == nil {
+			err = client.Ping(ctx).Err()
+		}
+		if err != nil {
+			client.Close()
+			return nil, "", nil, fmt.Errorf("redis: %w", err)
+		}
+		fmt.Printf("dedup records: Redis at %s, scope %s\n", opts.Addr, fresh)
+		return store, fresh, func() { client.Close() }, nil
+	}
 	if dsn == "" {
-		fmt.Println("dedup records: in memory (set -postgres or DEDUP_POSTGRES_DSN for PostgreSQL)")
+		fmt.Println("dedup records: in memory (set -postgres or DEDUP_POSTGRES_DSN for PostgreSQL, -redis for Redis)")
 		return dedup.NewMemoryStore(), scope, func() {}, nil
 	}
 	pool, err := pgxpool.New(ctx, dsn)
@@ -167,10 +196,8 @@ func openStore(ctx context.Context, dsn string) (dedup.Store, string, func(), er
 		pool.Close()
 		return nil, "", nil, fmt.Errorf("postgres: %w", err)
 	}
-	// A fresh scope per run: the cluster is new each time, so are its events.
-	scope += "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	fmt.Printf("dedup records: PostgreSQL, scope %s\n", scope)
-	return store, scope, pool.Close, nil
+	fmt.Printf("dedup records: PostgreSQL, scope %s\n", fresh)
+	return store, fresh, pool.Close, nil
 }
 
 // produce writes unique events, poison ones among them, then re-sends random

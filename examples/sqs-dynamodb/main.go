@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	dynamodbtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -68,7 +69,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	queueURL, dlqURL, err := queues(ctx, sqsClient, o)
+	queueURL, dlqURL, err := queues(ctx, sqsClient, o, log)
 	if err != nil {
 		return err
 	}
@@ -76,7 +77,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return sendOrders(ctx, sqsClient, queueURL, o.send)
 	}
 	if o.setup {
-		if err := dedup.CreateDynamoDBTable(ctx, dynamoClient, o.table); err != nil {
+		if err := setupTable(ctx, dynamoClient, o.table, log); err != nil {
 			return err
 		}
 	}
@@ -106,7 +107,30 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return err
 	}
 	log.Info("consuming; Ctrl-C to stop", slog.String("queue", queueURL), slog.String("dlq", dlqURL))
-	return consumer.Run(ctx)
+	if err := consumer.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("stopped: settled orders deleted, the rest given back to the queue")
+	return nil
+}
+
+// setupTable creates the table of dedup records unless it exists, saying
+// which.
+func setupTable(ctx context.Context, c *dynamodb.Client, table string, log *slog.Logger) error {
+	_, err := c.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(table)})
+	var missing *dynamodbtypes.ResourceNotFoundException
+	switch {
+	case err == nil:
+		log.Info("setup: table exists", slog.String("table", table))
+		return nil
+	case !errors.As(err, &missing):
+		return fmt.Errorf("describe table %s: %w", table, err)
+	}
+	if err := dedup.CreateDynamoDBTable(ctx, c, table); err != nil {
+		return err
+	}
+	log.Info("setup: created table (on-demand billing, TTL on expires_at)", slog.String("table", table))
+	return nil
 }
 
 // charge is the business handler: it must not charge an order twice, which
@@ -149,22 +173,28 @@ func clients(ctx context.Context, o options) (*sqs.Client, *dynamodb.Client, err
 	return sqsClient, dynamoClient, nil
 }
 
-// queues returns the URLs of the queue and the DLQ, creating them with -setup.
-func queues(ctx context.Context, c *sqs.Client, o options) (string, string, error) {
+// queues returns the URLs of the queue and the DLQ, creating them with
+// -setup (and saying which it created).
+func queues(ctx context.Context, c *sqs.Client, o options, log *slog.Logger) (string, string, error) {
 	url := func(name string) (string, error) {
-		if o.setup {
-			out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name),
-				Attributes: map[string]string{"VisibilityTimeout": "30"}})
-			if err != nil {
-				return "", fmt.Errorf("create queue %s: %w", name, err)
+		out, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(name)})
+		var missing *types.QueueDoesNotExist
+		switch {
+		case err == nil:
+			if o.setup {
+				log.Info("setup: queue exists", slog.String("queue", aws.ToString(out.QueueUrl)))
 			}
 			return aws.ToString(out.QueueUrl), nil
-		}
-		out, err := c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(name)})
-		if err != nil {
+		case !o.setup || !errors.As(err, &missing):
 			return "", fmt.Errorf("queue %s (run with -setup to create it): %w", name, err)
 		}
-		return aws.ToString(out.QueueUrl), nil
+		created, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(name),
+			Attributes: map[string]string{"VisibilityTimeout": "30"}})
+		if err != nil {
+			return "", fmt.Errorf("create queue %s: %w", name, err)
+		}
+		log.Info("setup: created queue (visibility timeout 30 s)", slog.String("queue", aws.ToString(created.QueueUrl)))
+		return aws.ToString(created.QueueUrl), nil
 	}
 	queueURL, err := url(o.queue)
 	if err != nil {

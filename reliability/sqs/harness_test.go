@@ -162,6 +162,8 @@ func drainDLQ(t *testing.T, c *sqs.Client, url string) []types.Message {
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 60,
 			MessageAttributeNames:       []string{"All"},
 			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+			//lint:ignore SA1019 some SQS-compatible endpoints read only the older parameter
+			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll},
 		})
 		if err != nil {
 			t.Fatalf("receive from %s: %v", url, err)

@@ -1,0 +1,106 @@
+package kafkadedup_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// unreachableStore returns a PostgreSQL store whose pool points at a port
+// nothing listens on: every call fails, as with the database down.
+func unreachableStore(t *testing.T) dedup.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@" + testenv.ClosedPort(t) + "/test?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := dedup.NewPostgresStore(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+// With PostgreSQL down, Run is not silent: each retry is a warning until the
+// failures have lasted WithOutageAfter, then the outage is an ERROR (not one
+// per retry), and Health and Stats report it; nothing runs and nothing is
+// committed.
+func TestOutageIsLoggedAndReported(t *testing.T) {
+	c := newCluster(t, 1)
+	c.produce(events("down", 3, 1)...)
+	fx := newEffects()
+	w := wrap(t, unreachableStore(t), c.sink(), kafkadedup.Scope(c.group, "apply"),
+		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil })
+	logs := &testenv.Logs{}
+	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
+		kafkadedup.WithLogger(slog.New(logs)), kafkadedup.WithOutageAfter(500*time.Millisecond),
+		kafkadedup.WithErrorBackoff(func(int) time.Duration { return 20 * time.Millisecond }))
+	if err := consumer.Health(); err != nil {
+		t.Errorf("Health before any record: %v, want nil", err)
+	}
+	run := start(t, consumer)
+
+	const notSettled = "record not settled"
+	failures := func() int { return logs.Count(slog.LevelWarn, notSettled) + logs.Count(slog.LevelDebug, notSettled) }
+	eventually(t, 20*time.Second, func() bool {
+		return logs.Count(slog.LevelError, "store or dead-letter sink failing") >= 1 && failures() >= 20
+	}, "no outage logged at ERROR after many failures; logs:\n%s", logs)
+	if errs, n := logs.Count(slog.LevelError, "store or dead-letter sink failing"), failures(); errs >= n/2 {
+		t.Errorf("%d ERROR records for %d failures, want the outage reported, not each retry", errs, n)
+	}
+	herr := consumer.Health()
+	if !errors.Is(herr, kafkadedup.ErrOutage) {
+		t.Errorf("Health during the outage: %v, want ErrOutage", herr)
+	}
+	if st := consumer.Stats(); st.FailingSince.IsZero() || !st.LastSuccess.IsZero() || st.LastError == nil {
+		t.Errorf("Stats during the outage: %+v", st)
+	}
+	if err := run.wait(t); err != nil {
+		t.Errorf("Run: %v, want nil after its context was canceled", err)
+	}
+	if count, _ := fx.snapshot(); len(count) != 0 {
+		t.Errorf("%d effects with the store down", len(count))
+	}
+	if got := c.committed(c.group); len(got) != 0 {
+		t.Errorf("committed %v with the store down", got)
+	}
+}
+
+// With WithMaxOutage, Run gives up once the store has been failing that
+// long: it shuts down by itself and returns an error matching ErrOutage.
+func TestMaxOutageStopsRun(t *testing.T) {
+	c := newCluster(t, 1)
+	c.produce(events("down", 1, 1)...)
+	w := wrap(t, unreachableStore(t), c.sink(), kafkadedup.Scope(c.group, "apply"),
+		func(context.Context, *kgo.Record) error { return nil })
+	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
+		kafkadedup.WithOutageAfter(200*time.Millisecond), kafkadedup.WithMaxOutage(time.Second),
+		kafkadedup.WithErrorBackoff(func(int) time.Duration { return 20 * time.Millisecond }),
+		kafkadedup.WithLogger(slog.New(slog.DiscardHandler)))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := consumer.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Run returned only when its context ended: %v", err)
+	}
+	if !errors.Is(err, kafkadedup.ErrOutage) {
+		t.Errorf("Run: %v, want ErrOutage", err)
+	}
+	if got := c.committed(c.group); len(got) != 0 {
+		t.Errorf("committed %v with the store down", got)
+	}
+}

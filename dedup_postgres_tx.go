@@ -1,0 +1,48 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimTx claims req.Key inside the caller's transaction tx, for front ends
+// that run their own transactional mode (the HTTP middleware's, for one).
+// The record is written as succeeded at once, as in the transactional inbox
+// ([WrapTx]): it commits or vanishes with whatever else tx writes. A
+// concurrent ClaimTx or Claim of the same key waits on the record's row until
+// tx ends, then sees a duplicate (commit) or acquires the key (rollback).
+// req.Lease is unused: the transaction's row lock is the lease.
+//
+// Only an acquired claim belongs to tx; the caller then runs its work in tx,
+// may store a result with [PostgresStore.CompleteTx], and commits.
+func (s *PostgresStore) ClaimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (Claim, error) {
+	if tx == nil {
+		return Claim{}, fmt.Errorf("%w: postgres claim in tx: nil transaction", ErrConfig)
+	}
+	return s.claimInTx(ctx, tx, req)
+}
+
+// CompleteTx stores result on the record that a ClaimTx in the same tx
+// acquired with owner token owner (Claim.Record.Owner); the record keeps the
+// retention its claim gave it. It returns ErrLeaseLost when tx holds no such
+// record.
+func (s *PostgresStore) CompleteTx(ctx context.Context, tx pgx.Tx, key Key, owner string, result []byte) error {
+	if tx == nil {
+		return fmt.Errorf("%w: postgres complete in tx: nil transaction", ErrConfig)
+	}
+	if err := key.Validate(); err != nil {
+		return fmt.Errorf("dedup: postgres complete in tx: %w", err)
+	}
+	tag, err := tx.Exec(ctx, `UPDATE `+s.table+` SET result = $4, updated_at = now()
+WHERE scope = $1 AND event_id = $2 AND owner = $3 AND status = 'SUCCEEDED'`,
+		key.Scope, key.EventID, owner, result)
+	if err != nil {
+		return s.opError("complete in tx "+key.String(), err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("dedup: postgres complete in tx %s: %w", key, ErrLeaseLost)
+	}
+	return nil
+}

@@ -1,0 +1,22 @@
+// Package idemhttp is net/http middleware for the Idempotency-Key header
+// (draft-ietf-httpapi-idempotency-key-header-07) over any dedup.Store.
+//
+// A client makes one key per logical operation and sends it on every retry,
+// as a Structured Field string:
+//
+//	Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"
+//
+// The middleware claims the key atomically in the store, runs the handler
+// once, stores its status, chosen headers and body, and answers every retry
+// with that same response, marked with the [ReplayHeader]. A retry that
+// arrives while the first request runs gets 409 with Retry-After; a key
+// reused for another request (method, route or body) gets 422; a missing or
+// bad key gets 400. Errors are RFC 9457 problem documents whose type names
+// the case (see [Problem]). The README's "HTTP: Idempotency-Key" section
+// has the full table.
+//
+// Keys are bound to the caller with [WithTenant]. The response is buffered
+// until it is stored, so handlers cannot stream. On PostgreSQL, [NewTx]
+// runs the handler in the transaction that holds the key and stores the
+// response, so the handler's rows and the stored answer commit together.
+package idemhttp

@@ -1,0 +1,64 @@
+package idemhttp
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/dedupkit/dedup"
+)
+
+// readBody reads the request body once, bounded by the configured limit, and
+// puts an identical reader back for the handler.
+func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyProblem) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.maxBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, &keyProblem{ProblemBodyTooLarge, fmt.Sprintf("the body is over %d bytes", c.maxBody)}
+	case err != nil:
+		return nil, &keyProblem{ProblemBodyUnreadable, err.Error()}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	return body, nil
+}
+
+// isJSON reports whether a Content-Type names JSON (application/json or a
+// +json suffix).
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+}
+
+// fingerprint returns the request's fingerprint: a hash of the policy
+// version, method, route and body. A JSON body counts by its canonical form
+// (dedup.JSONFingerprint), so key order and whitespace do not matter; a
+// JSON content type with a body that is not JSON is refused.
+func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem) {
+	kind, bodyFP := "raw", ""
+	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
+		fp, err := c.jsonFP(body)
+		if err != nil {
+			return "", &keyProblem{ProblemInvalidJSON, strings.TrimPrefix(err.Error(), "dedup: ")}
+		}
+		kind, bodyFP = "json", fp
+	} else {
+		bodyFP, _ = dedup.SHA256Fingerprint(body) // never fails
+	}
+	h := sha256.New()
+	for _, part := range []string{"idemhttp/1", c.policy, r.Method, c.route(r), kind, bodyFP} {
+		io.WriteString(h, part)
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

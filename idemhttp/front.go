@@ -1,0 +1,151 @@
+package idemhttp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/dedupkit/dedup"
+)
+
+// front is what both modes share: reading a request into a claim, and
+// answering every claim but an acquired one.
+type front struct {
+	cfg config
+}
+
+func newFront(opts []Opt) (front, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if isNil(o) {
+			return front{}, fmt.Errorf("%w: idemhttp: nil option", dedup.ErrConfig)
+		}
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return front{}, err
+	}
+	return front{cfg: cfg}, nil
+}
+
+// prepared is a request ready to claim its key.
+type prepared struct {
+	key         dedup.Key
+	fingerprint string
+}
+
+func (p *prepared) claimRequest(cfg config) dedup.ClaimRequest {
+	return dedup.ClaimRequest{Key: p.key, Fingerprint: p.fingerprint, Lease: cfg.lease, TTL: cfg.ttl}
+}
+
+// prepare reads the key, the caller and the body of r. It answers w itself
+// and returns ok false when the request is refused, and returns a nil
+// *prepared when the request has no key and may go through without one.
+func (f *front) prepare(w http.ResponseWriter, r *http.Request) (p *prepared, ok bool) {
+	id, present, kp := f.cfg.requestKey(r)
+	switch {
+	case kp != nil:
+		f.refuse(w, kp)
+		return nil, false
+	case !present && f.cfg.optional:
+		return nil, true
+	case !present:
+		f.refuse(w, &keyProblem{ProblemKeyMissing, "this operation requires an " + f.cfg.header + " header"})
+		return nil, false
+	}
+	scope := f.cfg.scope
+	if f.cfg.tenant != nil {
+		tenant, err := f.cfg.tenant(r)
+		if err == nil && tenant == "" {
+			err = errors.New("no caller")
+		}
+		if err != nil {
+			f.cfg.writeProblem(w, ProblemTenant, http.StatusForbidden, err.Error(), 0)
+			return nil, false
+		}
+		scope = dedup.TenantScope(scope, tenant)
+	}
+	key := dedup.Key{Scope: scope, EventID: id}
+	if err := key.Validate(); err != nil { // the key itself is valid: the tenant is not
+		f.cfg.writeProblem(w, ProblemTenant, http.StatusForbidden, "the caller's name cannot scope a key", 0)
+		return nil, false
+	}
+	body, kp := f.cfg.readBody(w, r)
+	if kp != nil {
+		f.refuse(w, kp)
+		return nil, false
+	}
+	fp, kp := f.cfg.fingerprint(r, body)
+	if kp != nil {
+		f.refuse(w, kp)
+		return nil, false
+	}
+	return &prepared{key: key, fingerprint: fp}, true
+}
+
+func (f *front) refuse(w http.ResponseWriter, kp *keyProblem) {
+	status := http.StatusBadRequest
+	if kp.problem == ProblemBodyTooLarge {
+		status = http.StatusRequestEntityTooLarge
+	}
+	f.cfg.writeProblem(w, kp.problem, status, kp.detail, 0)
+}
+
+// answerClaim answers a claim that was not acquired.
+func (f *front) answerClaim(w http.ResponseWriter, r *http.Request, p *prepared, c dedup.Claim) {
+	switch c.Status {
+	case dedup.ClaimDuplicate:
+		f.replay(w, p, c.Record)
+	case dedup.ClaimInFlight:
+		if f.cfg.location != nil {
+			h := w.Header()
+			h.Set("Location", f.cfg.location(r, p.key.EventID))
+			h.Set("Retry-After", retryAfterValue(f.cfg.retryAfter))
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		f.cfg.writeProblem(w, ProblemInFlight, http.StatusConflict,
+			"a request with this key has not finished; retry later", f.cfg.retryAfter)
+	case dedup.ClaimConflict:
+		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
+			"this key was used for a request with another method, route or body", 0)
+	default: // ClaimFinal: another writer parked the key for good
+		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
+			"this key was settled as failed for good", 0)
+	}
+}
+
+// replay answers with the stored response, marked as a replay.
+func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
+	s, err := decodeSnapshot(rec.Result)
+	if err != nil {
+		f.cfg.logger.Error("idemhttp: stored response unreadable; not replayed",
+			slog.String("key", p.key.String()), slog.Any("error", err))
+		f.cfg.writeProblem(w, ProblemStoredMalformed, http.StatusInternalServerError,
+			"the stored answer for this key cannot be read", 0)
+		return
+	}
+	h := w.Header()
+	for k, v := range s.header {
+		h[k] = v
+	}
+	h.Set(ReplayHeader, "true")
+	if bodyAllowed(s.status) {
+		h.Set("Content-Length", strconv.Itoa(len(s.body)))
+	}
+	w.WriteHeader(s.status)
+	_, _ = w.Write(s.body)
+}
+
+// storeError answers a request the store could not serve.
+func (f *front) storeError(w http.ResponseWriter, p *prepared, op string, err error) {
+	key := "(none)"
+	if p != nil {
+		key = p.key.String()
+	}
+	f.cfg.logger.Warn("idemhttp: store "+op+" failed", slog.String("key", key), slog.Any("error", err))
+	f.cfg.writeProblem(w, ProblemStore, http.StatusServiceUnavailable,
+		"the idempotency store is unavailable; retry with the same key", f.cfg.retryAfter)
+}

@@ -1,0 +1,186 @@
+package idemhttp
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+
+	"github.com/dedupkit/dedup"
+)
+
+// keyProblem is why a request's key was refused.
+type keyProblem struct {
+	problem Problem
+	detail  string
+}
+
+// requestKey returns the request's idempotency key. present is false when
+// the header is absent; a non-nil *keyProblem refuses the request.
+func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyProblem) {
+	values := r.Header.Values(c.header)
+	switch {
+	case len(values) == 0:
+		return "", false, nil
+	case len(values) > 1:
+		return "", true, &keyProblem{ProblemKeyMultiple, fmt.Sprintf("%d %s fields; send exactly one", len(values), c.header)}
+	// An escaped key is at most twice its length; refuse a huge field
+	// before looking at it.
+	case len(values[0]) > 2*dedup.MaxIDLen+64:
+		return "", true, &keyProblem{ProblemKeyTooLong, fmt.Sprintf("the field is %d bytes; a key is at most %d", len(values[0]), dedup.MaxIDLen)}
+	}
+	key, err := parseKeyField(values[0])
+	switch {
+	case err != nil:
+		return "", true, &keyProblem{ProblemKeyMalformed, err.Error()}
+	case key == "":
+		return "", true, &keyProblem{ProblemKeyMalformed, "the key is empty"}
+	case len(key) > dedup.MaxIDLen:
+		return "", true, &keyProblem{ProblemKeyTooLong, fmt.Sprintf("the key is %d bytes; at most %d", len(key), dedup.MaxIDLen)}
+	case c.minKeyBits > 0 && entropyBits(key) < c.minKeyBits:
+		return "", true, &keyProblem{ProblemKeyLowEntropy, fmt.Sprintf("use a random key such as a UUID (about %.0f bits estimated, %.0f required)", entropyBits(key), c.minKeyBits)}
+	}
+	return key, true, nil
+}
+
+// entropyBits estimates the entropy of key: its length times the Shannon
+// entropy of its character frequencies.
+func entropyBits(key string) float64 {
+	var counts [128]int // keys are printable ASCII once parsed
+	for i := 0; i < len(key); i++ {
+		counts[key[i]&0x7f]++
+	}
+	n := float64(len(key))
+	h := 0.0
+	for _, c := range counts {
+		if c > 0 {
+			p := float64(c) / n
+			h -= p * math.Log2(p)
+		}
+	}
+	return h * n
+}
+
+// parseKeyField parses an Idempotency-Key field value: an RFC 8941 Item whose
+// bare item is a String (sf-string, RFC 8941 §3.3.3). Parameters are parsed
+// and ignored, as the draft defines none.
+func parseKeyField(v string) (string, error) {
+	v = strings.Trim(v, " \t")
+	if v == "" || v[0] != '"' {
+		return "", errors.New(`the key must be a quoted Structured Field string, e.g. "8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+	}
+	key, rest, err := parseString(v)
+	if err != nil {
+		return "", err
+	}
+	if err := parseParams(rest); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// parseString parses the sf-string at the start of v and returns its value
+// and what follows it.
+func parseString(v string) (value, rest string, err error) {
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch ch := v[i]; {
+		case ch == '\\':
+			i++
+			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", "", errors.New(`a backslash in the string must escape '"' or '\'`)
+			}
+			b.WriteByte(v[i])
+		case ch == '"':
+			return b.String(), v[i+1:], nil
+		case ch < 0x20 || ch > 0x7e:
+			return "", "", fmt.Errorf("character %q at byte %d is not allowed (printable ASCII only)", ch, i)
+		default:
+			b.WriteByte(ch)
+		}
+	}
+	return "", "", errors.New("the string has no closing quote")
+}
+
+// parseParams checks that rest is a list of RFC 8941 parameters.
+func parseParams(rest string) error {
+	for rest != "" {
+		if rest[0] != ';' {
+			return fmt.Errorf("unexpected %q after the string (a single key is expected)", rest)
+		}
+		rest = strings.TrimLeft(rest[1:], " ")
+		n := 0
+		for n < len(rest) && (isLCAlpha(rest[n]) || rest[n] == '*' || (n > 0 && (isDigit(rest[n]) || strings.IndexByte("_-.", rest[n]) >= 0))) {
+			n++
+		}
+		if n == 0 {
+			return errors.New("a parameter has no valid name")
+		}
+		rest = rest[n:]
+		if rest == "" || rest[0] != '=' {
+			continue // a bare parameter name is boolean true
+		}
+		var err error
+		if rest, err = skipBareItem(rest[1:]); err != nil {
+			return fmt.Errorf("a parameter value: %w", err)
+		}
+	}
+	return nil
+}
+
+// skipBareItem skips one RFC 8941 bare item at the start of v.
+func skipBareItem(v string) (string, error) {
+	switch {
+	case v == "":
+		return "", errors.New("missing")
+	case v[0] == '"':
+		_, rest, err := parseString(v)
+		return rest, err
+	case v[0] == '?':
+		if len(v) < 2 || (v[1] != '0' && v[1] != '1') {
+			return "", errors.New("a boolean is ?0 or ?1")
+		}
+		return v[2:], nil
+	case v[0] == ':':
+		end := strings.IndexByte(v[1:], ':')
+		if end < 0 || strings.Trim(v[1:1+end], "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") != "" {
+			return "", errors.New("not a byte sequence")
+		}
+		return v[end+2:], nil
+	case v[0] == '-' || isDigit(v[0]):
+		n := 1
+		for n < len(v) && (isDigit(v[n]) || v[n] == '.') {
+			n++
+		}
+		if v[:n] == "-" || n > 20 {
+			return "", errors.New("not a number")
+		}
+		return v[n:], nil
+	case isLCAlpha(v[0]|0x20) || v[0] == '*':
+		n := 1
+		for n < len(v) && (validToken(v[n:n+1]) || v[n] == ':' || v[n] == '/') {
+			n++
+		}
+		return v[n:], nil
+	}
+	return "", fmt.Errorf("unexpected %q", v)
+}
+
+func isLCAlpha(c byte) bool { return c >= 'a' && c <= 'z' }
+func isDigit(c byte) bool   { return c >= '0' && c <= '9' }
+
+// validToken reports whether s is an HTTP token (RFC 9110 §5.6.2), as header
+// names are.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(isDigit(c) || isLCAlpha(c|0x20) || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,213 @@
+package idemhttp
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/dedupkit/dedup"
+)
+
+// Defaults applied by [New] and [NewTx] when an option is not given.
+const (
+	DefaultHeader       = "Idempotency-Key"
+	DefaultMaxBodyBytes = 1 << 20
+	DefaultMaxSnapshot  = 1 << 20
+	DefaultMinKeyBits   = 40
+	DefaultRetryAfter   = time.Second
+)
+
+// defaultStoredHeaders are the response headers a snapshot keeps unless
+// WithStoredHeaders names others.
+var defaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
+
+// defaultFinalStatuses are the 4xx answers stored and replayed like 2xx
+// ones unless WithFinalStatuses names others.
+var defaultFinalStatuses = []int{http.StatusBadRequest, http.StatusPaymentRequired, http.StatusUnprocessableEntity}
+
+// Opt configures a [Middleware].
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(c *config) { f(c) }
+
+type config struct {
+	scope          string
+	header         string
+	optional       bool
+	tenant         func(*http.Request) (string, error)
+	route          func(*http.Request) string
+	policy         string
+	maxBody        int64
+	maxSnapshot    int
+	minKeyBits     float64
+	lease          time.Duration
+	ttl            time.Duration
+	retryAfter     time.Duration
+	location       func(r *http.Request, key string) string
+	conflictStatus int
+	storedHeaders  []string
+	final          map[int]bool
+	problemBase    string
+	logger         *slog.Logger
+	jsonFP         dedup.FingerprintFunc
+}
+
+func defaultConfig() config {
+	c := config{
+		header:         DefaultHeader,
+		route:          func(r *http.Request) string { return r.URL.Path },
+		maxBody:        DefaultMaxBodyBytes,
+		maxSnapshot:    DefaultMaxSnapshot,
+		minKeyBits:     DefaultMinKeyBits,
+		lease:          dedup.DefaultLease,
+		ttl:            dedup.DefaultTTL,
+		retryAfter:     DefaultRetryAfter,
+		conflictStatus: http.StatusUnprocessableEntity,
+		storedHeaders:  defaultStoredHeaders,
+		problemBase:    DefaultProblemBase,
+		logger:         slog.Default(),
+		jsonFP:         dedup.JSONFingerprint(""),
+	}
+	c.final = statusSet(defaultFinalStatuses)
+	return c
+}
+
+func statusSet(codes []int) map[int]bool {
+	m := make(map[int]bool, len(codes))
+	for _, c := range codes {
+		m[c] = true
+	}
+	return m
+}
+
+func (c *config) validate() error {
+	if err := (dedup.Key{Scope: c.scope, EventID: "x"}).Validate(); err != nil {
+		return fmt.Errorf("%w: idemhttp: WithScope: %v", dedup.ErrConfig, err)
+	}
+	switch {
+	case http.CanonicalHeaderKey(c.header) == "" || !validToken(c.header):
+		return fmt.Errorf("%w: idemhttp: WithHeader(%q): not a header name", dedup.ErrConfig, c.header)
+	case c.route == nil || c.logger == nil:
+		return fmt.Errorf("%w: idemhttp: nil route function or logger", dedup.ErrConfig)
+	case c.maxBody <= 0 || c.maxSnapshot <= 0:
+		return fmt.Errorf("%w: idemhttp: body and snapshot limits must be positive", dedup.ErrConfig)
+	case c.minKeyBits < 0:
+		return fmt.Errorf("%w: idemhttp: WithMinKeyEntropy(%v): must not be negative", dedup.ErrConfig, c.minKeyBits)
+	case c.lease <= 0 || c.ttl <= 0 || c.retryAfter < 0:
+		return fmt.Errorf("%w: idemhttp: lease and TTL must be positive, Retry-After not negative", dedup.ErrConfig)
+	case c.conflictStatus != http.StatusUnprocessableEntity && c.conflictStatus != http.StatusConflict:
+		return fmt.Errorf("%w: idemhttp: WithConflictStatus(%d): must be 422 or 409", dedup.ErrConfig, c.conflictStatus)
+	}
+	for code := range c.final {
+		if code < 400 || code > 499 {
+			return fmt.Errorf("%w: idemhttp: WithFinalStatuses(%d): must be a 4xx status", dedup.ErrConfig, code)
+		}
+	}
+	for _, h := range c.storedHeaders {
+		if !validToken(h) {
+			return fmt.Errorf("%w: idemhttp: WithStoredHeaders(%q): not a header name", dedup.ErrConfig, h)
+		}
+	}
+	return nil
+}
+
+// WithScope sets the namespace keys are unique in, for example "payments-api".
+// It is required. Keep it stable: a changed scope makes every key new again.
+func WithScope(scope string) Opt { return optFunc(func(c *config) { c.scope = scope }) }
+
+// WithHeader sets the request header carrying the key (default
+// "Idempotency-Key").
+func WithHeader(name string) Opt { return optFunc(func(c *config) { c.header = name }) }
+
+// WithOptionalKey lets requests without the key header through to the
+// handler, without deduplication. By default a missing key is a 400.
+func WithOptionalKey() Opt { return optFunc(func(c *config) { c.optional = true }) }
+
+// WithTenant sets the function naming the caller a request comes from,
+// normally the authenticated principal. Keys then live in that tenant's own
+// scope ([dedup.TenantScope]): one caller can never replay another's stored
+// response by sending its key. A request whose tenant is empty or an error
+// gets a 403 problem. Without it, all callers share one key space.
+func WithTenant(f func(*http.Request) (string, error)) Opt {
+	return optFunc(func(c *config) { c.tenant = f })
+}
+
+// WithRoute sets the function naming the operation a request invokes, part of
+// the fingerprint (default: the URL path, so one key sent to /accounts/1/pay
+// and /accounts/2/pay conflicts). A coarser route, such as the mux pattern
+// r.Pattern, makes requests differing only in the path's wildcards the same
+// operation: use one only when the body names them too.
+func WithRoute(f func(*http.Request) string) Opt { return optFunc(func(c *config) { c.route = f }) }
+
+// WithPolicyVersion adds a version to the fingerprint. Changing it makes the
+// keys already answered conflict instead of replaying: bump it only when an
+// old answer must not be replayed for the same request. Left alone, a retry
+// after a rule change replays the decision of the first attempt.
+func WithPolicyVersion(v string) Opt { return optFunc(func(c *config) { c.policy = v }) }
+
+// WithMaxBodyBytes bounds the request body read for the fingerprint (default
+// 1 MiB); a longer body gets a 413 problem and the handler does not run.
+func WithMaxBodyBytes(n int64) Opt { return optFunc(func(c *config) { c.maxBody = n }) }
+
+// WithMaxSnapshotBytes bounds the stored response (default 1 MiB). A larger
+// response is answered but not stored, and the key is left retryable with a
+// logged warning: a retry runs the handler again.
+func WithMaxSnapshotBytes(n int) Opt { return optFunc(func(c *config) { c.maxSnapshot = n }) }
+
+// WithMinKeyEntropy sets the least estimated entropy, in bits, a key must
+// carry (default 40; 0 disables the check). The estimate is the key's length
+// times the Shannon entropy of its characters: a UUID has about 130 bits,
+// "1234567890" about 33, "aaaaaaaaaaaa" none.
+func WithMinKeyEntropy(bits float64) Opt { return optFunc(func(c *config) { c.minKeyBits = bits }) }
+
+// WithLease sets how long a claim stays exclusive between heartbeats
+// (default 30 s). The lease is extended every third of it while the handler
+// runs; a server that dies holding it releases the key after at most this
+// long.
+func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease = d }) }
+
+// WithTTL sets how long answers are kept for replay (default 7 days).
+func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }) }
+
+// WithRetryAfter sets the Retry-After of the answer to a request whose key
+// is still in flight (default 1 s).
+func WithRetryAfter(d time.Duration) Opt { return optFunc(func(c *config) { c.retryAfter = d }) }
+
+// WithInFlightAccepted answers a request whose key is still in flight with
+// 202 Accepted and a Location the client can poll, given by location,
+// instead of 409 Conflict.
+func WithInFlightAccepted(location func(r *http.Request, key string) string) Opt {
+	return optFunc(func(c *config) { c.location = location })
+}
+
+// WithConflictStatus sets the status answering a key reused for another
+// request: 422 (the default, as the draft says) or 409.
+func WithConflictStatus(code int) Opt { return optFunc(func(c *config) { c.conflictStatus = code }) }
+
+// WithStoredHeaders sets the response headers a snapshot keeps and a replay
+// sends (default Content-Type, Content-Language, Content-Location, Location,
+// ETag and Last-Modified). Leave out Set-Cookie and other headers made for
+// one caller or one moment.
+func WithStoredHeaders(names ...string) Opt {
+	names = append([]string(nil), names...)
+	return optFunc(func(c *config) { c.storedHeaders = names })
+}
+
+// WithFinalStatuses sets the 4xx statuses stored and replayed like 2xx ones
+// (default 400, 402 and 422: the request itself was refused, so repeating it
+// cannot change the answer). Any other status leaves the key retryable.
+func WithFinalStatuses(codes ...int) Opt {
+	set := statusSet(codes)
+	return optFunc(func(c *config) { c.final = set })
+}
+
+// WithProblemTypeBase sets the URI prefix of the problem types the middleware
+// answers with (default [DefaultProblemBase]); each type is the prefix plus
+// a fixed name such as "key-reused".
+func WithProblemTypeBase(uri string) Opt { return optFunc(func(c *config) { c.problemBase = uri }) }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }

@@ -1,0 +1,88 @@
+package idemhttp
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+)
+
+// recorder buffers a handler's response so that it is stored before the
+// client sees it. Past limit bytes of body, a recorder that may stream
+// writes what it holds and passes the rest through (the response will not
+// be stored); one that may not (transactional mode) drops the rest and
+// reports an overflow.
+type recorder struct {
+	w       http.ResponseWriter
+	header  http.Header
+	status  int
+	wrote   bool // WriteHeader or Write was called
+	body    bytes.Buffer
+	limit   int
+	stream  bool
+	passing bool // streaming through to w
+	over    bool // the body outgrew limit
+}
+
+func newRecorder(w http.ResponseWriter, limit int, stream bool) *recorder {
+	return &recorder{w: w, header: make(http.Header), status: http.StatusOK, limit: limit, stream: stream}
+}
+
+func (r *recorder) Header() http.Header {
+	if r.passing {
+		return r.w.Header()
+	}
+	return r.header
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.wrote || code < 200 { // informational answers are not recorded
+		return
+	}
+	r.wrote, r.status = true, code
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	if r.passing {
+		return r.w.Write(p)
+	}
+	if r.body.Len()+len(p) <= r.limit {
+		return r.body.Write(p)
+	}
+	r.over = true
+	if !r.stream {
+		return len(p), nil // discarded: the answer will be an error
+	}
+	r.passing = true
+	r.flushHeader(false)
+	if _, err := r.w.Write(r.body.Bytes()); err != nil {
+		return 0, err
+	}
+	return r.w.Write(p)
+}
+
+// flushHeader sends the recorded status and headers to w.
+func (r *recorder) flushHeader(withLength bool) {
+	h := r.w.Header()
+	for k, v := range r.header {
+		h[k] = v
+	}
+	if withLength && bodyAllowed(r.status) {
+		h.Set("Content-Length", strconv.Itoa(r.body.Len()))
+	}
+	r.w.WriteHeader(r.status)
+}
+
+// flush sends the recorded response to w, unless it already streamed.
+func (r *recorder) flush() {
+	if r.passing {
+		return
+	}
+	r.flushHeader(true)
+	_, _ = r.w.Write(r.body.Bytes())
+}
+
+// bodyAllowed reports whether a response with status may carry a body.
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified
+}

@@ -1,0 +1,126 @@
+package idemhttp
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	h := http.Header{"Content-Type": {"application/json"}, "Location": {"/p/1"}, "Set-Cookie": {"s=1"}, "Etag": {`"a"`, `"b"`}}
+	b := encodeSnapshot(201, h, defaultStoredHeaders, []byte(`{"id":1}`))
+	s, err := decodeSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.status != 201 || string(s.body) != `{"id":1}` || s.header.Get("Location") != "/p/1" ||
+		s.header.Get("Set-Cookie") != "" || len(s.header.Values("Etag")) != 2 {
+		t.Errorf("decoded %+v", s)
+	}
+}
+
+func TestSnapshotRefusesDamage(t *testing.T) {
+	good := encodeSnapshot(200, http.Header{"Content-Type": {"text/plain"}}, defaultStoredHeaders, []byte("hello"))
+	for name, b := range map[string][]byte{
+		"empty":        nil,
+		"other magic":  append([]byte{0x7b}, good[1:]...),
+		"next version": append([]byte{snapshotMagic, 2}, good[2:]...),
+		"status 500":   append([]byte{snapshotMagic, 1, 0x01, 0xf4}, good[4:]...),
+		"cut header":   good[:9],
+		"huge count":   append([]byte{snapshotMagic, 1, 0, 200, 0xff, 0xff, 0x03}, good[5:]...),
+		"bad name":     encodeSnapshotRaw("content type", "x"),
+		"CR in value":  encodeSnapshotRaw("Location", "/a\r\nSet-Cookie: x"),
+	} {
+		if _, err := decodeSnapshot(b); !errors.Is(err, errSnapshot) {
+			t.Errorf("%s: %v, want a snapshot error", name, err)
+		}
+	}
+}
+
+func encodeSnapshotRaw(name, value string) []byte {
+	b := []byte{snapshotMagic, snapshotVersion, 0, 200, 1, byte(len(name))}
+	b = append(b, name...)
+	b = append(b, byte(len(value)))
+	return append(b, value...)
+}
+
+// FuzzSnapshot: decoding anything never panics, and whatever decodes
+// re-encodes to the same bytes.
+func FuzzSnapshot(f *testing.F) {
+	f.Add(encodeSnapshot(201, http.Header{"Location": {"/x"}}, defaultStoredHeaders, []byte("body")))
+	f.Add([]byte{snapshotMagic, 1, 0, 200, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := decodeSnapshot(b)
+		if err != nil {
+			return
+		}
+		names := make([]string, 0, len(s.header))
+		for k := range s.header {
+			names = append(names, k)
+		}
+		again, err := decodeSnapshot(encodeSnapshot(s.status, s.header, names, s.body))
+		if err != nil || again.status != s.status || !bytes.Equal(again.body, s.body) {
+			t.Fatalf("re-encoding %x: %v", b, err)
+		}
+	})
+}
+
+func TestParseKeyField(t *testing.T) {
+	for in, want := range map[string]string{
+		`"abc"`:             "abc",
+		`"a\"b\\c"`:         `a"b\c`,
+		`"x";p=1`:           "x",
+		`"x" `:              "x",
+		`"x";p="y;z";q=?1`:  "x",
+		`"x";p=-1.5`:        "x",
+		`"x";p=*tok:en/1.0`: "x",
+	} {
+		if got, err := parseKeyField(in); err != nil || got != want {
+			t.Errorf("%s: %q %v, want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{`abc`, `"abc`, `"a\b"`, `"x" y`, `"x",`, `"x";=1`, `"x";p=`, `"x";p=?2`, `"x";p=:a b:`, `"a` + "\x7f" + `"`, `'x'`} {
+		if got, err := parseKeyField(in); err == nil {
+			t.Errorf("%s: accepted as %q", in, got)
+		}
+	}
+}
+
+func TestEntropy(t *testing.T) {
+	for key, ok := range map[string]bool{
+		"8e03978e-40d5-43e8-bc93-6894a57f9324": true,
+		"01ARZ3NDEKTSV4RRFFQ69G5FAV":           true,
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa":     false,
+		"1234567890":                           false,
+		"order-1":                              false,
+	} {
+		if got := entropyBits(key) >= DefaultMinKeyBits; got != ok {
+			t.Errorf("%s: %.1f bits", key, entropyBits(key))
+		}
+	}
+}
+
+// FuzzKeyField: parsing any field value never panics, and an accepted key is
+// printable ASCII that round-trips through its sf-string form.
+func FuzzKeyField(f *testing.F) {
+	for _, s := range []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `"a\"b";p=1;q`, `"x";p=:aGk=:`, `abc`, `"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		key, err := parseKeyField(v)
+		if err != nil {
+			return
+		}
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x20 || key[i] > 0x7e {
+				t.Fatalf("%q accepted as %q", v, key)
+			}
+		}
+		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+		if again, err := parseKeyField(quoted); err != nil || again != key {
+			t.Fatalf("%q: %q re-parsed as %q, %v", v, key, again, err)
+		}
+	})
+}

@@ -1,0 +1,151 @@
+package idemhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/dedupkit/dedup"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TxHandlerFunc handles a request inside the PostgreSQL transaction that
+// holds its key: what it writes through tx commits together with its stored
+// response, or not at all.
+type TxHandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx)
+
+// TxBeginner begins transactions; *pgxpool.Pool is one. It must reach the
+// database of the store's table.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// lockNotAvailable is PostgreSQL's SQLSTATE for a lock_timeout that ran out.
+const lockNotAvailable = "55P03"
+
+// TxMiddleware is the transactional mode on PostgreSQL: for each request
+// with a key it begins a transaction, claims the key in it, runs the handler
+// with it, stores the response in it and commits. The handler's rows and the
+// stored response commit or vanish together, so the effect happens once even
+// if the server dies between the handler's write and its answer: the
+// transaction rolls back and the retry runs it afresh.
+//
+// A concurrent request with the same key waits on the key's row until the
+// first transaction ends, then replays its answer (commit) or runs
+// (rollback). Each waiter holds a pooled connection; to bound the wait, give
+// the pool a lock_timeout (pgxpool.Config.ConnConfig.RuntimeParams
+// ["lock_timeout"] = "2s"): a waiter past it is answered as in flight (409
+// with Retry-After, or 202 with WithInFlightAccepted).
+// Answers that are not stored (5xx, other 4xx) roll the transaction back. A
+// response over the snapshot limit cannot be stored, so it rolls back too and
+// the client gets a 500 problem instead. Streaming is not possible: the
+// answer is sent after the commit.
+type TxMiddleware struct {
+	front
+	store *dedup.PostgresStore
+	db    TxBeginner
+}
+
+// NewTx returns a TxMiddleware over store, beginning its transactions on db.
+// Its options are those of [New]; WithLease does not apply (the row lock is
+// the lease).
+func NewTx(store *dedup.PostgresStore, db TxBeginner, opts ...Opt) (*TxMiddleware, error) {
+	if isNil(store) || isNil(db) {
+		return nil, fmt.Errorf("%w: idemhttp: nil store or database", dedup.ErrConfig)
+	}
+	f, err := newFront(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &TxMiddleware{front: f, store: store, db: db}, nil
+}
+
+// Wrap returns h as an http.Handler behind the middleware. A request that
+// has no key and may go without one (WithOptionalKey) still runs in a
+// transaction of its own, committed when it answers 2xx or 3xx; the snapshot
+// limit bounds its answer too, as every answer is sent after the commit. It panics if h is nil.
+func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
+	if h == nil {
+		panic("idemhttp: Wrap(nil)")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, ok := m.prepare(w, r)
+		if !ok {
+			return
+		}
+		m.serveTx(w, r, h, p)
+	})
+}
+
+func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandlerFunc, p *prepared) {
+	ctx := r.Context()
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		m.storeError(w, p, "begin", err)
+		return
+	}
+	// Rolling back after a commit is a no-op; this covers every early return.
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+
+	var owner string
+	if p != nil {
+		c, err := m.store.ClaimTx(ctx, tx, p.claimRequest(m.cfg))
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+			// The pool's lock_timeout ran out while the first request held
+			// the key: it is in flight.
+			c.Status = dedup.ClaimInFlight
+		case err != nil:
+			m.storeError(w, p, "claim", err)
+			return
+		}
+		if c.Status != dedup.ClaimAcquired {
+			_ = tx.Rollback(ctx)
+			m.answerClaim(w, r, p, c)
+			return
+		}
+		owner = c.Record.Owner
+	}
+	rec := newRecorder(w, m.cfg.maxSnapshot, false)
+	panicked, value := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(w, r, tx) }), rec, r)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.lease)
+	defer cancel()
+	switch {
+	case panicked:
+		_ = tx.Rollback(sctx)
+		panic(value)
+	case rec.over:
+		_ = tx.Rollback(sctx)
+		m.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
+			slog.Int("limit", m.cfg.maxSnapshot))
+		m.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
+			"the answer is too large to be stored, so the operation was not applied", 0)
+		return
+	case p == nil || !m.storable(ctx, rec):
+		if p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil) {
+			if err := tx.Commit(sctx); err != nil {
+				m.storeError(w, p, "commit", err)
+				return
+			}
+		}
+		_ = tx.Rollback(sctx)
+		m.answer(ctx, w, rec)
+		return
+	}
+	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
+	if err := m.store.CompleteTx(sctx, tx, p.key, owner, snap); err != nil {
+		m.storeError(w, p, "complete", err)
+		return
+	}
+	if err := tx.Commit(sctx); err != nil {
+		// Either nothing committed (a retry runs afresh) or the commit's
+		// answer was lost (a retry replays): retrying is right both ways.
+		m.storeError(w, p, "commit", err)
+		return
+	}
+	rec.flush()
+}

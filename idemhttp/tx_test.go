@@ -1,0 +1,261 @@
+package idemhttp_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"testing"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/idemhttp"
+	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// chargesTable creates a table of charges, the business rows of the
+// transactional tests, dropped when t ends.
+func chargesTable(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	table := pgx.Identifier{uniqueName("charges_")}.Sanitize()
+	if _, err := pool.Exec(context.Background(), "CREATE TABLE "+table+" (id bigserial PRIMARY KEY, amount bigint NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	return table
+}
+
+func countRows(t testing.TB, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// txCharge inserts a charge in tx and answers its row ID; status, when not
+// zero, replaces the answer (to test rollbacks).
+func txCharge(table string, status *int) idemhttp.TxHandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+		var req struct {
+			Amount int64 `json:"amount"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Amount <= 0 {
+			http.Error(w, "bad amount", http.StatusBadRequest)
+			return
+		}
+		var id int64
+		if err := tx.QueryRow(r.Context(), "INSERT INTO "+table+" (amount) VALUES ($1) RETURNING id", req.Amount).Scan(&id); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if status != nil && *status != 0 {
+			http.Error(w, "gateway down", *status)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d,"amount":%d}`, id, req.Amount)
+	}
+}
+
+func newTxServer(t *testing.T, status *int, opts ...idemhttp.Opt) (url string, pool *pgxpool.Pool, charges string) {
+	t.Helper()
+	store, pool := postgresStore(t)
+	charges = chargesTable(t, pool)
+	m, err := idemhttp.NewTx(store, pool, append([]idemhttp.Opt{idemhttp.WithScope("payments-api"),
+		idemhttp.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serve(t, m.Wrap(txCharge(charges, status))).URL, pool, charges
+}
+
+// TestTxConcurrentRequestsOneRow: 50 requests with one key at once in
+// transactional mode commit one charge row; the rest wait for it and replay.
+func TestTxConcurrentRequestsOneRow(t *testing.T) {
+	url, pool, charges := newTxServer(t, nil)
+	answers := sendAtOnce(t, url, newKey(), 50)
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Fatalf("%d charge rows, want 1", n)
+	}
+	originals, replays := 0, 0
+	var body string
+	for _, a := range answers {
+		switch {
+		case a.status == http.StatusCreated && !a.replayed():
+			originals++
+			body = a.body
+		case a.status == http.StatusCreated:
+			replays++
+		default:
+			t.Errorf("unexpected %d %q", a.status, a.body)
+		}
+	}
+	for _, a := range answers {
+		if a.body != body {
+			t.Errorf("answer %q differs from the original %q", a.body, body)
+		}
+	}
+	if originals != 1 {
+		t.Errorf("%d originals, want 1", originals)
+	}
+	t.Logf("1 row: 1 original, %d replays", replays)
+}
+
+// TestTxFailureRollsBack: a 5xx rolls the handler's row and the key back,
+// so the retry runs afresh and one row remains.
+func TestTxFailureRollsBack(t *testing.T) {
+	status := http.StatusServiceUnavailable
+	url, pool, charges := newTxServer(t, &status)
+	key := newKey()
+	if a := mustPost(t, url, key, order); a.status != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d %q", a.status, a.body)
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Fatalf("%d rows after a 503, want 0", n)
+	}
+	status = 0
+	first := mustPost(t, url, key, order)
+	again := mustPost(t, url, key, order)
+	if first.status != http.StatusCreated || first.replayed() || !again.replayed() || again.body != first.body {
+		t.Errorf("retry %d %q then %d %q", first.status, first.body, again.status, again.body)
+	}
+	if reused := mustPost(t, url, key, `{"amount": 7}`); reused.status != http.StatusUnprocessableEntity {
+		t.Errorf("reused key: %d", reused.status)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+// TestTxOversizedAnswerRollsBack: an answer that cannot be stored is not
+// committed either; the client gets a 500 problem.
+func TestTxOversizedAnswerRollsBack(t *testing.T) {
+	url, pool, charges := newTxServer(t, nil, idemhttp.WithMaxSnapshotBytes(8))
+	a := mustPost(t, url, newKey(), order)
+	if a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemTooLarge) {
+		t.Errorf("oversized: %d %q", a.status, a.body)
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Errorf("%d rows, want 0", n)
+	}
+}
+
+// TestTxRetryingClient: a client retrying through lost responses ends with
+// the first answer, and one row.
+func TestTxRetryingClient(t *testing.T) {
+	url, pool, charges := newTxServer(t, nil)
+	client := &http.Client{Transport: &dropTransport{base: http.DefaultTransport, drops: 2}}
+	key := newKey()
+	var got answer
+	for range 5 {
+		a, err := post(t, client, url, key, order)
+		if err == nil {
+			got = a
+			break
+		}
+	}
+	var id int64
+	if err := pool.QueryRow(context.Background(), "SELECT id FROM "+charges).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf(`{"id":%d,"amount":4200}`, id); got.body != want || !got.replayed() {
+		t.Errorf("client got %q replayed=%v, want %q", got.body, got.replayed(), want)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+func TestClaimTxHooks(t *testing.T) {
+	store, pool := postgresStore(t)
+	ctx := context.Background()
+	if _, err := store.ClaimTx(ctx, nil, dedup.ClaimRequest{}); err == nil {
+		t.Error("ClaimTx(nil tx) succeeded")
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	key := dedup.Key{Scope: "s", EventID: newKey()}
+	c, err := store.ClaimTx(ctx, tx, dedup.ClaimRequest{Key: key, Fingerprint: "f", TTL: dedup.DefaultTTL})
+	if err != nil || c.Status != dedup.ClaimAcquired {
+		t.Fatalf("claim: %v %v", c.Status, err)
+	}
+	if err := store.CompleteTx(ctx, tx, key, "another owner", []byte("r")); err == nil {
+		t.Error("CompleteTx with another owner succeeded")
+	}
+	if err := store.CompleteTx(ctx, tx, key, c.Record.Owner, []byte("r")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.Get(ctx, key)
+	if err != nil || rec.Status != dedup.StatusSucceeded || string(rec.Result) != "r" {
+		t.Errorf("record %+v %v", rec, err)
+	}
+}
+
+// TestTxLockTimeoutIsInFlight: with a lock_timeout on the pool, a request
+// waiting on a running request's key is answered 409 in flight, not held.
+func TestTxLockTimeoutIsInFlight(t *testing.T) {
+	setup := testenv.Postgres(t)
+	cfg := setup.Config()
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "200ms"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(t, setup)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := idemhttp.NewTx(store, pool, idemhttp.WithScope("payments-api"), idemhttp.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	srv := serve(t, m.Wrap(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	key := newKey()
+	done := make(chan answer)
+	go func() { done <- mustPost(t, srv.URL, key, order) }()
+	<-entered
+	if a := mustPost(t, srv.URL, key, order); a.status != http.StatusConflict || a.problemType() != problem(idemhttp.ProblemInFlight) {
+		t.Errorf("waiter past lock_timeout: %d %q", a.status, a.body)
+	}
+	close(release)
+	if a := <-done; a.status != http.StatusCreated {
+		t.Errorf("first: %d", a.status)
+	}
+	if a := mustPost(t, srv.URL, key, order); !a.replayed() {
+		t.Errorf("after: %d replayed=%v", a.status, a.replayed())
+	}
+}
+
+// TestTxKeyless: with WithOptionalKey a request without a key runs in a
+// transaction of its own, committed on 2xx and rolled back on 5xx.
+func TestTxKeyless(t *testing.T) {
+	status := 0
+	url, pool, charges := newTxServer(t, &status, idemhttp.WithOptionalKey())
+	if a := mustPost(t, url, "", order); a.status != http.StatusCreated {
+		t.Fatalf("keyless: %d %q", a.status, a.body)
+	}
+	status = http.StatusServiceUnavailable
+	if a := mustPost(t, url, "", order); a.status != http.StatusServiceUnavailable {
+		t.Fatalf("keyless 503: %d", a.status)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1 (the 503's rolled back)", n)
+	}
+}

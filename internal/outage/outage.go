@@ -1,0 +1,119 @@
+// Package outage tracks whether the calls a consumer makes to its store and
+// dead-letter sink are failing, for the adapters' health reports, their
+// outage logs and their bound on an outage.
+package outage
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Tracker records the outcome of each attempt to settle a message. A run of
+// failures lasting at least its threshold is an outage: it is logged at
+// ERROR when it reaches the threshold and again each threshold while it
+// lasts (never per message), its end is logged at INFO, and Health reports
+// it. It is safe for concurrent use.
+type Tracker struct {
+	log       *slog.Logger
+	prefix    string // of log messages
+	threshold time.Duration
+	sentinel  error // wrapped by Health's errors
+
+	mu          sync.Mutex
+	lastSuccess time.Time
+	lastFailure time.Time
+	since       time.Time // start of the current run of failures; zero after a success
+	lastErr     error
+	failures    int       // since the last ERROR
+	loggedAt    time.Time // of the last ERROR of the current outage
+}
+
+// New returns a Tracker logging to log, with messages starting with prefix
+// (the package's name and a colon), for which failing for threshold is an
+// outage; Health's errors wrap sentinel.
+func New(log *slog.Logger, prefix string, threshold time.Duration, sentinel error) *Tracker {
+	return &Tracker{log: log, prefix: prefix, threshold: threshold, sentinel: sentinel}
+}
+
+// Snapshot is what a Tracker knows of the recent attempts.
+type Snapshot struct {
+	LastSuccess  time.Time
+	LastFailure  time.Time
+	FailingSince time.Time
+	LastError    error
+}
+
+// Success records an attempt whose outcome the store recorded.
+func (t *Tracker) Success() {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lastSuccess = now
+	if !t.loggedAt.IsZero() {
+		t.log.Info(t.prefix+" store and dead-letter sink answer again; outage over",
+			slog.Duration("outage", now.Sub(t.since).Round(time.Millisecond)))
+	}
+	t.since, t.loggedAt, t.failures = time.Time{}, time.Time{}, 0
+}
+
+// Failure records an attempt that failed with err, and returns how long
+// attempts have been failing and whether that is an outage (already
+// logged at ERROR, so that callers may log each failure at a lower level).
+func (t *Tracker) Failure(err error) (failingFor time.Duration, outage bool) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.since.IsZero() {
+		t.since = now
+	}
+	t.lastFailure, t.lastErr = now, err
+	t.failures++
+	failingFor = now.Sub(t.since)
+	if failingFor < t.threshold {
+		return failingFor, false
+	}
+	if t.loggedAt.IsZero() || now.Sub(t.loggedAt) >= t.threshold {
+		t.log.Error(t.prefix+" store or dead-letter sink failing: messages are not being settled",
+			slog.Duration("failing_for", failingFor.Round(time.Millisecond)), slog.Time("since", t.since),
+			slog.Int("failures", t.failures), slog.Any("error", err))
+		t.loggedAt, t.failures = now, 0
+	}
+	return failingFor, true
+}
+
+// Snapshot returns what t knows.
+func (t *Tracker) Snapshot() Snapshot {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return Snapshot{LastSuccess: t.lastSuccess, LastFailure: t.lastFailure, FailingSince: t.since, LastError: t.lastErr}
+}
+
+// Health returns nil, or, once the attempts since the last success have
+// been failing for the threshold or longer, an error wrapping the sentinel
+// and the last failure.
+func (t *Tracker) Health() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.since.IsZero() || time.Since(t.since) < t.threshold {
+		return nil
+	}
+	return t.errLocked()
+}
+
+// Err returns an error wrapping the sentinel and the last failure, saying
+// how long attempts have been failing; nil after a success.
+func (t *Tracker) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.since.IsZero() {
+		return nil
+	}
+	return t.errLocked()
+}
+
+func (t *Tracker) errLocked() error {
+	return fmt.Errorf("%w for %v (since %s): %w", t.sentinel, time.Since(t.since).Round(time.Millisecond),
+		t.since.UTC().Format(time.RFC3339), t.lastErr)
+}

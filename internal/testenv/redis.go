@@ -1,0 +1,134 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultRedisAddr is the Redis tests use when DEDUP_REDIS_ADDR is unset.
+const DefaultRedisAddr = "127.0.0.1:6379"
+
+// Redis returns a client of the shared Redis at DEDUP_REDIS_ADDR (host:port,
+// or a redis:// URL naming a database), closed when t ends, or reports Redis
+// unavailable.
+func Redis(t testing.TB) *redis.Client {
+	t.Helper()
+	addr := Env("DEDUP_REDIS_ADDR", DefaultRedisAddr)
+	opts := &redis.Options{Addr: addr}
+	if strings.Contains(addr, "://") {
+		var err error
+		if opts, err = redis.ParseURL(addr); err != nil {
+			t.Fatalf("DEDUP_REDIS_ADDR: %v", err)
+		}
+	}
+	opts.DialTimeout = 2 * time.Second
+	client := redis.NewClient(opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		Unavailable(t, "Redis", err)
+		return nil
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+// RedisServer is a private redis-server that a test may kill, restart and
+// reconfigure without disturbing the shared one other tests use.
+type RedisServer struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+	args []string
+	cmd  *exec.Cmd
+}
+
+// StartRedisServer starts a redis-server on a free loopback port in a
+// temporary directory, killed and removed when t ends. Without args it keeps
+// nothing on disk (no RDB snapshots, no AOF); args are more redis-server
+// options, such as "--appendonly", "yes".
+func StartRedisServer(t testing.TB, args ...string) *RedisServer {
+	t.Helper()
+	bin := Env("DEDUP_REDIS_SERVER", "redis-server")
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		Unavailable(t, "redis-server", err)
+	}
+	s := &RedisServer{t: t, bin: path, dir: t.TempDir(), port: freePort(t), args: args}
+	t.Cleanup(func() {
+		if s.cmd != nil {
+			s.Kill()
+		}
+	})
+	s.Start()
+	return s
+}
+
+// Addr returns the server's host:port.
+func (s *RedisServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Client returns a new client of the server, closed when the test ends.
+func (s *RedisServer) Client(opts ...func(*redis.Options)) *redis.Client {
+	o := &redis.Options{Addr: s.Addr(), DialTimeout: time.Second}
+	for _, f := range opts {
+		f(o)
+	}
+	c := redis.NewClient(o)
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Start starts the server, with its data directory as it was, and waits
+// until it answers.
+func (s *RedisServer) Start() {
+	s.t.Helper()
+	args := append([]string{
+		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "redis.log",
+	}, s.args...)
+	s.cmd = exec.Command(s.bin, args...)
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	for range 100 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	s.t.Fatalf("redis-server on %s did not answer: %s", s.Addr(), log)
+}
+
+// Kill kills the server with SIGKILL, as a crash would, and waits for it
+// to exit. Nothing is flushed: what was not on disk is lost.
+func (s *RedisServer) Kill() {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("redis-server is not running")
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// String describes the server, for messages.
+func (s *RedisServer) String() string {
+	return fmt.Sprintf("redis-server %s %v", s.Addr(), s.args)
+}

@@ -1,0 +1,85 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// purgeBatch bounds the rows one purge statement deletes, so purging a large
+// backlog never holds many row locks or one long transaction.
+const purgeBatch = 1000
+
+// FailedEvent is an event the relay gave up on: its last error says why.
+type FailedEvent struct {
+	ID          string
+	Destination string
+	Key         []byte
+	Attempts    int
+	LastError   string
+	CreatedAt   time.Time
+	FailedAt    time.Time
+}
+
+// Failed returns up to limit failed events, oldest first.
+func (o *Outbox) Failed(ctx context.Context, db DB, limit int) ([]FailedEvent, error) {
+	if isNil(db) {
+		return nil, fmt.Errorf("%w: nil DB", errConfig)
+	}
+	rows, err := db.Query(ctx, o.sql.failed, limit)
+	if err != nil {
+		return nil, o.notMigrated(fmt.Errorf("outbox: list failed: %w", err))
+	}
+	defer rows.Close()
+	var out []FailedEvent
+	for rows.Next() {
+		var f FailedEvent
+		if err := rows.Scan(&f.ID, &f.Destination, &f.Key, &f.Attempts, &f.LastError, &f.CreatedAt, &f.FailedAt); err != nil {
+			return nil, fmt.Errorf("outbox: list failed: %w", err)
+		}
+		out = append(out, f)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, o.notMigrated(fmt.Errorf("outbox: list failed: %w", err))
+	}
+	return out, nil
+}
+
+// Requeue makes the named failed events pending again, with their attempts
+// reset, and returns how many it requeued; IDs of events that are not failed
+// are ignored. A requeued event keeps its place in its key's order: it is
+// published before the events of its key still pending, and after those
+// already sent while it was failed.
+func (o *Outbox) Requeue(ctx context.Context, db DB, ids ...string) (int64, error) {
+	if isNil(db) {
+		return 0, fmt.Errorf("%w: nil DB", errConfig)
+	}
+	tag, err := db.Exec(ctx, o.sql.requeue, ids)
+	if err != nil {
+		return 0, o.notMigrated(fmt.Errorf("outbox: requeue: %w", err))
+	}
+	if tag.RowsAffected() > 0 {
+		_, _ = db.Exec(ctx, o.sql.notify, o.channel)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Purge deletes the events sent more than olderThan ago, in statements of at
+// most 1,000 rows each, and returns how many it deleted. A relay purges by
+// itself (see [WithRetention]).
+func (o *Outbox) Purge(ctx context.Context, db DB, olderThan time.Duration) (int64, error) {
+	if isNil(db) {
+		return 0, fmt.Errorf("%w: nil DB", errConfig)
+	}
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, o.sql.purge, olderThan.Milliseconds(), purgeBatch)
+		if err != nil {
+			return total, o.notMigrated(fmt.Errorf("outbox: purge: %w", err))
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < purgeBatch {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,19 @@
+// Package outbox is the producing side of dedup: a transactional outbox.
+//
+// An application writes its business rows and the events describing them in
+// one PostgreSQL transaction ([Outbox.Add]); a [Relay] publishes committed
+// events to a broker through a [Publisher] and marks each one sent only after
+// the broker acknowledged it. Delivery is at least once: a relay that dies
+// after publishing and before marking publishes again. Every published message
+// carries its event ID where the consumer adapters read it (the "event-id"
+// Kafka header or SQS message attribute), so a consumer wrapped with
+// dedup.Wrap or dedup.WrapTx applies each committed event exactly once.
+//
+// Events with the same destination and key are published in the order their
+// transactions committed, with any number of relays: Add serialises the
+// writers of a key with a transaction-scoped advisory lock, and a relay only
+// publishes an event when no earlier event of its key is still pending.
+//
+// The publishers live in subpackages (kafkaoutbox, sqsoutbox), so that this
+// package depends on neither broker's SDK.
+package outbox

@@ -1,0 +1,114 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/dedupkit/dedup/outbox"
+	"github.com/dedupkit/dedup/outbox/kafkaoutbox"
+)
+
+// exampleDB connects to DEDUP_POSTGRES_DSN, where the examples keep their
+// tables; they need PostgreSQL.
+func exampleDB(ctx context.Context) *pgxpool.Pool {
+	pool, err := pgxpool.New(ctx, testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	return pool
+}
+
+// An order and its event are written in one transaction: the event is
+// published if and only if the order commits.
+func ExampleOutbox_Add() {
+	ctx := context.Background()
+	pool := exampleDB(ctx)
+	defer pool.Close()
+	ob, _ := outbox.New(outbox.WithTable("example_add_events"))
+	_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS example_add_events")
+	if err := ob.Migrate(ctx, pool); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// ... INSERT INTO orders ... in tx
+		ids, err := ob.Add(ctx, tx, outbox.Event{
+			ID:          "order-42-placed",
+			Destination: "orders",
+			Key:         []byte("order-42"),
+			Payload:     []byte(`{"order":"42"}`),
+		})
+		fmt.Println("added", ids)
+		return err
+	})
+	fmt.Println("committed:", err == nil)
+
+	var status string
+	_ = pool.QueryRow(ctx, "SELECT status FROM example_add_events WHERE event_id = 'order-42-placed'").Scan(&status)
+	fmt.Println("status:", status)
+	// Output:
+	// added [order-42-placed]
+	// committed: true
+	// status: pending
+}
+
+// A relay publishes committed events to Kafka with the event ID in the
+// "event-id" header, where kafkadedup reads it.
+func ExampleNewRelay() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := exampleDB(ctx)
+	defer pool.Close()
+	ob, _ := outbox.New(outbox.WithTable("example_relay_events"))
+	_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS example_relay_events")
+	if err := ob.Migrate(ctx, pool); err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := ob.Add(ctx, tx, outbox.Event{ID: "order-7-placed", Destination: "orders", Key: []byte("order-7"), Payload: []byte("placed")})
+		return err
+	})
+
+	kc, _ := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	defer kc.Close()
+	producer, _ := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...))
+	defer producer.Close()
+	pub, _ := kafkaoutbox.NewPublisher(producer)
+	// The relay opens its own connections from the configuration.
+	relay, err := outbox.NewRelay(ob, pool.Config(), pub)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- relay.Run(rctx) }()
+
+	consumer, _ := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...), kgo.ConsumeTopics("orders"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer consumer.Close()
+	fs := consumer.PollFetches(ctx)
+	fs.EachRecord(func(r *kgo.Record) {
+		for _, h := range r.Headers {
+			fmt.Printf("%s: %s\n", h.Key, h.Value)
+		}
+		fmt.Printf("key %s, value %s\n", r.Key, r.Value)
+	})
+	stop()
+	fmt.Println("relay stopped:", <-done)
+	// Output:
+	// event-id: order-7-placed
+	// key order-7, value placed
+	// relay stopped: <nil>
+}

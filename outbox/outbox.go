@@ -1,0 +1,126 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dedupkit/dedup"
+)
+
+// DefaultTable is the table an [Outbox] uses unless [WithTable] names another.
+const DefaultTable = "outbox_events"
+
+var errConfig = dedup.ErrConfig
+
+// DB is what the administrative functions run their statements on: a
+// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Outbox is one outbox table: how events are written to it ([Outbox.Add]),
+// created ([Outbox.Migrate]) and administered ([Outbox.Requeue],
+// [Outbox.Failed], [Outbox.Purge]). A [Relay] publishes its rows. It holds no
+// connection and is safe for concurrent use.
+type Outbox struct {
+	table   string // quoted, possibly schema-qualified
+	channel string // the LISTEN/NOTIFY channel
+	sql     statements
+}
+
+// Opt configures an [Outbox].
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(c *config) { f(c) }
+
+type config struct {
+	table string
+}
+
+// WithTable sets the table name, optionally schema-qualified ("schema.table").
+// Each part must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$, as for the dedup
+// PostgreSQL store.
+func WithTable(name string) Opt { return optFunc(func(c *config) { c.table = name }) }
+
+// New returns the outbox kept in the table of [DefaultTable] or [WithTable].
+func New(opts ...Opt) (*Outbox, error) {
+	cfg := config{table: DefaultTable}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	ident, err := parseTableName(cfg.table)
+	if err != nil {
+		return nil, err
+	}
+	h := fnv.New64a()
+	h.Write([]byte(cfg.table))
+	table := ident.Sanitize()
+	return &Outbox{
+		table:   table,
+		channel: fmt.Sprintf("outbox_%016x", h.Sum64()),
+		sql:     buildStatements(table, ident[len(ident)-1]),
+	}, nil
+}
+
+// parseTableName splits name into at most a schema and a table, each a plain
+// SQL identifier, so that nothing but a name reaches the SQL text. It is the
+// rule of the dedup PostgreSQL store, which does not export it.
+func parseTableName(name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, &TableNameError{Name: name, Reason: "want table or schema.table"}
+	}
+	for _, p := range parts {
+		if !validIdentifier(p) {
+			return nil, &TableNameError{Name: name, Reason: fmt.Sprintf("%q is not an identifier matching ^[A-Za-z_][A-Za-z0-9_]{0,62}$", p)}
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+func validIdentifier(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for i, c := range []byte(s) {
+		letter := c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// Migrate creates the outbox table and its indexes if they do not exist. It
+// is safe to run from several processes at once.
+func (o *Outbox) Migrate(ctx context.Context, db DB) error {
+	if isNil(db) {
+		return fmt.Errorf("%w: nil DB", errConfig)
+	}
+	// The advisory lock makes concurrent migrations wait for each other
+	// instead of racing on CREATE ... IF NOT EXISTS, which is not atomic.
+	for _, stmt := range []string{o.sql.migrateLock, o.sql.createTable, o.sql.createPending, o.sql.createKeyHead, o.sql.createSent} {
+		if _, err := db.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("outbox: migrate %s: %w", o.table, err)
+		}
+	}
+	return nil
+}
+
+// notMigrated turns PostgreSQL's "undefined table" into ErrNotMigrated.
+func (o *Outbox) notMigrated(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%w: %s", ErrNotMigrated, o.table)
+	}
+	return err
+}

@@ -1,0 +1,160 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup"
+)
+
+// maxErrorText bounds the error text kept in a row.
+const maxErrorText = 1000
+
+// pass publishes one batch of due events in one transaction: its row locks
+// keep other relays off the batch until the broker's acknowledgements are
+// recorded, and a relay dying at any point rolls it back, leaving the rows
+// pending. It returns how many events it took.
+func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	seqs, events, err := r.claim(ctx, tx)
+	if err != nil || len(events) == 0 {
+		return 0, err
+	}
+
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
+	errs := r.pub.Publish(pctx, events)
+	cancel()
+	if len(errs) != len(events) {
+		err := fmt.Errorf("outbox: publisher returned %d results for %d events", len(errs), len(events))
+		errs = make([]error, len(events))
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+
+	var sent []int64
+	var f failures
+	for i, perr := range errs {
+		switch {
+		case perr == nil:
+			sent = append(sent, seqs[i])
+		case errors.Is(perr, ErrNotAttempted):
+		case ctx.Err() != nil:
+			// Shutting down: the publish was cut short, not refused.
+		default:
+			f.add(seqs[i], &events[i], perr, r.cfg.backoff(events[i].Attempts+1))
+		}
+	}
+
+	// The acknowledgements are recorded even when ctx was cancelled during
+	// the publish, so that a graceful stop does not publish them again.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if len(sent) > 0 {
+		q := r.ob.sql.markSent
+		if r.cfg.deleteSent {
+			q = r.ob.sql.deleteSent
+		}
+		if _, err := tx.Exec(sctx, q, sent); err != nil {
+			return 0, fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err)
+		}
+	}
+	if len(f.seqs) > 0 {
+		if _, err := tx.Exec(sctx, r.ob.sql.markFailed, f.seqs, f.texts, f.delays, r.cfg.maxAttempts, f.permanent); err != nil {
+			return 0, fmt.Errorf("outbox: record %d publish failures: %w", len(f.seqs), err)
+		}
+	}
+	if err := tx.Commit(sctx); err != nil {
+		return 0, fmt.Errorf("outbox: commit pass: %w", err)
+	}
+	r.logFailures(&f)
+	return len(events), nil
+}
+
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]int64, []Event, error) {
+	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.batch)
+	if err != nil {
+		return nil, nil, r.ob.notMigrated(fmt.Errorf("outbox: claim: %w", err))
+	}
+	defer rows.Close()
+	var seqs []int64
+	var events []Event
+	for rows.Next() {
+		var (
+			seq     int64
+			e       Event
+			headers []byte
+			tenant  *string
+		)
+		if err := rows.Scan(&seq, &e.ID, &e.Destination, &e.Key, &headers, &e.Payload, &tenant, &e.Attempts); err != nil {
+			return nil, nil, fmt.Errorf("outbox: claim: %w", err)
+		}
+		if headers != nil {
+			if err := json.Unmarshal(headers, &e.Headers); err != nil {
+				return nil, nil, fmt.Errorf("outbox: event %s: headers: %w", e.ID, err)
+			}
+		}
+		if tenant != nil {
+			e.Tenant = *tenant
+		}
+		seqs = append(seqs, seq)
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, r.ob.notMigrated(fmt.Errorf("outbox: claim: %w", err))
+	}
+	return seqs, events, nil
+}
+
+// failures are the publish failures of a pass: markFailed's arguments, and
+// the events for the log.
+type failures struct {
+	seqs      []int64
+	texts     []string
+	delays    []int64
+	permanent []bool
+	events    []*Event
+}
+
+func (f *failures) add(seq int64, e *Event, err error, delay time.Duration) {
+	text := err.Error()
+	if len(text) > maxErrorText {
+		text = text[:maxErrorText]
+	}
+	f.seqs = append(f.seqs, seq)
+	f.texts = append(f.texts, text)
+	f.delays = append(f.delays, delay.Milliseconds())
+	f.permanent = append(f.permanent, dedup.IsPermanent(err))
+	f.events = append(f.events, e)
+}
+
+// logFailures logs each event that is now failed, and the retried ones as
+// one line.
+func (r *Relay) logFailures(f *failures) {
+	var retried int
+	for i, e := range f.events {
+		if f.permanent[i] || e.Attempts+1 >= r.cfg.maxAttempts {
+			r.log.Warn("outbox event failed; requeue it once the cause is fixed",
+				slog.String("event_id", e.ID), slog.String("destination", e.Destination),
+				slog.Int("attempts", e.Attempts+1), slog.String("reason", f.texts[i]))
+			continue
+		}
+		if retried++; retried == 1 {
+			defer func() {
+				r.log.Warn("outbox publish failed; retrying after backoff", slog.Int("events", retried), slog.String("first_error", f.texts[i]))
+			}()
+		}
+	}
+}

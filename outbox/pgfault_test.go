@@ -1,0 +1,48 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupkit/dedup/outbox"
+)
+
+// The relay's connection is killed while the broker holds its batch: the
+// broker then acknowledges records the relay can no longer mark sent. The
+// rows stay pending and go out again; nothing is lost and the relay goes on.
+func TestPostgresGoneMidPassLosesNothing(t *testing.T) {
+	e := newEnv(t, 1)
+	held := make(chan struct{})
+	release := make(chan struct{})
+	e.kafka.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.DropControl()
+		close(held)
+		<-release
+		return nil, nil, false // then handled as usual
+	})
+	ids := e.add(true, e.event("a", "1"), e.event("a", "2"), e.event("b", "3"))
+	e.start(e.relay())
+
+	<-held
+	ctx := context.Background()
+	var killed int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1 AND datname = current_database() AND state = 'idle in transaction'`,
+		outbox.DefaultApplicationName).Scan(&killed))
+	require.Equal(t, 1, killed, "the relay's pass connection, idle in its transaction while the broker works")
+	close(release)
+
+	waitFor(t, 15*time.Second, "all sent after reconnecting", func() bool { return e.statuses()["sent"] == 3 })
+	recs := e.consume(6, 10*time.Second)
+	count := map[string]int{}
+	for _, r := range recs {
+		count[header(r, "event-id")]++
+	}
+	for _, id := range ids {
+		require.Equal(t, 2, count[id], "event %s: published, unrecorded, published again", id)
+	}
+}

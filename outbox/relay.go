@@ -1,0 +1,195 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Relay publishes the committed events of an [Outbox]. Run as many relays as
+// you like, in one process or many: each pass locks the rows it takes with
+// FOR UPDATE SKIP LOCKED, so no row is taken by two relays at once, and a
+// relay killed at any moment leaves its rows pending for the next pass.
+type Relay struct {
+	ob   *Outbox
+	pg   *pgxpool.Config
+	pub  Publisher
+	cfg  relayConfig
+	log  *slog.Logger
+	purg time.Duration
+}
+
+// DefaultApplicationName is the application_name of a relay's connections
+// unless its configuration sets one: what pg_stat_activity shows for them.
+const DefaultApplicationName = "dedup-outbox-relay"
+
+// NewRelay returns a relay of ob that publishes with pub. The relay opens its
+// own connections with pg, at most two while it runs: one listening for
+// notifications, and one holding each pass's transaction open while the broker
+// acknowledges, which is why it never borrows the application's pool.
+func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (*Relay, error) {
+	switch {
+	case ob == nil:
+		return nil, fmt.Errorf("%w: nil outbox", errConfig)
+	case pg == nil:
+		return nil, fmt.Errorf("%w: nil pgxpool.Config", errConfig)
+	case isNil(pub):
+		return nil, fmt.Errorf("%w: nil publisher", errConfig)
+	}
+	cfg := defaultRelayConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.logger
+	if log == nil {
+		log = slog.Default()
+	}
+	pg = pg.Copy()
+	pg.MaxConns, pg.MinConns = 1, 0
+	if pg.ConnConfig.RuntimeParams["application_name"] == "" {
+		pg.ConnConfig.RuntimeParams["application_name"] = DefaultApplicationName
+	}
+	return &Relay{ob: ob, pg: pg, pub: pub, cfg: cfg, log: log.With(slog.String("outbox", ob.table)),
+		purg: min(max(cfg.retention/2, 10*time.Millisecond), time.Minute)}, nil
+}
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// Run publishes events until ctx is cancelled, then returns nil. It returns
+// ErrNotMigrated when the outbox table does not exist. Other database errors
+// are logged and retried, waiting longer each time up to five seconds.
+func (r *Relay) Run(ctx context.Context) error {
+	pool, err := pgxpool.NewWithConfig(ctx, r.pg)
+	if err != nil {
+		return fmt.Errorf("outbox: relay pool: %w", err)
+	}
+	defer pool.Close()
+
+	wake := make(chan struct{}, 1)
+	lctx, stopListening := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.listen(lctx, wake) })
+	defer func() {
+		stopListening()
+		wg.Wait()
+	}()
+
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	var failures int
+	nextPurge := time.Now()
+	for {
+		n, err := r.pass(ctx, pool)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrNotMigrated) {
+			return err
+		}
+		if err != nil {
+			failures++
+			wait := min(50*time.Millisecond<<min(failures, 7), 5*time.Second)
+			r.log.Warn("outbox relay pass failed", slog.Any("error", err), slog.Int("failures", failures), slog.Duration("retry_in", wait))
+			if !sleep(ctx, wait) {
+				return nil
+			}
+			continue
+		}
+		failures = 0
+		if !r.cfg.deleteSent && time.Now().After(nextPurge) {
+			if _, err := r.ob.Purge(ctx, pool, r.cfg.retention); err != nil && ctx.Err() == nil {
+				r.log.Warn("outbox purge failed", slog.Any("error", err))
+			}
+			nextPurge = time.Now().Add(r.purg)
+		}
+		if n >= r.cfg.batch {
+			continue // a full batch: more is probably due
+		}
+		poll.Reset(r.cfg.poll)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// listen keeps a connection listening on the outbox's channel and signals
+// wake on every notification, and after each (re)connection, since
+// notifications sent while disconnected are lost.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	signal := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	var failures int
+	for {
+		err := r.listenOnce(ctx, signal)
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		wait := min(100*time.Millisecond<<min(failures, 6), 5*time.Second)
+		r.log.Warn("outbox relay: listening for notifications failed; polling meanwhile", slog.Any("error", err), slog.Duration("retry_in", wait))
+		if !sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, signal func()) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pg.ConnConfig)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.ob.channel}.Sanitize()); err != nil {
+		return err
+	}
+	signal()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		signal()
+	}
+}
+
+// sleep waits d, or returns false when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,96 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/dedupkit/dedup"
+)
+
+// RelayOpt configures a [Relay].
+type RelayOpt interface{ apply(*relayConfig) }
+
+type relayOptFunc func(*relayConfig)
+
+func (f relayOptFunc) apply(c *relayConfig) { f(c) }
+
+type relayConfig struct {
+	batch          int
+	maxAttempts    int
+	backoff        dedup.Backoff
+	poll           time.Duration
+	publishTimeout time.Duration
+	deleteSent     bool
+	retention      time.Duration
+	logger         *slog.Logger
+}
+
+func defaultRelayConfig() relayConfig {
+	return relayConfig{
+		batch:          500,
+		maxAttempts:    10,
+		backoff:        dedup.ExponentialBackoff(time.Second, 5*time.Minute),
+		poll:           time.Second,
+		publishTimeout: 30 * time.Second,
+		retention:      24 * time.Hour,
+	}
+}
+
+func (c *relayConfig) validate() error {
+	switch {
+	case c.batch < 1:
+		return fmt.Errorf("%w: batch size %d, want at least 1", errConfig, c.batch)
+	case c.maxAttempts < 1:
+		return fmt.Errorf("%w: max attempts %d, want at least 1", errConfig, c.maxAttempts)
+	case c.backoff == nil:
+		return fmt.Errorf("%w: nil backoff", errConfig)
+	case c.poll <= 0:
+		return fmt.Errorf("%w: poll interval %v, want more than 0", errConfig, c.poll)
+	case c.publishTimeout <= 0:
+		return fmt.Errorf("%w: publish timeout %v, want more than 0", errConfig, c.publishTimeout)
+	case c.retention < 0:
+		return fmt.Errorf("%w: retention %v, want 0 or more", errConfig, c.retention)
+	}
+	return nil
+}
+
+// WithBatchSize sets the most events one pass takes (default 500). A pass
+// takes what is due up to that, so batches grow with the backlog.
+func WithBatchSize(n int) RelayOpt { return relayOptFunc(func(c *relayConfig) { c.batch = n }) }
+
+// WithMaxAttempts sets the publish attempts after which an event is failed
+// (default 10).
+func WithMaxAttempts(n int) RelayOpt { return relayOptFunc(func(c *relayConfig) { c.maxAttempts = n }) }
+
+// WithBackoff sets how long a failed event waits before its next attempt
+// (default dedup.ExponentialBackoff(time.Second, 5*time.Minute)). While it
+// waits, later events of its key wait too.
+func WithBackoff(b dedup.Backoff) RelayOpt {
+	return relayOptFunc(func(c *relayConfig) { c.backoff = b })
+}
+
+// WithPollInterval sets how long the relay waits between passes when no
+// notification wakes it (default one second): the latency when notifications
+// are lost, and how soon backed-off events are retried after they are due.
+func WithPollInterval(d time.Duration) RelayOpt {
+	return relayOptFunc(func(c *relayConfig) { c.poll = d })
+}
+
+// WithPublishTimeout bounds one Publish call (default 30 seconds); the rows
+// of a pass stay locked that long at most.
+func WithPublishTimeout(d time.Duration) RelayOpt {
+	return relayOptFunc(func(c *relayConfig) { c.publishTimeout = d })
+}
+
+// WithDeleteSent deletes published rows instead of marking them sent.
+func WithDeleteSent() RelayOpt { return relayOptFunc(func(c *relayConfig) { c.deleteSent = true }) }
+
+// WithRetention sets how long sent rows are kept before the relay purges
+// them (default 24 hours).
+func WithRetention(d time.Duration) RelayOpt {
+	return relayOptFunc(func(c *relayConfig) { c.retention = d })
+}
+
+// WithLogger sets the relay's logger (default slog.Default()).
+func WithLogger(l *slog.Logger) RelayOpt { return relayOptFunc(func(c *relayConfig) { c.logger = l }) }

@@ -1,0 +1,90 @@
+package outbox
+
+import "github.com/jackc/pgx/v5"
+
+// statements holds every statement of an outbox, built once for its table.
+type statements struct {
+	migrateLock, createTable, createPending, createKeyHead, createSent string
+	lockKeys, insert, notify                                           string
+	claim, markSent, deleteSent, markFailed                            string
+	requeue, failed, purge                                             string
+}
+
+func buildStatements(table, bare string) statements {
+	index := func(suffix string) string { return pgx.Identifier{bare + suffix}.Sanitize() }
+	return statements{
+		migrateLock: `SELECT pg_advisory_xact_lock(hashtext('dedup outbox migrate'))`,
+		// seq is the order of publication: assigned at INSERT, after the
+		// key's advisory lock, so that within a key it is commit order.
+		createTable: `CREATE TABLE IF NOT EXISTS ` + table + ` (
+			seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			event_id text NOT NULL UNIQUE,
+			destination text NOT NULL,
+			key bytea,
+			headers jsonb,
+			payload bytea NOT NULL,
+			tenant text,
+			status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'failed')),
+			attempts integer NOT NULL DEFAULT 0,
+			last_error text,
+			created_at timestamptz NOT NULL DEFAULT now(),
+			due_at timestamptz NOT NULL DEFAULT now(),
+			sent_at timestamptz
+		)`,
+		// The relay's scan: pending rows in publication order.
+		createPending: `CREATE INDEX IF NOT EXISTS ` + index("_pending") + ` ON ` + table + ` (seq) WHERE status = 'pending'`,
+		// The ordering check: is an earlier row of this key still pending?
+		createKeyHead: `CREATE INDEX IF NOT EXISTS ` + index("_pending_key") + ` ON ` + table + ` (destination, key, seq) WHERE status = 'pending' AND key IS NOT NULL`,
+		createSent:    `CREATE INDEX IF NOT EXISTS ` + index("_sent") + ` ON ` + table + ` (sent_at) WHERE status = 'sent'`,
+
+		// The hashes come sorted, and unnest keeps array order, so two
+		// writers lock shared keys in the same order.
+		lockKeys: `SELECT count(pg_advisory_xact_lock(h)) FROM unnest($1::bigint[]) AS h`,
+		insert: `INSERT INTO ` + table + ` (event_id, destination, key, headers, payload, tenant)
+			SELECT id, dest, key, headers, payload, tenant
+			FROM unnest($1::text[], $2::text[], $3::bytea[], $4::jsonb[], $5::bytea[], $6::text[]) WITH ORDINALITY
+				AS e(id, dest, key, headers, payload, tenant, n)
+			ORDER BY n`,
+		notify: `SELECT pg_notify($1, '')`,
+
+		// Due pending rows are locked in publication order (c), skipping
+		// rows another relay holds. Of those, a row is published only if no
+		// pending row of its key outside the batch comes before it: stop is
+		// the first such row per key. An earlier row held by another relay,
+		// or waiting out its backoff, so holds its key back. stop is found
+		// once per key, by one index scan from the key's head.
+		claim: `WITH c AS MATERIALIZED (
+				SELECT seq FROM ` + table + ` WHERE status = 'pending' AND due_at <= now()
+				ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED
+			), b AS MATERIALIZED (
+				SELECT o.* FROM ` + table + ` o JOIN c ON c.seq = o.seq
+			), h AS (
+				SELECT k.destination, k.key, (
+					SELECT min(e.seq) FROM ` + table + ` e
+					WHERE e.status = 'pending' AND e.key IS NOT NULL AND e.destination = k.destination AND e.key = k.key
+						AND e.seq NOT IN (SELECT seq FROM c)) AS stop
+				FROM (SELECT DISTINCT destination, key FROM b WHERE key IS NOT NULL) k
+			)
+			SELECT b.seq, b.event_id, b.destination, b.key, b.headers, b.payload, b.tenant, b.attempts
+			FROM b LEFT JOIN h ON h.destination = b.destination AND h.key = b.key
+			WHERE h.stop IS NULL OR b.seq < h.stop
+			ORDER BY b.seq`,
+		markSent:   `UPDATE ` + table + ` SET status = 'sent', sent_at = now(), last_error = NULL WHERE seq = ANY($1)`,
+		deleteSent: `DELETE FROM ` + table + ` WHERE seq = ANY($1)`,
+		// $4: the attempts after which a row is failed; a permanent error
+		// ($5) fails it at once.
+		markFailed: `UPDATE ` + table + ` o SET attempts = o.attempts + 1, last_error = f.err,
+				due_at = now() + f.delay_ms * interval '1 millisecond',
+				status = CASE WHEN f.permanent OR o.attempts + 1 >= $4 THEN 'failed' ELSE 'pending' END
+			FROM unnest($1::bigint[], $2::text[], $3::bigint[], $5::bool[]) AS f(seq, err, delay_ms, permanent)
+			WHERE o.seq = f.seq`,
+
+		requeue: `UPDATE ` + table + ` SET status = 'pending', attempts = 0, due_at = now()
+			WHERE status = 'failed' AND event_id = ANY($1)`,
+		failed: `SELECT event_id, destination, key, attempts, COALESCE(last_error, ''), created_at, due_at
+			FROM ` + table + ` WHERE status = 'failed' ORDER BY seq LIMIT $1`,
+		purge: `DELETE FROM ` + table + ` WHERE seq IN (
+				SELECT seq FROM ` + table + ` WHERE status = 'sent' AND sent_at < now() - $1 * interval '1 millisecond'
+				LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+	}
+}

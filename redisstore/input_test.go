@@ -1,0 +1,184 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/testenv"
+)
+
+// Inputs that would break a careless layout: separators, braces (hash
+// tags), escapes, spaces, Lua metacharacters and script text.
+var awkward = []string{
+	"a:b", "a", "b:c", "a%3Ab", "a%b", "{a}", "{", "}", "}{", "{}", "a b", " ",
+	"%", "%25", "%7B", "')) redis.call('FLUSHALL') --", "]]--[[", "\\", "\"", "#", "$1", "é{ü}",
+	strings.Repeat("{", dedup.MaxIDLen), strings.Repeat(":", dedup.MaxIDLen), strings.Repeat("%", dedup.MaxIDLen),
+}
+
+func TestKeyLayoutIsInjective(t *testing.T) {
+	seen := map[string]dedup.Key{}
+	for _, scope := range awkward {
+		for _, id := range awkward {
+			k := dedup.Key{Scope: scope, EventID: id}
+			rk := redisKey("p:", k)
+			if other, dup := seen[rk]; dup {
+				t.Fatalf("%q and %q share the Redis key %q", k, other, rk)
+			}
+			seen[rk] = k
+			tag := rk[len("p:"):]
+			require.True(t, tag[0] == '{' && tag[len(tag)-1] == '}', rk)
+			require.Equal(t, 1, strings.Count(rk, "{"), "one hash tag, spanning the key: %q", rk)
+			require.Equal(t, 1, strings.Count(rk, "}"), "one hash tag, spanning the key: %q", rk)
+			require.Equal(t, 1, strings.Count(tag, ":"), "one separator: %q", rk)
+		}
+	}
+	require.Equal(t, "dedup:{orders%3Av1:evt-1}", redisKey(DefaultKeyPrefix, dedup.Key{Scope: "orders:v1", EventID: "evt-1"}))
+}
+
+// Every awkward scope and ID is a key of its own in a real Redis: claimed,
+// completed and read back as itself, independent of its look-alikes.
+func TestAwkwardKeys(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	eachPath(t, client, func(t *testing.T, s *Store) {
+		run := dedup.NewOwnerToken()[:8]
+		sentinel := "redisstore-sentinel-" + run
+		require.NoError(t, client.Set(ctx, sentinel, "x", time.Hour).Err())
+		var reqs []dedup.ClaimRequest
+		for _, scope := range awkward {
+			for _, id := range awkward {
+				scope := (run + scope)[:min(len(run)+len(scope), dedup.MaxIDLen)]
+				reqs = append(reqs, dedup.ClaimRequest{Key: dedup.Key{Scope: scope, EventID: id}, Fingerprint: scope + id, Lease: time.Minute, TTL: time.Hour})
+			}
+		}
+		claims, err := s.ClaimBatch(ctx, reqs)
+		require.NoError(t, err)
+		for i, c := range claims {
+			require.Equal(t, dedup.ClaimAcquired, c.Status, "%q", reqs[i].Key)
+			require.Equal(t, 1, c.Record.Attempts, "%q", reqs[i].Key)
+		}
+		for i, c := range claims {
+			require.NoError(t, s.Complete(ctx, c.Record.Key, c.Record.Owner, []byte(reqs[i].Fingerprint), time.Hour))
+		}
+		for _, r := range reqs {
+			rec, err := s.Get(ctx, r.Key)
+			require.NoError(t, err)
+			require.Equal(t, r.Key, rec.Key)
+			require.Equal(t, r.Fingerprint, rec.Fingerprint)
+			require.Equal(t, []byte(r.Fingerprint), rec.Result)
+			c, err := s.Claim(ctx, r)
+			require.NoError(t, err)
+			require.Equal(t, dedup.ClaimDuplicate, c.Status, "%q", r.Key)
+		}
+		n, err := client.Exists(ctx, sentinel).Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n, "no input ran as script text")
+	})
+}
+
+func TestNewRejectsBadConfiguration(t *testing.T) {
+	for name, client := range map[string]redis.UniversalClient{
+		"nil":               nil,
+		"typed nil client":  (*redis.Client)(nil),
+		"typed nil cluster": (*redis.ClusterClient)(nil),
+	} {
+		_, err := New(client)
+		require.ErrorIs(t, err, dedup.ErrConfig, name)
+	}
+	client := redis.NewClient(&redis.Options{Addr: testenv.ClosedPort(t)})
+	defer client.Close()
+	for _, prefix := range []string{"{", "a}", "{tag}:"} {
+		_, err := New(client, WithKeyPrefix(prefix))
+		require.ErrorIs(t, err, dedup.ErrConfig, prefix)
+	}
+	s, err := New(client, WithKeyPrefix(""))
+	require.NoError(t, err)
+	require.False(t, s.sharded, "a *redis.Client is one node")
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{testenv.ClosedPort(t)}})
+	defer cluster.Close()
+	s, err = New(cluster)
+	require.NoError(t, err)
+	require.True(t, s.sharded)
+}
+
+// A record that is not one (written by something else under the store's
+// prefix) is reported, never decoded into an answer; a batch meeting one
+// gives back what it claimed.
+func TestMalformedRecord(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	eachPath(t, client, func(t *testing.T, s *Store) {
+		scope := "redisstore-malformed-" + dedup.NewOwnerToken()
+		bad := map[string]func(key string) error{
+			"attempts": func(key string) error {
+				return client.HSet(ctx, key, "st", "SUCCEEDED", "fp", "fp", "at", "one", "lu", 1, "ea", 1<<50).Err()
+			},
+			"status": func(key string) error {
+				return client.HSet(ctx, key, "st", "DONE", "fp", "fp", "at", 1, "ow", "o", "lu", 1, "ca", 1, "ua", 1, "ea", 1<<50).Err()
+			},
+			"no expiry": func(key string) error { return client.HSet(ctx, key, "fp", "fp").Err() },
+		}
+		for name, write := range bad {
+			k := dedup.Key{Scope: scope, EventID: name}
+			require.NoError(t, write(redisKey(s.prefix, k)))
+			_, err := s.Claim(ctx, request(scope, name))
+			require.ErrorIs(t, err, dedup.ErrMalformedRecord, name)
+			_, err = s.Get(ctx, k)
+			require.ErrorIs(t, err, dedup.ErrMalformedRecord, name)
+
+			before, after := name+"-before", name+"-after"
+			_, err = s.ClaimBatch(ctx, []dedup.ClaimRequest{request(scope, before), request(scope, name), request(scope, after)})
+			require.ErrorIs(t, err, dedup.ErrMalformedRecord, name)
+			for _, id := range []string{before, after} {
+				c, err := s.Claim(ctx, request(scope, id))
+				require.NoError(t, err)
+				require.Equal(t, dedup.ClaimAcquired, c.Status, "%s was given back", id)
+				require.Equal(t, 1, c.Record.Attempts, "%s: the failed batch counted no attempt", id)
+			}
+		}
+
+		// Another type under the key: the server's own error, typed.
+		k := dedup.Key{Scope: scope, EventID: "string"}
+		require.NoError(t, client.Set(ctx, redisKey(s.prefix, k), "x", time.Hour).Err())
+		_, err := s.Claim(ctx, request(scope, "string"))
+		require.True(t, redis.HasErrorPrefix(err, "WRONGTYPE"), "%v", err)
+		_, err = s.Get(ctx, k)
+		require.True(t, redis.HasErrorPrefix(err, "WRONGTYPE"), "%v", err)
+	})
+}
+
+// go-redis sends a command again when its connection breaks before the
+// answer, so a script may run twice. The second run recognises the first
+// (same owner token, same settling nonce) instead of answering InFlight or
+// ErrLeaseLost for a write that landed.
+func TestScriptRunTwice(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	key := redisKey(DefaultKeyPrefix, dedup.Key{Scope: "redisstore-twice-" + dedup.NewOwnerToken(), EventID: "e"})
+	owner := dedup.NewOwnerToken()
+	for range 2 {
+		reply, err := claimScript.Run(ctx, client, []string{key}, "fp", 60000, 3600000, owner).Slice()
+		require.NoError(t, err)
+		require.Equal(t, int64(1), reply[0].([]any)[0], "acquired")
+	}
+	for _, nonce := range []string{"n1", "n1"} {
+		ok, err := completeScript.Run(ctx, client, []string{key}, owner, nonce, 3600000, "0", "").Int64Slice()
+		require.NoError(t, err)
+		require.Equal(t, []int64{1}, ok)
+	}
+	ok, err := completeScript.Run(ctx, client, []string{key}, owner, "n2", 3600000, "0", "").Int64Slice()
+	require.NoError(t, err)
+	require.Equal(t, []int64{0}, ok, "another completion by the same owner is refused")
+	ok2, err := failScript.Run(ctx, client, []string{key}, owner, "n3", "FAILED_FINAL", "x", 3600000).Int64()
+	require.NoError(t, err)
+	require.Zero(t, ok2)
+	st, err := client.HGet(ctx, key, "st").Result()
+	require.NoError(t, err)
+	require.Equal(t, "SUCCEEDED", st)
+}

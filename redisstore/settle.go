@@ -1,0 +1,112 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedup"
+)
+
+// Complete marks the record succeeded, keeping result, if owner still holds
+// it; otherwise it returns an error matching [dedup.ErrLeaseLost].
+func (s *Store) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
+	errs, err := s.complete(ctx, "complete", []dedup.Completion{{Key: key, Owner: owner, Result: result, TTL: ttl}})
+	if err != nil {
+		return err
+	}
+	return errs[0]
+}
+
+// CompleteBatch does what Complete does for each completion, in one round
+// trip: one script call per 256 keys on a single node, one per key on a
+// sharded client.
+func (s *Store) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+	return s.complete(ctx, "complete batch", cs)
+}
+
+func (s *Store) complete(ctx context.Context, op string, cs []dedup.Completion) ([]error, error) {
+	for i := range cs {
+		if err := cs[i].Key.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	if len(cs) == 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("redisstore: %s: %w", op, err)
+		}
+		return []error{}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redisstore: %s %s: %w", op, cs[0].Key, err)
+	}
+	keys := make([]string, len(cs))
+	args := make([]any, 0, 5*len(cs))
+	for i, c := range cs {
+		keys[i] = redisKey(s.prefix, c.Key)
+		hasResult := "0"
+		if c.Result != nil {
+			hasResult = "1"
+		}
+		args = append(args, c.Owner, newNonce(), c.TTL.Milliseconds(), hasResult, c.Result)
+	}
+	calls := s.split(keys, args, 5)
+	errs := make([]error, len(cs))
+	i := 0
+	for ci, cmd := range s.run(ctx, completeScript, calls) {
+		n := len(calls[ci].keys)
+		oks, err := cmd.Int64Slice()
+		if err == nil && len(oks) != n {
+			err = fmt.Errorf("%w: %d replies for %d keys", dedup.ErrMalformedRecord, len(oks), n)
+		}
+		if err != nil {
+			// Some calls may have landed: the caller must take none as done.
+			return nil, fmt.Errorf("redisstore: %s %s: %w", op, cs[i].Key, err)
+		}
+		for j, ok := range oks {
+			errs[i+j] = refused("complete", cs[i+j].Key, ok, nil)
+		}
+		i += n
+	}
+	return errs, nil
+}
+
+// Fail records a failed attempt if owner still holds the record; otherwise
+// it returns an error matching [dedup.ErrLeaseLost].
+func (s *Store) Fail(ctx context.Context, key dedup.Key, owner string, f dedup.Failure) error {
+	status := dedup.StatusFailedRetryable
+	if f.Final {
+		status = dedup.StatusFailedFinal
+	}
+	return s.settle(ctx, "fail", key, failScript.Run, owner, newNonce(), string(status), f.Error, f.TTL.Milliseconds())
+}
+
+// Extend pushes the lease of a held record to lease from now, or returns an
+// error matching [dedup.ErrLeaseLost].
+func (s *Store) Extend(ctx context.Context, key dedup.Key, owner string, lease time.Duration) error {
+	return s.settle(ctx, "extend", key, extendScript.Run, owner, lease.Milliseconds())
+}
+
+// Release gives back a claim whose handler never started: the key can be
+// claimed again at once and the attempt is not counted. It returns an error
+// matching [dedup.ErrLeaseLost] if owner no longer holds the record.
+func (s *Store) Release(ctx context.Context, key dedup.Key, owner string) error {
+	return s.settle(ctx, "release", key, releaseScript.Run, owner, newNonce())
+}
+
+// settle runs a fenced single-key script, whose reply is 1 or 0.
+func (s *Store) settle(ctx context.Context, op string, key dedup.Key, run scriptRun, args ...any) error {
+	if err := key.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: %s %s: %w", op, key, err)
+	}
+	ok, err := run(ctx, s.client, []string{redisKey(s.prefix, key)}, args...).Int64()
+	return refused(op, key, ok, err)
+}
+
+// scriptRun is a script's Run method.
+type scriptRun func(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd

@@ -1,0 +1,284 @@
+// Package redisstore is a [dedup.Store] kept in Redis, over go-redis v9.
+//
+// Every record is one Redis hash, written only by Lua scripts that read the
+// server's clock (TIME), so a claim and a takeover are one atomic step and a
+// worker's clock skew cannot break a lease. Complete, Fail, Extend and
+// Release are fenced on the owner token. Records expire through Redis key
+// expiry (PEXPIREAT, from the server's clock), so [Store.Purge] has nothing
+// to do.
+//
+// The store accepts any [redis.UniversalClient]: a single node or a Sentinel
+// failover client (*redis.Client), or Redis Cluster (*redis.ClusterClient).
+// Keys are laid out so that a record never spans hash slots; see
+// [WithKeyPrefix] for the layout.
+//
+// Durability is the server's: Redis acknowledges a write before it is on
+// disk unless AOF runs with appendfsync always, and before any replica has it
+// (replication is asynchronous). A record acknowledged and then lost to a
+// restart or failover lets its event run a second time. The README's
+// "Choosing a backend" table states what each configuration guarantees.
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedup"
+)
+
+// Store is a [dedup.Store] kept in Redis. It is safe for concurrent use.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+	// sharded is set for clients that spread keys over several servers
+	// (Cluster, Ring): a script then touches one key only.
+	sharded bool
+}
+
+var (
+	_ dedup.Store          = (*Store)(nil)
+	_ dedup.BatchCompleter = (*Store)(nil)
+)
+
+// Opt configures a [Store].
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(c *config) { f(c) }
+
+type config struct {
+	prefix string
+}
+
+// WithKeyPrefix sets the string every key starts with (default
+// [DefaultKeyPrefix], "dedup:"), to keep several applications or
+// environments apart in one Redis. The record of a key lives at
+//
+//	<prefix>{<scope>:<event ID>}
+//
+// with %, :, { and } in scope and event ID escaped as %25, %3A, %7B and
+// %7D, so that no input can collide with another key or form a hash tag of
+// its own. The part in braces is the Cluster hash tag. The prefix must not
+// contain braces.
+func WithKeyPrefix(prefix string) Opt {
+	return optFunc(func(c *config) { c.prefix = prefix })
+}
+
+// New returns a store on client. The client stays the caller's: closing it
+// is the caller's job.
+func New(client redis.UniversalClient, opts ...Opt) (*Store, error) {
+	if client == nil || reflect.ValueOf(client).Kind() == reflect.Pointer && reflect.ValueOf(client).IsNil() {
+		return nil, fmt.Errorf("%w: redisstore.New: nil client", dedup.ErrConfig)
+	}
+	cfg := config{prefix: DefaultKeyPrefix}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if strings.ContainsAny(cfg.prefix, "{}") {
+		return nil, fmt.Errorf("%w: redisstore.WithKeyPrefix(%q): must not contain braces", dedup.ErrConfig, cfg.prefix)
+	}
+	_, single := client.(*redis.Client)
+	return &Store{client: client, prefix: cfg.prefix, sharded: !single}, nil
+}
+
+// maxScriptKeys bounds the keys one script call handles, so that a large
+// batch does not hold the single-threaded server for long; the calls of one
+// batch still go in one round trip.
+const maxScriptKeys = 256
+
+// Claim atomically creates or takes over the record for req.Key, or reports
+// why it cannot.
+func (s *Store) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
+	claims, err := s.claim(ctx, "claim", []dedup.ClaimRequest{req})
+	if err != nil {
+		return dedup.Claim{}, err
+	}
+	return claims[0], nil
+}
+
+// ClaimBatch claims several keys in one round trip, answering exactly as the
+// same claims made one by one in order would. On a single node the claims
+// run in request order in one script call (per 256 keys); on a sharded
+// client each key gets its own script call, and the calls for one key run in
+// request order on its node. If any claim fails, the claims the batch
+// acquired are given back before the error is returned.
+func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
+	if len(reqs) == 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("redisstore: claim batch: %w", err)
+		}
+		return []dedup.Claim{}, nil
+	}
+	return s.claim(ctx, "claim batch", reqs)
+}
+
+func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
+	if err := dedup.ValidateBatch(reqs); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redisstore: %s %s: %w", op, reqs[0].Key, err)
+	}
+	owners := make([]string, len(reqs))
+	keys := make([]string, len(reqs))
+	args := make([]any, 0, 4*len(reqs))
+	for i, r := range reqs {
+		owners[i] = dedup.NewOwnerToken()
+		keys[i] = redisKey(s.prefix, r.Key)
+		args = append(args, r.Fingerprint, r.Lease.Milliseconds(), r.TTL.Milliseconds(), owners[i])
+	}
+	calls := s.split(keys, args, 4)
+	cmds := s.run(ctx, claimScript, calls)
+
+	claims := make([]dedup.Claim, len(reqs))
+	var firstErr error
+	i := 0
+	for ci, cmd := range cmds {
+		n := len(calls[ci].keys)
+		replies, err := cmd.Slice()
+		if err == nil && len(replies) != n {
+			err = fmt.Errorf("%w: %d replies for %d keys", dedup.ErrMalformedRecord, len(replies), n)
+		}
+		for j := range n {
+			// Every reply is read, so that a failed batch knows all it
+			// acquired.
+			cerr := err
+			if cerr == nil {
+				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j])
+			}
+			if cerr != nil && firstErr == nil {
+				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, cerr)
+			}
+		}
+		i += n
+	}
+	if firstErr != nil {
+		s.giveBack(ctx, claims)
+		return nil, firstErr
+	}
+	return claims, nil
+}
+
+// giveBack releases the acquired claims of a batch that failed: the caller
+// gets no owner tokens to settle them with. It is best effort; a claim not
+// released is freed when its lease ends.
+func (s *Store) giveBack(ctx context.Context, claims []dedup.Claim) {
+	var calls []call
+	for _, c := range claims {
+		if c.Status == dedup.ClaimAcquired {
+			calls = append(calls, call{keys: []string{redisKey(s.prefix, c.Record.Key)}, args: []any{c.Record.Owner, newNonce()}})
+		}
+	}
+	if len(calls) > 0 {
+		s.run(context.WithoutCancel(ctx), releaseScript, calls)
+	}
+}
+
+// call is one script invocation.
+type call struct {
+	keys []string
+	args []any
+}
+
+// split cuts keys, with argsPerKey arguments each, into script calls: one
+// per key on a sharded client, up to maxScriptKeys otherwise.
+func (s *Store) split(keys []string, args []any, argsPerKey int) []call {
+	per := maxScriptKeys
+	if s.sharded {
+		per = 1
+	}
+	calls := make([]call, 0, (len(keys)+per-1)/per)
+	for lo := 0; lo < len(keys); lo += per {
+		hi := min(lo+per, len(keys))
+		calls = append(calls, call{keys: keys[lo:hi], args: args[lo*argsPerKey : hi*argsPerKey]})
+	}
+	return calls
+}
+
+// run runs script once per call, in one round trip, by EVALSHA; calls the
+// server answers NOSCRIPT (its script cache was flushed or it restarted) run
+// again in order by EVAL, which carries the script's text. Each command holds
+// its own reply or error.
+func (s *Store) run(ctx context.Context, script *redis.Script, calls []call) []*redis.Cmd {
+	if len(calls) == 1 {
+		return []*redis.Cmd{script.Run(ctx, s.client, calls[0].keys, calls[0].args...)}
+	}
+	cmds := make([]*redis.Cmd, len(calls))
+	pipe := s.client.Pipeline()
+	for i, c := range calls {
+		cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	var again []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		pipe = s.client.Pipeline()
+		for _, i := range again {
+			cmds[i] = script.Eval(ctx, pipe, calls[i].keys, calls[i].args...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	return cmds
+}
+
+// Get returns the live record for key, or an error matching
+// [dedup.ErrNotFound]. Redis key expiry removes expired records, so an
+// expired record is absent. Get is one HMGET, which a replica may serve.
+func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
+	if err := key.Validate(); err != nil {
+		return dedup.Record{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
+	}
+	vals, err := s.client.HMGet(ctx, redisKey(s.prefix, key), recordFields...).Result()
+	if err != nil {
+		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
+	}
+	if vals[0] == nil && vals[1] == nil {
+		return dedup.Record{}, fmt.Errorf("%w: redisstore get %s", dedup.ErrNotFound, key)
+	}
+	rec, err := parseRecord(key, vals)
+	if err != nil {
+		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
+	}
+	return rec, nil
+}
+
+// Purge does nothing and returns 0: Redis deletes each record when its key
+// expires (PEXPIREAT at the record's expiry), and reads treat it as absent
+// from that moment.
+func (s *Store) Purge(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("redisstore: purge: %w", err)
+	}
+	return 0, nil
+}
+
+// newNonce returns a token for one settling write; it only has to differ
+// from the other settling writes of the same owner.
+func newNonce() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
+}
+
+// refused turns a script's 0 into ErrLeaseLost.
+func refused(op string, key dedup.Key, ok int64, err error) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("redisstore: %s %s: %w", op, key, err)
+	case ok != 1:
+		return fmt.Errorf("%w: redisstore %s %s", dedup.ErrLeaseLost, op, key)
+	}
+	return nil
+}
