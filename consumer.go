@@ -144,7 +144,7 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if store == nil {
+	if isNil(store) {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"time"
 )
 
@@ -52,12 +53,26 @@ func defaultConfig() config {
 // ErrConfig is matched by every error [Wrap] returns for a bad option.
 var ErrConfig = errors.New("dedup: invalid configuration")
 
+// isNil reports whether v is nil or a nil pointer, map, func, channel or
+// slice behind an interface: a typed nil passes a plain v == nil check and
+// panics at first use.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
 func (c *config) validate() error {
 	if err := (Key{Scope: c.scope, EventID: "x"}).Validate(); err != nil {
 		return fmt.Errorf("%w: WithScope: %v", ErrConfig, err)
 	}
 	switch {
-	case c.sink == nil:
+	case isNil(c.sink):
 		return fmt.Errorf("%w: a dead-letter sink is required (WithSink)", ErrConfig)
 	case c.maxAttempts < 1:
 		return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, c.maxAttempts)
@@ -67,7 +82,7 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithBatchCompletion(%v): must be positive", ErrConfig, c.batchWait)
 	case c.ttl <= 0:
 		return fmt.Errorf("%w: WithTTL(%v): must be positive", ErrConfig, c.ttl)
-	case c.fingerprint == nil || c.backoff == nil || c.logger == nil:
+	case c.fingerprint == nil || c.backoff == nil || isNil(c.logger):
 		return fmt.Errorf("%w: nil fingerprint, backoff or logger", ErrConfig)
 	}
 	return nil
