@@ -103,8 +103,8 @@ func (s *Store) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim,
 	return claims[0], nil
 }
 
-// ClaimBatch claims several keys in one round trip, answering exactly as the
-// same claims made one by one in order would. On a single node the claims
+// ClaimBatch claims several distinct keys in one round trip, answering
+// exactly as the same claims made one by one would. On a single node the claims
 // run in request order in one script call (per 256 keys); on a sharded
 // client each key gets its own script call, and the calls for one key run in
 // request order on its node. If any claim fails, the claims the batch
