@@ -81,7 +81,7 @@ func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Mes
 	log := cfg.logger.With(slog.String("queue", queueURL))
 	return &Consumer{
 		client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg, log: log,
-		health: outage.New(log, "sqsdedup:", cfg.outageAfter, cfg.maxOutage, ErrOutage),
+		health: outage.New(log, "sqsdedup:", cfg.outageThreshold, cfg.maxOutage, ErrOutage),
 	}, nil
 }
 

@@ -1,6 +1,7 @@
-// Package outage tracks whether the calls a consumer makes to its store and
-// dead-letter sink are failing, for the adapters' health reports, their
-// outage logs and their bound on an outage.
+// Package outage tracks, for a transport adapter's consumer, whether
+// settling messages (the store or the dead-letter sink) keeps failing: for
+// its health report, its reminders in the log, and its bound on an outage.
+// The wrapper (dedup.WithOutageThreshold) logs an outage's start and end.
 package outage
 
 import (
@@ -11,10 +12,10 @@ import (
 )
 
 // Tracker records the outcome of each attempt to settle a message. A run of
-// failures lasting at least its threshold is an outage: it is logged at
-// ERROR when it reaches the threshold and again each threshold while it
-// lasts (never per message), its end is logged at INFO, and Health reports
-// it. It is safe for concurrent use.
+// failures lasting at least its threshold is an outage: the wrapper logs its
+// start at ERROR, the Tracker logs a reminder at ERROR each threshold after
+// that while it lasts (never per message), and Health reports it. It is safe
+// for concurrent use.
 type Tracker struct {
 	log       *slog.Logger
 	prefix    string // of log messages
@@ -28,7 +29,7 @@ type Tracker struct {
 	since       time.Time // start of the current run of failures; zero after a success
 	lastErr     error
 	failures    int       // since the last ERROR
-	loggedAt    time.Time // of the last ERROR of the current outage
+	loggedAt    time.Time // of the last ERROR of the current outage (the first is the wrapper's)
 }
 
 // New returns a Tracker logging to log, with messages starting with prefix
@@ -53,10 +54,6 @@ func (t *Tracker) Success() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.lastSuccess = now
-	if !t.loggedAt.IsZero() {
-		t.log.Info(t.prefix+" store and dead-letter sink answer again; outage over",
-			slog.Duration("outage", now.Sub(t.since).Round(time.Millisecond)))
-	}
 	t.since, t.loggedAt, t.failures = time.Time{}, time.Time{}, 0
 }
 
@@ -80,8 +77,11 @@ func (t *Tracker) Failure(err error) (level slog.Level, stop error) {
 	if failingFor < t.threshold {
 		return slog.LevelWarn, stop
 	}
-	if t.loggedAt.IsZero() || now.Sub(t.loggedAt) >= t.threshold {
-		t.log.Error(t.prefix+" store or dead-letter sink failing: messages are not being settled",
+	if t.loggedAt.IsZero() {
+		t.loggedAt = t.since.Add(t.threshold) // when the wrapper logged the start
+	}
+	if now.Sub(t.loggedAt) >= t.threshold {
+		t.log.Error(t.prefix+" store or dead-letter sink still failing: messages are not being settled",
 			slog.Duration("failing_for", failingFor.Round(time.Millisecond)), slog.Time("since", t.since),
 			slog.Int("failures", t.failures), slog.Any("error", err))
 		t.loggedAt, t.failures = now, 0
