@@ -25,7 +25,7 @@ import (
 // taken in a fixed order); transactions that add keys in different orders
 // across several calls may deadlock, which PostgreSQL detects and breaks by
 // failing one of them. Add also queues a notification, sent when tx commits,
-// that wakes the relays.
+// that wakes the relays, unless [WithNotify] turned that off.
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, events ...Event) ([]string, error) {
 	if isNil(tx) {
 		return nil, fmt.Errorf("%w: nil transaction", errConfig)
@@ -69,7 +69,9 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, events ...Event) ([]string,
 		b.Queue(o.sql.lockKeys, locks)
 	}
 	b.Queue(o.sql.insert, ids, dests, keys, headers, payloads, tenants)
-	b.Queue(o.sql.notify, o.channel)
+	if o.notify {
+		b.Queue(o.sql.notify, o.channel)
+	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, o.addError(err)
 	}

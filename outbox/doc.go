@@ -11,8 +11,14 @@
 //
 // Events with the same destination and key are published in the order their
 // transactions committed, with any number of relays: Add serialises the
-// writers of a key with a transaction-scoped advisory lock, and a relay only
-// publishes an event when no earlier event of its key is still pending.
+// writers of a key with a transaction-scoped advisory lock, so that within a
+// key the order of the rows' sequence numbers is commit order; a relay
+// publishes a key only while it holds the key's relay lock (another advisory
+// lock, for the length of its pass), and only events with no earlier event of
+// their key still pending. A sequence alone is not commit order (a lower
+// number can commit later: Watermill's SQL forwarder lost such rows, its
+// issue #311); the relays never move past a row, they take whatever is
+// pending.
 //
 // The publishers live in subpackages (kafkaoutbox, sqsoutbox), so that this
 // package depends on neither broker's SDK.

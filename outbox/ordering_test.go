@@ -2,17 +2,20 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup/outbox"
+	"github.com/dedupkit/dedup/outbox/kafkaoutbox"
 )
 
 // Watermill's SQL forwarder (issue #311) read rows past an offset: a row with
@@ -202,4 +205,61 @@ func appendOnce(ids []string, id string) []string {
 		return ids
 	}
 	return append(ids, id)
+}
+
+// failOnce fails the first attempt of one event, as a broker refusing one
+// request would, and publishes everything else with next.
+type failOnce struct {
+	next   outbox.Publisher
+	id     string
+	failed atomic.Bool
+}
+
+func (p *failOnce) Publish(ctx context.Context, events []outbox.Event) []error {
+	errs := make([]error, len(events))
+	var rest []int
+	failedKey := ""
+	for i, e := range events {
+		switch {
+		case e.ID == p.id && p.failed.CompareAndSwap(false, true):
+			errs[i], failedKey = errors.New("refused once"), string(e.Key)
+		case failedKey != "" && string(e.Key) == failedKey:
+			errs[i] = outbox.ErrNotAttempted // as the Publisher contract asks
+		default:
+			rest = append(rest, i)
+		}
+	}
+	batch := make([]outbox.Event, len(rest))
+	for j, i := range rest {
+		batch[j] = events[i]
+	}
+	if len(batch) > 0 {
+		for j, err := range p.next.Publish(ctx, batch) {
+			errs[rest[j]] = err
+		}
+	}
+	return errs
+}
+
+// A failed event waiting out its backoff holds back the later events of its
+// key, and only those: they go out after it, in order.
+func TestFailedHeadHoldsBackItsKey(t *testing.T) {
+	for _, batch := range []int{1, 10} {
+		t.Run(fmt.Sprint("batch ", batch), func(t *testing.T) {
+			e := newEnv(t, 1)
+			ids := e.add(true, e.event("k", "1"), e.event("k", "2"), e.event("k", "3"), e.event("other", "4"))
+			pub, err := kafkaoutbox.NewPublisher(e.producer())
+			require.NoError(t, err)
+			r, err := outbox.NewRelay(e.ob, e.pool.Config(), &failOnce{next: pub, id: ids[0]},
+				outbox.WithBatchSize(batch), outbox.WithPollInterval(10*time.Millisecond),
+				outbox.WithBackoff(func(int) time.Duration { return 300 * time.Millisecond }), outbox.WithLogger(quietLogger()))
+			require.NoError(t, err)
+			e.start(r)
+			var order []string
+			for _, rec := range e.consume(4, 10*time.Second) {
+				order = append(order, string(rec.Value))
+			}
+			require.Equal(t, []string{"4", "1", "2", "3"}, order, "the other key is not held back; key k keeps its order")
+		})
+	}
 }

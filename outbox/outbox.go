@@ -32,6 +32,8 @@ type DB interface {
 type Outbox struct {
 	table   string // quoted, possibly schema-qualified
 	channel string // the LISTEN/NOTIFY channel
+	notify  bool
+	relays  int32 // the advisory lock namespace of the relays' key locks
 	sql     statements
 }
 
@@ -43,7 +45,8 @@ type optFunc func(*config)
 func (f optFunc) apply(c *config) { f(c) }
 
 type config struct {
-	table string
+	table  string
+	notify bool
 }
 
 // WithTable sets the table name, optionally schema-qualified ("schema.table").
@@ -51,9 +54,18 @@ type config struct {
 // PostgreSQL store.
 func WithTable(name string) Opt { return optFunc(func(c *config) { c.table = name }) }
 
+// WithNotify sets whether [Outbox.Add] notifies the relays when its
+// transaction commits (default true). A notified relay publishes within
+// milliseconds; without notifications relays find new events when they poll
+// (see WithPollInterval). Turn it off when many transactions commit events
+// concurrently: PostgreSQL commits notifying transactions one at a time, each
+// waiting for its own WAL flush, which on the benchmark machine cut the
+// commit rate of 8 concurrent writers by a factor of three (BENCHMARKS.md).
+func WithNotify(enabled bool) Opt { return optFunc(func(c *config) { c.notify = enabled }) }
+
 // New returns the outbox kept in the table of [DefaultTable] or [WithTable].
 func New(opts ...Opt) (*Outbox, error) {
-	cfg := config{table: DefaultTable}
+	cfg := config{table: DefaultTable, notify: true}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
@@ -67,6 +79,8 @@ func New(opts ...Opt) (*Outbox, error) {
 	return &Outbox{
 		table:   table,
 		channel: fmt.Sprintf("outbox_%016x", h.Sum64()),
+		notify:  cfg.notify,
+		relays:  int32(h.Sum64()),
 		sql:     buildStatements(table, ident[len(ident)-1]),
 	}, nil
 }
@@ -108,7 +122,7 @@ func (o *Outbox) Migrate(ctx context.Context, db DB) error {
 	}
 	// The advisory lock makes concurrent migrations wait for each other
 	// instead of racing on CREATE ... IF NOT EXISTS, which is not atomic.
-	for _, stmt := range []string{o.sql.migrateLock, o.sql.createTable, o.sql.createPending, o.sql.createKeyHead, o.sql.createSent} {
+	for _, stmt := range []string{o.sql.migrateLock, o.sql.createTable, o.sql.createPending, o.sql.createKeyHead, o.sql.createSent, o.sql.createBackoff} {
 		if _, err := db.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("outbox: migrate %s: %w", o.table, err)
 		}

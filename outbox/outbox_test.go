@@ -236,3 +236,17 @@ func TestDeleteSentAndRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "a row younger than the retention is kept")
 }
+
+func TestWithoutNotifyRelaysFindEventsByPolling(t *testing.T) {
+	e := newEnv(t, 1)
+	quiet, err := outbox.New(outbox.WithTable(e.table), outbox.WithNotify(false))
+	require.NoError(t, err)
+	e.start(e.relay(outbox.WithPollInterval(20 * time.Millisecond)))
+	tx := e.begin()
+	ids, err := quiet.Add(context.Background(), tx, e.event("k", "polled"))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(context.Background()))
+	recs := e.consume(1, 10*time.Second)
+	require.Len(t, recs, 1)
+	require.Equal(t, ids[0], header(recs[0], "event-id"))
+}

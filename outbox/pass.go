@@ -20,7 +20,9 @@ const maxErrorText = 1000
 // pass publishes one batch of due events in one transaction: its row locks
 // keep other relays off the batch until the broker's acknowledgements are
 // recorded, and a relay dying at any point rolls it back, leaving the rows
-// pending. It returns how many events it took.
+// pending. It returns how many events it settled: sent, or failed and
+// backed off; events left unattempted do not count, so that a batch of them
+// never makes the relay loop at once.
 func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -80,11 +82,11 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 		return 0, fmt.Errorf("outbox: commit pass: %w", err)
 	}
 	r.logFailures(&f)
-	return len(events), nil
+	return len(sent) + len(f.seqs), nil
 }
 
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]int64, []Event, error) {
-	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.batch)
+	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.batch, r.ob.relays)
 	if err != nil {
 		return nil, nil, r.ob.notMigrated(fmt.Errorf("outbox: claim: %w", err))
 	}

@@ -123,7 +123,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			nextPurge = time.Now().Add(r.purg)
 		}
 		if n >= r.cfg.batch {
-			continue // a full batch: more is probably due
+			continue // a full batch settled: more is probably due
 		}
 		poll.Reset(r.cfg.poll)
 		select {

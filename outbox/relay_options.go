@@ -56,7 +56,10 @@ func (c *relayConfig) validate() error {
 }
 
 // WithBatchSize sets the most events one pass takes (default 500). A pass
-// takes what is due up to that, so batches grow with the backlog.
+// takes what is due up to that, so batches grow with the backlog. A pass
+// holds one advisory lock per distinct key in its batch, from PostgreSQL's
+// shared lock table (max_locks_per_transaction × max_connections slots, 6,400
+// by default): keep batch size × relays well below it.
 func WithBatchSize(n int) RelayOpt { return relayOptFunc(func(c *relayConfig) { c.batch = n }) }
 
 // WithMaxAttempts sets the publish attempts after which an event is failed

@@ -90,26 +90,34 @@ func (p *fieldParser) text(i int) string {
 }
 
 func (p *fieldParser) int(i int) int {
-	s, ok := text(p.vals[i])
-	n, err := strconv.Atoi(s)
-	if !ok || err != nil {
-		p.fail(i)
+	return int(p.num(i))
+}
+
+// num reads an integer field, a string as stored or an integer the script
+// just computed.
+func (p *fieldParser) num(i int) int64 {
+	switch v := p.vals[i].(type) {
+	case int64:
+		return v
+	case string:
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n
+		}
 	}
-	return n
+	p.fail(i)
+	return 0
 }
 
 func (p *fieldParser) time(i int) time.Time {
-	s, ok := text(p.vals[i])
-	ms, err := strconv.ParseInt(s, 10, 64)
-	if !ok || err != nil {
-		p.fail(i)
+	ms := p.num(i)
+	if p.err != nil {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
 }
 
 func (p *fieldParser) optTime(i int) time.Time {
-	if _, ok := text(p.vals[i]); !ok {
+	if v := p.vals[i]; v == nil || v == false {
 		return time.Time{}
 	}
 	return p.time(i)

@@ -154,7 +154,7 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 	if err := checkClientOpts(cfg.clientOpts); err != nil {
 		return nil, err
 	}
-	return &Consumer{w: w, cfg: cfg, health: outage.New(cfg.logger, "kafkadedup:", cfg.outageAfter, ErrOutage)}, nil
+	return &Consumer{w: w, cfg: cfg, health: outage.New(cfg.logger, "kafkadedup:", cfg.outageAfter, cfg.maxOutage, ErrOutage)}, nil
 }
 
 // errOffline is what the client built by checkClientOpts gets for every
@@ -282,16 +282,13 @@ func (s *session) poll(ctx context.Context) {
 
 // failed records a failure to settle a record, stops Run once failures have
 // lasted longer than WithMaxOutage, and returns the level to log this one
-// at: WARN, or DEBUG once the outage is logged at ERROR.
+// at.
 func (s *session) failed(err error) slog.Level {
-	failingFor, outage := s.health.Failure(err)
-	if s.cfg.maxOutage > 0 && failingFor > s.cfg.maxOutage {
-		s.giveUp(fmt.Errorf("%w; stopping (WithMaxOutage(%v))", s.health.Err(), s.cfg.maxOutage))
+	level, stop := s.health.Failure(err)
+	if stop != nil {
+		s.giveUp(stop)
 	}
-	if outage {
-		return slog.LevelDebug
-	}
-	return slog.LevelWarn
+	return level
 }
 
 // worker returns the partition's worker, starting it on first use.

@@ -22,7 +22,8 @@ import (
 )
 
 // The outbox rows (-outbox) measure the relay: throughput draining a backlog
-// of N committed events to kfake with one and three relays, beside the floor
+// of N committed events on 1,000 keys (16 in one row) to kfake with one and
+// three relays, beside the floor
 // (the same rows taken with SKIP LOCKED and deleted, nothing published) and
 // a relay whose publisher discards; then commit-to-publish latency with
 // writers committing one event per transaction at a steady rate, and as fast
@@ -75,13 +76,17 @@ func runOutboxBench(ctx context.Context, w io.Writer, dsn string, n int, steady 
 		run   func(context.Context) (outboxResult, error)
 	}{
 		{"floor: SKIP LOCKED + DELETE, no publishing", b.floor},
-		{"relay, publisher discarding (1 relay)", b.drain(1, false)},
-		{"relay to kfake, 1 relay", b.drain(1, true)},
-		{"relay to kfake, 3 relays", b.drain(3, true)},
-		{"relay to kfake, 1 relay, WithDeleteSent", b.drain(1, true, outbox.WithDeleteSent())},
-		{"latency at 1,000 events/s, 1 relay", b.latency(1, 1000)},
-		{"latency at 1,000 events/s, 3 relays", b.latency(3, 1000)},
-		{"latency at saturation, 3 relays", b.latency(3, 0)},
+		{"relay, publisher discarding (1 relay)", b.drain(1, false, 1000)},
+		{"relay to kfake, 1 relay", b.drain(1, true, 1000)},
+		{"relay to kfake, 3 relays", b.drain(3, true, 1000)},
+		{"relay to kfake, 3 relays, 16 keys", b.drain(3, true, 16)},
+		{"relay to kfake, 1 relay, WithDeleteSent", b.drain(1, true, 1000, outbox.WithDeleteSent())},
+		{"relay to kfake, 3 relays, WithDeleteSent", b.drain(3, true, 1000, outbox.WithDeleteSent())},
+		{"latency at 1,000 events/s, 1 relay", b.latency(1, 1000, true)},
+		{"latency at 1,000 events/s, 3 relays", b.latency(3, 1000, true)},
+		{"latency at saturation (20 events/tx), 3 relays", b.latency(3, 0, true)},
+		{"latency at 1,000 events/s, 3 relays, no NOTIFY, poll 20 ms", b.latency(3, 1000, false)},
+		{"latency at saturation (20 events/tx), 3 relays, no NOTIFY, poll 20 ms", b.latency(3, 0, false)},
 	} {
 		if err := b.fresh(ctx); err != nil {
 			return err
@@ -130,13 +135,13 @@ func (b *outboxBench) fresh(ctx context.Context) error {
 	return err
 }
 
-// fill commits n events in transactions of 1,000, on 16 keys.
-func (b *outboxBench) fill(ctx context.Context) error {
+// fill commits n events in transactions of 1,000, spread over keys.
+func (b *outboxBench) fill(ctx context.Context, keys int) error {
 	payload := make([]byte, 200)
 	for done := 0; done < b.n; {
 		batch := make([]outbox.Event, min(1000, b.n-done))
 		for i := range batch {
-			batch[i] = outbox.Event{Destination: b.topic, Key: fmt.Appendf(nil, "key-%d", (done+i)%16), Payload: payload}
+			batch[i] = outbox.Event{Destination: b.topic, Key: fmt.Appendf(nil, "key-%d", (done+i)%keys), Payload: payload}
 		}
 		if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			_, err := b.ob.Add(ctx, tx, batch...)
@@ -151,7 +156,7 @@ func (b *outboxBench) fill(ctx context.Context) error {
 }
 
 func (b *outboxBench) floor(ctx context.Context) (outboxResult, error) {
-	if err := b.fill(ctx); err != nil {
+	if err := b.fill(ctx, 1000); err != nil {
 		return outboxResult{}, err
 	}
 	q := `DELETE FROM ` + b.table + ` WHERE seq IN (SELECT seq FROM ` + b.table + `
@@ -245,9 +250,9 @@ func (b *outboxBench) producer() (*kgo.Client, error) {
 }
 
 // drain measures n relays publishing a backlog of b.n events.
-func (b *outboxBench) drain(n int, toKafka bool, opts ...outbox.RelayOpt) func(context.Context) (outboxResult, error) {
+func (b *outboxBench) drain(n int, toKafka bool, keys int, opts ...outbox.RelayOpt) func(context.Context) (outboxResult, error) {
 	return func(ctx context.Context) (outboxResult, error) {
-		if err := b.fill(ctx); err != nil {
+		if err := b.fill(ctx, keys); err != nil {
 			return outboxResult{}, err
 		}
 		pub := &counting{}
@@ -277,11 +282,22 @@ func (b *outboxBench) drain(n int, toKafka bool, opts ...outbox.RelayOpt) func(c
 	}
 }
 
-// latency measures commit-to-acknowledgement with writers committing one
-// event per transaction at rate events/s (0: 16 writers as fast as they
-// can), for b.steady.
-func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxResult, error) {
+// latency measures commit-to-acknowledgement with 16 writers committing one
+// event per transaction at rate events/s in all (0: 20 events per
+// transaction, as fast as they can),
+// for b.steady. Without notify, the writers do not NOTIFY and the relays
+// poll every 20 ms.
+func (b *outboxBench) latency(relays, rate int, notify bool) func(context.Context) (outboxResult, error) {
 	return func(ctx context.Context) (outboxResult, error) {
+		var opts []outbox.RelayOpt
+		if !notify {
+			ob, err := outbox.New(outbox.WithTable(b.table), outbox.WithNotify(false))
+			if err != nil {
+				return outboxResult{}, err
+			}
+			b.ob = ob
+			opts = append(opts, outbox.WithPollInterval(20*time.Millisecond))
+		}
 		cl, err := b.producer()
 		if err != nil {
 			return outboxResult{}, err
@@ -292,13 +308,14 @@ func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxRes
 			return outboxResult{}, err
 		}
 		pub := &counting{next: kpub, committed: &sync.Map{}, lat: &histogram{}}
-		stop, err := b.relays(ctx, relays, pub)
+		stop, err := b.relays(ctx, relays, pub, opts...)
 		if err != nil {
 			return outboxResult{}, err
 		}
-		writers, interval := 16, time.Duration(0)
+		writers, interval, perTx := 16, time.Duration(0), 20
 		if rate > 0 {
-			writers, interval = 8, time.Second*8/time.Duration(rate)
+			perTx = 1
+			interval = time.Second * time.Duration(writers) / time.Duration(rate)
 		}
 		var written atomic.Int64
 		start := time.Now()
@@ -314,11 +331,11 @@ func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxRes
 						time.Sleep(time.Until(next))
 						next = next.Add(interval)
 					}
-					if err := b.writeOne(ctx, pub.committed, fmt.Appendf(nil, "key-%d-%d", w, i%4), payload); err != nil {
+					if err := b.write(ctx, pub.committed, perTx, fmt.Appendf(nil, "key-%d-%d", w, i%4), payload); err != nil {
 						errs <- err
 						return
 					}
-					written.Add(1)
+					written.Add(int64(perTx))
 				}
 			})
 		}
@@ -342,21 +359,30 @@ func (b *outboxBench) latency(relays, rate int) func(context.Context) (outboxRes
 	}
 }
 
-// writeOne commits one event, noting the time just before the commit: the
-// relay may publish the event before Commit has returned.
-func (b *outboxBench) writeOne(ctx context.Context, committed *sync.Map, key, payload []byte) error {
+// write commits n events of one key in one transaction, noting the time
+// just before the commit: the relay may publish them before Commit returns.
+func (b *outboxBench) write(ctx context.Context, committed *sync.Map, n int, key, payload []byte) error {
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	id := outbox.NewID()
-	if _, err := b.ob.Add(ctx, tx, outbox.Event{ID: id, Destination: b.topic, Key: key, Payload: payload}); err != nil {
+	events := make([]outbox.Event, n)
+	for i := range events {
+		events[i] = outbox.Event{Destination: b.topic, Key: key, Payload: payload}
+	}
+	ids, err := b.ob.Add(ctx, tx, events...)
+	if err != nil {
 		return err
 	}
-	committed.Store(id, time.Now())
+	at := time.Now()
+	for _, id := range ids {
+		committed.Store(id, at)
+	}
 	if err := tx.Commit(ctx); err != nil {
-		committed.Delete(id)
+		for _, id := range ids {
+			committed.Delete(id)
+		}
 		return err
 	}
 	return nil

@@ -19,7 +19,8 @@ type Tracker struct {
 	log       *slog.Logger
 	prefix    string // of log messages
 	threshold time.Duration
-	sentinel  error // wrapped by Health's errors
+	maxOutage time.Duration // an outage longer than this stops the consumer; 0: never
+	sentinel  error         // wrapped by Health's errors
 
 	mu          sync.Mutex
 	lastSuccess time.Time
@@ -32,9 +33,10 @@ type Tracker struct {
 
 // New returns a Tracker logging to log, with messages starting with prefix
 // (the package's name and a colon), for which failing for threshold is an
-// outage; Health's errors wrap sentinel.
-func New(log *slog.Logger, prefix string, threshold time.Duration, sentinel error) *Tracker {
-	return &Tracker{log: log, prefix: prefix, threshold: threshold, sentinel: sentinel}
+// outage, and failing for longer than maxOutage (unless 0) a reason to stop;
+// Health's errors wrap sentinel.
+func New(log *slog.Logger, prefix string, threshold, maxOutage time.Duration, sentinel error) *Tracker {
+	return &Tracker{log: log, prefix: prefix, threshold: threshold, maxOutage: maxOutage, sentinel: sentinel}
 }
 
 // Snapshot is what a Tracker knows of the recent attempts.
@@ -58,10 +60,11 @@ func (t *Tracker) Success() {
 	t.since, t.loggedAt, t.failures = time.Time{}, time.Time{}, 0
 }
 
-// Failure records an attempt that failed with err, and returns how long
-// attempts have been failing and whether that is an outage (already
-// logged at ERROR, so that callers may log each failure at a lower level).
-func (t *Tracker) Failure(err error) (failingFor time.Duration, outage bool) {
+// Failure records an attempt that failed with err. It returns the level to
+// log that failure at: WARN, or DEBUG during an outage, which is logged at
+// ERROR here; and, once failures have lasted longer than the maximum, the
+// error to stop the consumer with.
+func (t *Tracker) Failure(err error) (level slog.Level, stop error) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -70,9 +73,12 @@ func (t *Tracker) Failure(err error) (failingFor time.Duration, outage bool) {
 	}
 	t.lastFailure, t.lastErr = now, err
 	t.failures++
-	failingFor = now.Sub(t.since)
+	failingFor := now.Sub(t.since)
+	if t.maxOutage > 0 && failingFor > t.maxOutage {
+		stop = fmt.Errorf("%w; stopping after more than %v", t.errLocked(), t.maxOutage)
+	}
 	if failingFor < t.threshold {
-		return failingFor, false
+		return slog.LevelWarn, stop
 	}
 	if t.loggedAt.IsZero() || now.Sub(t.loggedAt) >= t.threshold {
 		t.log.Error(t.prefix+" store or dead-letter sink failing: messages are not being settled",
@@ -80,7 +86,7 @@ func (t *Tracker) Failure(err error) (failingFor time.Duration, outage bool) {
 			slog.Int("failures", t.failures), slog.Any("error", err))
 		t.loggedAt, t.failures = now, 0
 	}
-	return failingFor, true
+	return slog.LevelDebug, stop
 }
 
 // Snapshot returns what t knows.
