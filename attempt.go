@@ -43,11 +43,8 @@ func (e unrepeatable) Unwrap() error { return e.error }
 type storeSteps[M any] struct{ w *Wrapper[M] }
 
 func (s storeSteps[M]) claim(ctx context.Context, d *delivery[M]) (Claim, error) {
-	c, err := s.w.store.Claim(ctx, d.request(s.w.cfg.ttl))
-	if err != nil {
-		return Claim{}, fmt.Errorf("dedup: claim %s: %w", d.key, err)
-	}
-	return c, nil
+	// A store's error names its package, operation and key already.
+	return s.w.store.Claim(ctx, d.request(s.w.cfg.ttl))
 }
 
 func (s storeSteps[M]) leased() bool { return true }
@@ -301,5 +298,5 @@ func (w *Wrapper[M]) settleError(op string, key Key, err error, applied bool) er
 		w.cfg.logger.Warn("dedup: lease lost: another worker took this event over; this attempt's failure is not recorded",
 			slog.String("key", key.String()), slog.String("op", op))
 	}
-	return fmt.Errorf("dedup: %s %s: %w", op, key, err)
+	return err // the store's error names its operation and key already
 }

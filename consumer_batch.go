@@ -96,7 +96,6 @@ func (b *batch[M]) claim(ctx context.Context, from int) error {
 	b.claimedAt = time.Now()
 	claims, err := b.w.store.ClaimBatch(ctx, reqs)
 	if err != nil {
-		err = fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
 		b.w.outage.observe(ctx, b.w.cfg.logger, b.w.cfg.outageThreshold, err)
 		return err
 	}
@@ -188,7 +187,7 @@ func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim) (res Re
 				res, err := w.process(ctx, d)
 				return res, -1, err
 			}
-			return Result{Key: d.key}, -1, fmt.Errorf("dedup: extend %s: %w", d.key, err)
+			return Result{Key: d.key}, -1, err
 		}
 	}
 	var later *[]Completion

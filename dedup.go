@@ -14,6 +14,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -23,20 +25,22 @@ import (
 const MaxIDLen = 255
 
 // Sentinel errors returned by stores and the wrapper; test with errors.Is.
+// They come wrapped in an error that names the package, the operation and
+// the key, so their own text has no prefix.
 var (
 	// ErrLeaseLost means the caller's claim was taken over by another owner
 	// (its lease expired) or the record changed, so the write was refused.
-	ErrLeaseLost = errors.New("dedup: lease lost")
+	ErrLeaseLost = errors.New("lease lost")
 	// ErrInvalidKey means a scope or event ID is empty, too long or contains
 	// control characters. Nothing was written.
-	ErrInvalidKey = errors.New("dedup: invalid key")
+	ErrInvalidKey = errors.New("invalid key")
 	// ErrFingerprintConflict means the key is already recorded with another
 	// fingerprint: the producer reused an event ID for a different event.
-	ErrFingerprintConflict = errors.New("dedup: fingerprint conflict")
+	ErrFingerprintConflict = errors.New("fingerprint conflict")
 	// ErrNotFound means the store holds no live record for the key.
-	ErrNotFound = errors.New("dedup: record not found")
+	ErrNotFound = errors.New("record not found")
 	// ErrMalformedRecord means the store returned a record it cannot decode.
-	ErrMalformedRecord = errors.New("dedup: malformed record")
+	ErrMalformedRecord = errors.New("malformed record")
 )
 
 // Status is the state of a record; see the state machine in the README.
@@ -66,8 +70,18 @@ type Key struct {
 	EventID string
 }
 
-// String returns the key as "scope/eventID", for logs.
-func (k Key) String() string { return k.Scope + "/" + k.EventID }
+// String returns the key for logs and errors as scope/eventID, the scope
+// quoted when it contains a '/' or starts with a quote, so that every key
+// reads back one way: "billing/charge"/e1. The zero Key is "".
+func (k Key) String() string {
+	switch {
+	case k == Key{}:
+		return ""
+	case strings.Contains(k.Scope, "/") || strings.HasPrefix(k.Scope, `"`):
+		return strconv.Quote(k.Scope) + "/" + k.EventID
+	}
+	return k.Scope + "/" + k.EventID
+}
 
 // KeyError describes why a key was rejected. It matches [ErrInvalidKey].
 type KeyError struct {
@@ -76,7 +90,7 @@ type KeyError struct {
 }
 
 func (e *KeyError) Error() string {
-	return fmt.Sprintf("dedup: invalid key %q: %s", e.Key.String(), e.Reason)
+	return fmt.Sprintf("invalid key (scope %q, event ID %q): %s", e.Key.Scope, e.Key.EventID, e.Reason)
 }
 
 // Unwrap returns [ErrInvalidKey].

@@ -39,9 +39,9 @@ func TestMemoryStoreErrorsNameOperationAndKey(t *testing.T) {
 	s := dedup.NewMemoryStore()
 	k := dedup.Key{Scope: "billing", EventID: "evt-1"}
 	err := s.Complete(context.Background(), k, "nobody", nil, time.Hour)
-	require.EqualError(t, err, "dedup: memory complete billing/evt-1: dedup: lease lost")
+	require.EqualError(t, err, "dedup: memory complete billing/evt-1: lease lost")
 	_, err = s.Get(context.Background(), k)
-	require.EqualError(t, err, "dedup: memory get billing/evt-1: dedup: record not found")
+	require.EqualError(t, err, "dedup: memory get billing/evt-1: record not found")
 }
 
 // BenchmarkMemoryStoreClaimComplete measures the store's share of the

@@ -3,7 +3,6 @@ package dedup
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -53,7 +52,7 @@ func (h *heartbeat) beat() {
 	err := h.store.Extend(ctx, key, owner, lease)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		cancel(fmt.Errorf("dedup: extend %s: %w", key, err))
+		cancel(err) // the store's error names the operation and key
 		return
 	case err != nil && ctx.Err() == nil:
 		h.logger.Warn("dedup: lease extension failed", slog.String("key", key.String()), slog.Any("error", err))

@@ -71,8 +71,8 @@ func isNil(v any) bool {
 }
 
 func (c *config) validate() error {
-	if err := (Key{Scope: c.scope, EventID: "x"}).Validate(); err != nil {
-		return fmt.Errorf("%w: WithScope: %v", ErrConfig, err)
+	if reason := checkID(c.scope); reason != "" {
+		return fmt.Errorf("%w: WithScope(%q): scope %s", ErrConfig, c.scope, reason)
 	}
 	switch {
 	case isNil(c.sink):

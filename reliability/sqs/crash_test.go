@@ -270,7 +270,7 @@ func crashFigures(p *plan, f *fleet, scope string, rows map[string][]row, dl map
 			switch {
 			case explained:
 				c.twiceAfterKill++
-			case leaseLost[scope+"/"+e.id]:
+			case leaseLost[dedup.Key{Scope: scope, EventID: e.id}.String()]:
 				// A live worker stalled past its lease: fenced, and reported.
 				c.twiceAfterLeaseLost++
 			default:

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -389,6 +390,9 @@ func (f *fleet) leaseLost() map[string]bool {
 			}
 			if _, rest, ok := strings.Cut(line, " key="); ok {
 				key, _, _ := strings.Cut(rest, " ")
+				if k, err := strconv.Unquote(key); err == nil {
+					key = k // slog quotes a value holding quotes
+				}
 				keys[key] = true
 			}
 		}
