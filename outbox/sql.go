@@ -37,9 +37,9 @@ func buildStatements(table, bare string) statements {
 		// The ordering check: is an earlier row of this key still pending?
 		createKeyHead: `CREATE INDEX IF NOT EXISTS ` + index("_pending_key") + ` ON ` + table + ` (destination, key, seq) WHERE status = 'pending' AND key IS NOT NULL`,
 		createSent:    `CREATE INDEX IF NOT EXISTS ` + index("_sent") + ` ON ` + table + ` (sent_at) WHERE status = 'sent'`,
-		// Rows waiting out a backoff: only rows that failed are in it, so
-		// writing an event never touches it.
-		createBackoff: `CREATE INDEX IF NOT EXISTS ` + index("_backoff") + ` ON ` + table + ` (due_at) WHERE status = 'pending' AND attempts > 0`,
+		// Pending rows that failed at least once, per key: the rows that may
+		// be waiting out a backoff. Writing an event never touches it.
+		createBackoff: `CREATE INDEX IF NOT EXISTS ` + index("_retried") + ` ON ` + table + ` (destination, key, seq) WHERE status = 'pending' AND attempts > 0 AND key IS NOT NULL`,
 
 		// The hashes come sorted, and unnest keeps array order, so two
 		// writers lock shared keys in the same order.
@@ -52,8 +52,8 @@ func buildStatements(table, bare string) statements {
 		notify: `SELECT pg_notify($1, '')`,
 
 		// Due pending rows are locked in publication order (c), skipping
-		// the keys held back by an earlier row waiting out its backoff
-		// (held), rows another relay holds and, through a transaction-scoped
+		// rows held back by an earlier row of their key waiting out its
+		// backoff, rows another relay holds and, through a transaction-scoped
 		// advisory lock per key ($2 is the outbox's namespace, apart from
 		// the one-bigint locks of Add), the keys another relay holds: a key
 		// is published by one relay at a time, and a relay never locks rows
@@ -62,14 +62,12 @@ func buildStatements(table, bare string) statements {
 		// before it: stop is the first such row per key (one waiting out
 		// its backoff holds its key back). stop is found once per key, by
 		// one index scan from the key's head.
-		claim: `WITH held AS MATERIALIZED (
-				SELECT destination, key, min(seq) AS head FROM ` + table + `
-				WHERE status = 'pending' AND attempts > 0 AND due_at > now() AND key IS NOT NULL
-				GROUP BY destination, key
-			), c AS MATERIALIZED (
+		claim: `WITH c AS MATERIALIZED (
 				SELECT seq FROM ` + table + ` o WHERE status = 'pending' AND due_at <= now()
 					AND (key IS NULL OR NOT EXISTS (
-						SELECT 1 FROM held WHERE held.destination = o.destination AND held.key = o.key AND held.head < o.seq))
+						SELECT 1 FROM ` + table + ` r
+						WHERE r.status = 'pending' AND r.attempts > 0 AND r.key IS NOT NULL
+							AND r.destination = o.destination AND r.key = o.key AND r.seq < o.seq AND r.due_at > now()))
 					AND (key IS NULL OR pg_try_advisory_xact_lock($2, hashtext(destination || ':' || encode(key, 'hex'))))
 				ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED
 			), b AS MATERIALIZED (
