@@ -203,14 +203,15 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 // refused and reported, and the letter carries the event ID by which
 // whoever drains the dead letters finds the event settled.
 func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error) (Result, error) {
-	if err := w.steps.hold(ctx, d); err != nil {
+	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, _ bool) error { return w.steps.hold(ctx, d) })
+	if err != nil {
 		return Result{Key: d.key}, w.settleError("dead-letter", d.key, err, false)
 	}
 	pctx, cancel := ctx, context.CancelFunc(func() {})
 	if w.steps.leased() {
 		pctx, cancel = context.WithTimeout(ctx, d.leaseTime)
 	}
-	err := w.park(pctx, d, reason, cause, rec)
+	err = w.park(pctx, d, reason, cause, rec)
 	cancel()
 	if err != nil {
 		if _, ferr := w.fail(ctx, d, Failure{Error: cause.Error(), TTL: w.cfg.ttl}); ferr != nil {

@@ -119,6 +119,7 @@ type Wrapper[M any] struct {
 	// in one store call; the inbox claims each in its own transaction.
 	batchClaims bool
 	heartbeats  sync.Pool // of *heartbeat
+	outage      outage
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -144,7 +145,7 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if store == nil {
+	if isNil(store) {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
@@ -234,10 +235,17 @@ func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {
 func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
 	d := w.prepare(ctx, msg)
 	res, err := w.process(ctx, &d)
+	w.observe(ctx, res, err)
+	return res, err
+}
+
+// observe reports one delivery's result to the observer and the outage
+// tracker.
+func (w *Wrapper[M]) observe(ctx context.Context, res Result, err error) {
+	w.outage.observe(ctx, w.cfg.logger, w.cfg.outageThreshold, err)
 	if err == nil && w.cfg.observer != nil {
 		w.cfg.observer(ctx, res)
 	}
-	return res, err
 }
 
 // process claims d's key and settles the attempt.

@@ -96,7 +96,9 @@ func (b *batch[M]) claim(ctx context.Context, from int) error {
 	b.claimedAt = time.Now()
 	claims, err := b.w.store.ClaimBatch(ctx, reqs)
 	if err != nil {
-		return fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
+		err = fmt.Errorf("dedup: batch claim of %d keys: %w", len(reqs), err)
+		b.w.outage.observe(ctx, b.w.cfg.logger, b.w.cfg.outageThreshold, err)
+		return err
 	}
 	if len(claims) != len(reqs) {
 		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
@@ -230,9 +232,7 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 			p.comp = -1
 			b.outcomes[p.i] = p
 		}
-		if p.err == nil && w.cfg.observer != nil {
-			w.cfg.observer(ctx, p.res)
-		}
+		w.observe(ctx, p.res, p.err)
 		if !b.yield(p.i, p.res, p.err) {
 			return false
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -492,6 +493,39 @@ func TestWrapRejectsBadConfig(t *testing.T) {
 	require.ErrorIs(t, err, dedup.ErrConfig)
 	_, err = dedup.Wrap[event](nil, events, h, dedup.WithScope("s"), dedup.WithSink(sink))
 	require.ErrorIs(t, err, dedup.ErrConfig)
+}
+
+// A nil pointer behind an interface (what a constructor whose error was
+// ignored returns) is refused where it is given, never a panic at first use.
+func TestTypedNilsAreRefused(t *testing.T) {
+	h := func(ctx context.Context, e event) error { return nil }
+	sink := &dedup.MemorySink{}
+	pg, err := dedup.NewPostgresStore(nil)
+	require.ErrorIs(t, err, dedup.ErrConfig, "NewPostgresStore(nil pool)")
+	require.Nil(t, pg)
+	ddb, err := dedup.NewDynamoDBStore(nil, "table")
+	require.ErrorIs(t, err, dedup.ErrConfig, "NewDynamoDBStore(nil client)")
+	require.Nil(t, ddb)
+	_, err = dedup.NewPostgresStore(testenv.Postgres(t), dedup.WithTable("no such; table"))
+	require.ErrorIs(t, err, dedup.ErrConfig, "a bad table name")
+
+	for name, store := range map[string]dedup.Store{
+		"*PostgresStore": (*dedup.PostgresStore)(nil),
+		"*DynamoDBStore": (*dedup.DynamoDBStore)(nil),
+		"*MemoryStore":   (*dedup.MemoryStore)(nil),
+		"PostgresStore from NewPostgresStore(nil)": pg,
+	} {
+		w, err := dedup.Wrap(store, events, h, dedup.WithScope("s"), dedup.WithSink(sink))
+		require.ErrorIs(t, err, dedup.ErrConfig, name)
+		require.Nil(t, w, name)
+	}
+	_, err = dedup.WrapTx(pg, events, func(context.Context, pgx.Tx, event) error { return nil },
+		dedup.WithScope("s"), dedup.WithSink(sink))
+	require.ErrorIs(t, err, dedup.ErrConfig, "WrapTx over a typed nil")
+	_, err = dedup.Wrap(dedup.NewMemoryStore(), events, h, dedup.WithScope("s"), dedup.WithSink((*dedup.MemorySink)(nil)))
+	require.ErrorIs(t, err, dedup.ErrConfig, "a typed-nil sink")
+	_, err = dedup.Wrap(dedup.NewMemoryStore(), events, h, dedup.WithScope("s"), dedup.WithSink(sink), dedup.WithLogger(nil))
+	require.ErrorIs(t, err, dedup.ErrConfig, "a nil logger")
 }
 
 // TestStoreUnreachable proves that when the store cannot be reached the

@@ -68,7 +68,7 @@ var (
 // exist (see [CreateDynamoDBTable]).
 func NewDynamoDBStore(client *dynamodb.Client, table string) (*DynamoDBStore, error) {
 	if client == nil {
-		return nil, errors.New("dedup: dynamodb: nil client")
+		return nil, fmt.Errorf("%w: dynamodb store: nil client", ErrConfig)
 	}
 	if err := validateDynamoDBTable(table); err != nil {
 		return nil, err
@@ -123,11 +123,11 @@ func CreateDynamoDBTable(ctx context.Context, client *dynamodb.Client, table str
 // validateDynamoDBTable applies DynamoDB's table naming rules.
 func validateDynamoDBTable(table string) error {
 	if len(table) < 3 || len(table) > 255 {
-		return fmt.Errorf("dedup: dynamodb: invalid table name %q: must be 3 to 255 characters", table)
+		return fmt.Errorf("%w: dynamodb table name %q: must be 3 to 255 characters", ErrConfig, table)
 	}
 	for _, c := range table {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return fmt.Errorf("dedup: dynamodb: invalid table name %q: only a-z, A-Z, 0-9, '_', '.' and '-' are allowed", table)
+			return fmt.Errorf("%w: dynamodb table name %q: only a-z, A-Z, 0-9, '_', '.' and '-' are allowed", ErrConfig, table)
 		}
 	}
 	return nil

@@ -50,7 +50,8 @@ func WithTable(name string) PostgresOption {
 	return func(c *postgresConfig) { c.table = name }
 }
 
-// TableNameError reports a table name [NewPostgresStore] refused to use.
+// TableNameError reports a table name [NewPostgresStore] refused to use. It
+// matches [ErrConfig].
 type TableNameError struct {
 	Name   string
 	Reason string
@@ -60,11 +61,14 @@ func (e *TableNameError) Error() string {
 	return fmt.Sprintf("dedup: postgres table name %q: %s", e.Name, e.Reason)
 }
 
+// Unwrap returns [ErrConfig].
+func (e *TableNameError) Unwrap() error { return ErrConfig }
+
 // NewPostgresStore returns a store on pool; call [PostgresStore.Migrate] once
 // to create its table.
 func NewPostgresStore(pool *pgxpool.Pool, opts ...PostgresOption) (*PostgresStore, error) {
 	if pool == nil {
-		return nil, errors.New("dedup: postgres store: nil pool")
+		return nil, fmt.Errorf("%w: postgres store: nil pool", ErrConfig)
 	}
 	cfg := postgresConfig{table: DefaultPostgresTable}
 	for _, opt := range opts {

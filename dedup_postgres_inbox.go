@@ -12,6 +12,12 @@ import (
 // TxHandler handles one message inside the PostgreSQL transaction that also
 // records it as processed: whatever the handler writes through tx commits or
 // vanishes together with the dedup record.
+//
+// The handler must neither commit nor roll back tx: the wrapper commits it
+// with the record after a success, and after a failure rolls the handler's
+// writes back to a savepoint and records the failure in it. To undo part of
+// its own work, a handler nests a transaction (tx.Begin, a savepoint). A
+// handler that ends tx itself makes Handle return an error that says so.
 type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 
 // WrapTx returns a Wrapper running the transactional inbox, the strongest
@@ -75,6 +81,9 @@ func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
 	tx := d.tx
 	d.tx = nil
 	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxClosed) {
+			err = fmt.Errorf("the TxHandler committed or rolled back the transaction itself; it must do neither: %w", err)
+		}
 		// The transaction is gone either way: committing again cannot help.
 		return unrepeatable{fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)}
 	}

@@ -188,6 +188,29 @@ func TestInbox(t *testing.T) {
 	})
 }
 
+// A TxHandler that commits the transaction itself breaks the inbox's
+// contract: Handle says so instead of a bare "tx is closed".
+func TestInboxHandlerMustNotCommit(t *testing.T) {
+	pool := testenv.Postgres(t)
+	store := newPostgresStore(t, pool)
+	ledger := newLedger(t, pool)
+	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}, fastOpts(t, &dedup.MemorySink{})...)
+	require.NoError(t, err)
+	res, err := w.Handle(context.Background(), event{ID: "c", Body: "x"})
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	require.ErrorContains(t, err, "TxHandler committed or rolled back the transaction itself; it must do neither")
+	require.False(t, res.Settled(), "an error is never acknowledged")
+	require.Equal(t, 1, countRows(t, pool, ledger, "c"), "the handler's own commit took its write and the record")
+	res, err = w.Handle(context.Background(), event{ID: "c", Body: "x"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.Duplicate, res.Outcome, "the redelivery finds the record the handler committed")
+}
+
 func TestWrapTxRejectsNil(t *testing.T) {
 	_, err := dedup.WrapTx[event](nil, events, func(context.Context, pgx.Tx, event) error { return nil },
 		dedup.WithScope("s"), dedup.WithSink(&dedup.MemorySink{}))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"time"
 )
 
@@ -33,6 +34,8 @@ type config struct {
 	sink        Sink
 	logger      *slog.Logger
 	observer    func(context.Context, Result)
+	// outageThreshold is how long failures last before they are reported.
+	outageThreshold time.Duration
 	// batchCompletion defers HandleBatch's completions, each by at most
 	// batchWait (WithBatchCompletion).
 	batchCompletion bool
@@ -41,23 +44,38 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		fingerprint: SHA256Fingerprint,
-		maxAttempts: DefaultMaxAttempts,
-		backoff:     ExponentialBackoff(200*time.Millisecond, 30*time.Second),
-		ttl:         DefaultTTL,
-		logger:      slog.New(slog.DiscardHandler),
+		fingerprint:     SHA256Fingerprint,
+		maxAttempts:     DefaultMaxAttempts,
+		backoff:         ExponentialBackoff(200*time.Millisecond, 30*time.Second),
+		ttl:             DefaultTTL,
+		logger:          slog.Default(),
+		outageThreshold: DefaultOutageThreshold,
 	}
 }
 
 // ErrConfig is matched by every error [Wrap] returns for a bad option.
 var ErrConfig = errors.New("dedup: invalid configuration")
 
+// isNil reports whether v is nil or a nil pointer, map, func, channel or
+// slice behind an interface: a typed nil passes a plain v == nil check and
+// panics at first use.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
 func (c *config) validate() error {
 	if err := (Key{Scope: c.scope, EventID: "x"}).Validate(); err != nil {
 		return fmt.Errorf("%w: WithScope: %v", ErrConfig, err)
 	}
 	switch {
-	case c.sink == nil:
+	case isNil(c.sink):
 		return fmt.Errorf("%w: a dead-letter sink is required (WithSink)", ErrConfig)
 	case c.maxAttempts < 1:
 		return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, c.maxAttempts)
@@ -65,9 +83,11 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithLease(%v): must not be negative", ErrConfig, c.lease)
 	case c.batchCompletion && c.batchWait <= 0:
 		return fmt.Errorf("%w: WithBatchCompletion(%v): must be positive", ErrConfig, c.batchWait)
+	case c.outageThreshold <= 0:
+		return fmt.Errorf("%w: WithOutageThreshold(%v): must be positive", ErrConfig, c.outageThreshold)
 	case c.ttl <= 0:
 		return fmt.Errorf("%w: WithTTL(%v): must be positive", ErrConfig, c.ttl)
-	case c.fingerprint == nil || c.backoff == nil || c.logger == nil:
+	case c.fingerprint == nil || c.backoff == nil || isNil(c.logger):
 		return fmt.Errorf("%w: nil fingerprint, backoff or logger", ErrConfig)
 	}
 	return nil
@@ -117,8 +137,20 @@ func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }
 // adapters provide one for their dead-letter topic or queue.
 func WithSink(s Sink) Opt { return optFunc(func(c *config) { c.sink = s }) }
 
-// WithLogger sets the logger (default: discard).
+// WithLogger sets the logger (default: [slog.Default]). The wrapper logs a
+// dead letter, a lost lease or a handler that returned nil after its
+// context was cancelled at WARN, an outage of the store or the sink (see
+// [WithOutageThreshold]) at ERROR, and retries at DEBUG.
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+
+// WithOutageThreshold sets how long deliveries must keep failing to be made
+// durable (the store or the dead-letter sink unreachable) before the wrapper
+// logs it once at ERROR, and reports it through [Wrapper.Outage]; the default
+// is [DefaultOutageThreshold]. Shorter failures are logged at WARN by the
+// transport adapters, once per delivery that was not acknowledged.
+func WithOutageThreshold(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.outageThreshold = d })
+}
 
 // WithObserver sets a function called once per delivery with its result,
 // for metrics. It must be quick and safe for concurrent use.

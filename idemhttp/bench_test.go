@@ -21,6 +21,7 @@ import (
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
 // benchClients is the number of concurrent client goroutines of the load
@@ -72,6 +73,10 @@ func BenchmarkIdempotency(b *testing.B) {
 		b.Run("dynamodb/"+kind, func(b *testing.B) {
 			store, requests := benchDynamoDB(b)
 			runLoad(b, claimMode(b, store), replay, requests)
+		})
+		b.Run("redis/"+kind, func(b *testing.B) {
+			store, commands := benchRedis(b)
+			runLoad(b, claimMode(b, store), replay, commands)
 		})
 	}
 }
@@ -284,4 +289,30 @@ func BenchmarkMiddlewareCPU(b *testing.B) {
 			}
 		})
 	}
+}
+
+// roundTripHook counts the round trips of a go-redis client.
+type roundTripHook struct{ n atomic.Int64 }
+
+func (h *roundTripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *roundTripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *roundTripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+func benchRedis(b *testing.B) (dedup.Store, *atomic.Int64) {
+	store, client := redisStore(b)
+	hook := &roundTripHook{}
+	client.AddHook(hook)
+	return store, &hook.n
 }

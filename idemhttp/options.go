@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -84,8 +85,9 @@ func statusSet(codes []int) map[int]bool {
 }
 
 func (c *config) validate() error {
-	if err := (dedup.Key{Scope: c.scope, EventID: "x"}).Validate(); err != nil {
-		return fmt.Errorf("%w: idemhttp: WithScope: %v", dedup.ErrConfig, err)
+	var keyErr *dedup.KeyError
+	if err := (dedup.Key{Scope: c.scope, EventID: "x"}).Validate(); errors.As(err, &keyErr) {
+		return fmt.Errorf("%w: idemhttp: WithScope(%q): %s", dedup.ErrConfig, c.scope, keyErr.Reason)
 	}
 	switch {
 	case http.CanonicalHeaderKey(c.header) == "" || !validToken(c.header):

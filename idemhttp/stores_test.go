@@ -9,16 +9,19 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/dedupkit/dedup/redisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
-// allStores are the stores the end-to-end tests run on: memory, PostgreSQL
-// and DynamoDB Local (skipped when absent, failing under CI=true).
+// allStores are the stores the end-to-end tests run on: memory, PostgreSQL,
+// DynamoDB Local and Redis (skipped when absent, failing under CI=true).
 var allStores = []storeCase{
 	{"memory", memoryStore},
 	{"postgres", func(t *testing.T) dedup.Store { s, _ := postgresStore(t); return s }},
 	{"dynamodb", dynamoStore},
+	{"redis", func(t *testing.T) dedup.Store { s, _ := redisStore(t); return s }},
 }
 
 // uniqueName returns a table name for t alone.
@@ -68,4 +71,24 @@ func dynamoStore(t *testing.T) dedup.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// redisStore returns a store under a key prefix of t's own, whose keys are
+// deleted when t ends.
+func redisStore(t testing.TB) (*redisstore.Store, *redis.Client) {
+	t.Helper()
+	client := testenv.Redis(t)
+	prefix := uniqueName("idemhttp-test-") + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			client.Del(ctx, iter.Val())
+		}
+	})
+	s, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, client
 }

@@ -8,10 +8,21 @@ import (
 	"github.com/dedupkit/dedup"
 )
 
-// parseClaim reads the claim script's answer for one request:
-// {code, previous status, record fields}.
-func parseClaim(reply any, req dedup.ClaimRequest) (dedup.Claim, error) {
+// parseClaim reads the claim script's answer for one request made with
+// owner: {2, now} for a record it created, else {code, previous status,
+// record fields}.
+func parseClaim(reply any, req dedup.ClaimRequest, owner string) (dedup.Claim, error) {
 	vals, ok := reply.([]any)
+	if ok && len(vals) == 2 && vals[0] == int64(2) {
+		if ms, ok := vals[1].(int64); ok {
+			now := time.UnixMilli(ms)
+			return dedup.Claim{Status: dedup.ClaimAcquired, Record: dedup.Record{
+				Key: req.Key, Status: dedup.StatusProcessing, Fingerprint: req.Fingerprint, Attempts: 1, Owner: owner,
+				LeaseUntil: time.UnixMilli(ms + req.Lease.Milliseconds()), CreatedAt: now, UpdatedAt: now,
+				ExpiresAt: time.UnixMilli(ms + req.TTL.Milliseconds()),
+			}}, nil
+		}
+	}
 	if !ok || len(vals) != 2+len(recordFields) {
 		return dedup.Claim{}, fmt.Errorf("%w: claim reply %v", dedup.ErrMalformedRecord, reply)
 	}
@@ -90,26 +101,34 @@ func (p *fieldParser) text(i int) string {
 }
 
 func (p *fieldParser) int(i int) int {
-	s, ok := text(p.vals[i])
-	n, err := strconv.Atoi(s)
-	if !ok || err != nil {
-		p.fail(i)
+	return int(p.num(i))
+}
+
+// num reads an integer field, a string as stored or an integer the script
+// just computed.
+func (p *fieldParser) num(i int) int64 {
+	switch v := p.vals[i].(type) {
+	case int64:
+		return v
+	case string:
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n
+		}
 	}
-	return n
+	p.fail(i)
+	return 0
 }
 
 func (p *fieldParser) time(i int) time.Time {
-	s, ok := text(p.vals[i])
-	ms, err := strconv.ParseInt(s, 10, 64)
-	if !ok || err != nil {
-		p.fail(i)
+	ms := p.num(i)
+	if p.err != nil {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
 }
 
 func (p *fieldParser) optTime(i int) time.Time {
-	if _, ok := text(p.vals[i]); !ok {
+	if v := p.vals[i]; v == nil || v == false {
 		return time.Time{}
 	}
 	return p.time(i)

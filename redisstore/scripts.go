@@ -35,39 +35,42 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 // ARGV holds four values from 4i-3: fingerprint, lease (ms), TTL (ms), new
 // owner token. It returns, per key, {code, previous status, record fields}:
 // code 1 acquired, 0 refused (the client classifies the record), -1 the
-// stored record is malformed.
+// stored record is malformed; or {2, now} for a record it created, which the
+// client builds from its request. Fields the script wrote come back as
+// integers or strings, fields it read as strings, absent ones as nil.
 var claimScript = redis.NewScript(luaNow + `
 local out = {}
 for i, k in ipairs(KEYS) do
   local a = (i - 1) * 4
   local fp, lease, ttl, owner = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4]
-  local r = redis.call('HMGET', k, 'st', 'fp', 'at', 'ow', 'lu', 'ea')
-  local st, at, lu, ea = r[1], tonumber(r[3]), tonumber(r[5]), tonumber(r[6])
-  -- code: 1 acquired by this call, 2 acquired by this very claim sent
-  -- again after a broken connection, 0 refused, -1 malformed.
+  local r = redis.call('HMGET', k, 'st', 'fp', 'at', 'ow', 'lu', 'ca', 'ua', 'ea', 'le', 'ff', 'lf', 'rs')
+  local st, at, lu, ea = r[1], tonumber(r[3]), tonumber(r[5]), tonumber(r[8])
+  -- code: 2 created, 1 taken over or held already by this very claim (sent
+  -- again after a broken connection), 0 refused, -1 malformed.
   local code, prev = 0, false
   if st == false and r[2] == false then
-    code = 1
+    code = 2
   elseif at == nil or lu == nil or ea == nil then
     code = -1
   elseif ea <= now then
     redis.call('DEL', k)
-    code = 1
-  elseif st == 'PROCESSING' and r[4] == owner then
     code = 2
+  elseif st == 'PROCESSING' and r[4] == owner then
+    code = 1
   elseif r[2] == fp and (st == 'FAILED_RETRYABLE' or (st == 'PROCESSING' and lu <= now)) then
-    redis.call('HSET', k, 'st', 'PROCESSING', 'at', at + 1, 'ow', owner,
-      'lu', now + lease, 'ua', now, 'ea', now + ttl)
     code, prev = 1, st
+    r[1], r[3], r[4], r[5], r[7], r[8] = 'PROCESSING', at + 1, owner, now + lease, now, now + ttl
+    redis.call('HSET', k, 'st', r[1], 'at', r[3], 'ow', owner, 'lu', r[5], 'ua', now, 'ea', r[8])
+    redis.call('PEXPIREAT', k, now + ttl)
   end
-  if code == 1 and prev == false then
+  if code == 2 then
     redis.call('HSET', k, 'st', 'PROCESSING', 'fp', fp, 'at', 1, 'ow', owner,
       'lu', now + lease, 'ca', now, 'ua', now, 'ea', now + ttl)
-  end
-  out[i] = {math.min(code, 1), prev, unpack(redis.call('HMGET', k, 'st', 'fp', 'at', 'ow', 'lu', 'ca', 'ua', 'ea', 'le', 'ff', 'lf', 'rs'))}
-  if code == 1 then
     -- Last, because a TTL of zero deletes the record at once.
     redis.call('PEXPIREAT', k, now + ttl)
+    out[i] = {2, now}
+  else
+    out[i] = {code, prev, unpack(r)}
   end
 end
 return out
@@ -94,11 +97,11 @@ for i, k in ipairs(KEYS) do
   if again then
     out[i] = 1
   elseif held then
-    redis.call('HSET', k, 'st', 'SUCCEEDED', 'ua', now, 'ea', now + ttl, 'sn', nonce)
+    -- Only a SUCCEEDED record has a result, so a held one has none.
     if ARGV[a + 4] == '1' then
-      redis.call('HSET', k, 'rs', ARGV[a + 5])
+      redis.call('HSET', k, 'st', 'SUCCEEDED', 'ua', now, 'ea', now + ttl, 'sn', nonce, 'rs', ARGV[a + 5])
     else
-      redis.call('HDEL', k, 'rs')
+      redis.call('HSET', k, 'st', 'SUCCEEDED', 'ua', now, 'ea', now + ttl, 'sn', nonce)
     end
     redis.call('PEXPIREAT', k, now + ttl)
     out[i] = 1

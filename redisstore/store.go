@@ -21,6 +21,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -103,12 +104,12 @@ func (s *Store) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim,
 	return claims[0], nil
 }
 
-// ClaimBatch claims several keys in one round trip, answering exactly as the
-// same claims made one by one in order would. On a single node the claims
-// run in request order in one script call (per 256 keys); on a sharded
-// client each key gets its own script call, and the calls for one key run in
-// request order on its node. If any claim fails, the claims the batch
-// acquired are given back before the error is returned.
+// ClaimBatch claims several distinct keys in one round trip, answering
+// exactly as the same claims made one by one would. On a single node the
+// claims run in request order in one script call per 256 keys; on a sharded
+// client each key gets a script call of its own, pipelined per node. If any
+// claim fails, the claims the batch acquired are given back before the error
+// is returned.
 func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
 	if len(reqs) == 0 {
 		if err := ctx.Err(); err != nil {
@@ -121,7 +122,10 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]de
 
 func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
 	if err := dedup.ValidateBatch(reqs); err != nil {
-		return nil, err
+		if ke := (*dedup.KeyError)(nil); errors.As(err, &ke) {
+			return nil, err // it names its key and says dedup
+		}
+		return nil, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("redisstore: %s %s: %w", op, reqs[0].Key, err)
@@ -151,7 +155,7 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 			// acquired.
 			cerr := err
 			if cerr == nil {
-				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j])
+				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j], owners[i+j])
 			}
 			if cerr != nil && firstErr == nil {
 				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, cerr)

@@ -3,8 +3,9 @@
 # answers PING on 127.0.0.1:$DEDUP_REDIS_PORT (default 6379), it is left
 # alone; otherwise redis-server starts there in the background, keeping
 # nothing on disk, with its pid file and log in .cache/ (git-ignored).
-# redis-server is installed with apt when missing: the tests also start
-# private servers of their own (internal/testenv/redis.go).
+# redis-server is installed with apt-get when missing, saying so first
+# (DEDUP_NO_APT=1 stops instead): the tests also start private servers of
+# their own (internal/testenv/redis.go).
 # Stop it with `make stop-services`.
 set -euo pipefail
 
@@ -29,17 +30,20 @@ answers() {
 }
 
 if ! command -v redis-server >/dev/null; then
-	log "redis-server is missing: installing it with apt-get (Debian package redis-server)"
-	apt-get update -qq
+	if [[ "${DEDUP_NO_APT:-}" == 1 ]]; then
+		die "redis-server is not installed: install it (apt-get install redis-server) or unset DEDUP_NO_APT to let this script do it"
+	fi
+	log "redis-server is not installed: installing it system-wide with apt-get install redis-server (set DEDUP_NO_APT=1 to stop instead)"
+	apt-get update -qq >&2
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 	log "installed $(redis-server --version | cut -d' ' -f1-3)"
 fi
 
-mkdir -p "$CACHE/redis"
 if answers 2>/dev/null; then
 	log "Redis already answers on 127.0.0.1:$PORT; not starting another"
 	exit 0
 fi
+mkdir -p "$CACHE/redis"
 log "starting $(redis-server --version | cut -d' ' -f1-3) on 127.0.0.1:$PORT"
 nohup redis-server --port "$PORT" --bind 127.0.0.1 --dir "$CACHE/redis" --save "" --appendonly no \
 	--daemonize no >"$CACHE/redis.log" 2>&1 </dev/null &

@@ -21,7 +21,6 @@ const (
 	DefaultMaxPollRecords  = 1000
 	DefaultPartitionBuffer = 2000
 	DefaultDrainTimeout    = 10 * time.Second
-	DefaultOutageAfter     = time.Minute
 )
 
 // commitTimeout bounds each synchronous commit and the final group leave.
@@ -32,7 +31,7 @@ const commitTimeout = 10 * time.Second
 var ErrRunning = errors.New("kafkadedup: consumer is already running")
 
 // ErrOutage means settling records has kept failing (the store or the
-// dead-letter sink unreachable) for longer than [WithOutageAfter], as
+// dead-letter sink unreachable) for longer than [WithOutageThreshold], as
 // reported by [Consumer.Health], or than [WithMaxOutage], as returned by
 // [Consumer.Run].
 var ErrOutage = errors.New("kafkadedup: store or dead-letter sink failing")
@@ -41,14 +40,14 @@ var ErrOutage = errors.New("kafkadedup: store or dead-letter sink failing")
 type Opt func(*consumerConfig)
 
 type consumerConfig struct {
-	clientOpts   []kgo.Opt
-	logger       *slog.Logger
-	maxPoll      int
-	buffer       int
-	drainTimeout time.Duration
-	errBackoff   dedup.Backoff
-	outageAfter  time.Duration
-	maxOutage    time.Duration
+	clientOpts      []kgo.Opt
+	logger          *slog.Logger
+	maxPoll         int
+	buffer          int
+	drainTimeout    time.Duration
+	errBackoff      dedup.Backoff
+	outageThreshold time.Duration
+	maxOutage       time.Duration
 }
 
 // WithClientOpts adds kgo client options: brokers, TLS, SASL, the consumer
@@ -60,11 +59,10 @@ func WithClientOpts(opts ...kgo.Opt) Opt {
 }
 
 // WithLogger sets the logger for the poll loop and partition workers
-// (default: slog.Default() as of NewConsumer). They log at INFO only when an
-// outage ends, at WARN what they will retry (a fetch error, a record not
-// settled before an outage is declared, a lost partition), and at ERROR an
-// outage ([WithOutageAfter]) and a failed commit. The wrapper has its own
-// logger, dedup.WithLogger.
+// (default: slog.Default() as of NewConsumer). They log at WARN what they
+// will retry (a fetch error, a record not settled before an outage, a lost
+// partition), and at ERROR reminders of an outage ([WithOutageThreshold]) and
+// a failed commit. The wrapper has its own logger, dedup.WithLogger.
 func WithLogger(l *slog.Logger) Opt { return func(c *consumerConfig) { c.logger = l } }
 
 // WithMaxPollRecords caps the records taken from the client per poll
@@ -85,11 +83,15 @@ func WithDrainTimeout(d time.Duration) Opt { return func(c *consumerConfig) { c.
 // default dedup.ExponentialBackoff(100ms, 5s).
 func WithErrorBackoff(b dedup.Backoff) Opt { return func(c *consumerConfig) { c.errBackoff = b } }
 
-// WithOutageAfter sets how long settling records must keep failing (the
-// store or the dead-letter sink unreachable) before it is an outage
-// (default 1 min): the Consumer then logs it at ERROR, once and again at
-// this interval while it lasts, and [Consumer.Health] reports it.
-func WithOutageAfter(d time.Duration) Opt { return func(c *consumerConfig) { c.outageAfter = d } }
+// WithOutageThreshold sets how long settling records must keep failing (the
+// store or the dead-letter sink unreachable) to be an outage (default
+// dedup.DefaultOutageThreshold; give the wrapper's dedup.WithOutageThreshold
+// the same). The wrapper logs the outage's start and end; the Consumer
+// reports it through [Consumer.Health], logs each retry at DEBUG instead of
+// WARN meanwhile, and reminds of it at ERROR at this interval while it lasts.
+func WithOutageThreshold(d time.Duration) Opt {
+	return func(c *consumerConfig) { c.outageThreshold = d }
+}
 
 // WithMaxOutage makes Run shut down, as if its context were canceled, and
 // return an error matching [ErrOutage] once settling records has kept
@@ -126,12 +128,12 @@ type Consumer struct {
 // missing or invalid.
 func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) {
 	cfg := consumerConfig{
-		logger:       slog.Default(),
-		outageAfter:  DefaultOutageAfter,
-		maxPoll:      DefaultMaxPollRecords,
-		buffer:       DefaultPartitionBuffer,
-		drainTimeout: DefaultDrainTimeout,
-		errBackoff:   dedup.ExponentialBackoff(100*time.Millisecond, 5*time.Second),
+		logger:          slog.Default(),
+		outageThreshold: dedup.DefaultOutageThreshold,
+		maxPoll:         DefaultMaxPollRecords,
+		buffer:          DefaultPartitionBuffer,
+		drainTimeout:    DefaultDrainTimeout,
+		errBackoff:      dedup.ExponentialBackoff(100*time.Millisecond, 5*time.Second),
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -146,15 +148,15 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 			dedup.ErrConfig, cfg.maxPoll, cfg.buffer)
 	case cfg.drainTimeout < 0:
 		return nil, fmt.Errorf("%w: kafkadedup: negative drain timeout", dedup.ErrConfig)
-	case cfg.outageAfter <= 0:
-		return nil, fmt.Errorf("%w: kafkadedup: WithOutageAfter(%v): must be positive", dedup.ErrConfig, cfg.outageAfter)
+	case cfg.outageThreshold <= 0:
+		return nil, fmt.Errorf("%w: kafkadedup: WithOutageThreshold(%v): must be positive", dedup.ErrConfig, cfg.outageThreshold)
 	case cfg.maxOutage < 0:
 		return nil, fmt.Errorf("%w: kafkadedup: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, cfg.maxOutage)
 	}
 	if err := checkClientOpts(cfg.clientOpts); err != nil {
 		return nil, err
 	}
-	return &Consumer{w: w, cfg: cfg, health: outage.New(cfg.logger, "kafkadedup:", cfg.outageAfter, ErrOutage)}, nil
+	return &Consumer{w: w, cfg: cfg, health: outage.New(cfg.logger, "kafkadedup:", cfg.outageThreshold, cfg.maxOutage, ErrOutage)}, nil
 }
 
 // errOffline is what the client built by checkClientOpts gets for every
@@ -282,16 +284,13 @@ func (s *session) poll(ctx context.Context) {
 
 // failed records a failure to settle a record, stops Run once failures have
 // lasted longer than WithMaxOutage, and returns the level to log this one
-// at: WARN, or DEBUG once the outage is logged at ERROR.
+// at.
 func (s *session) failed(err error) slog.Level {
-	failingFor, outage := s.health.Failure(err)
-	if s.cfg.maxOutage > 0 && failingFor > s.cfg.maxOutage {
-		s.giveUp(fmt.Errorf("%w; stopping (WithMaxOutage(%v))", s.health.Err(), s.cfg.maxOutage))
+	level, stop := s.health.Failure(err)
+	if stop != nil {
+		s.giveUp(stop)
 	}
-	if outage {
-		return slog.LevelDebug
-	}
-	return slog.LevelWarn
+	return level
 }
 
 // worker returns the partition's worker, starting it on first use.

@@ -25,6 +25,6 @@ func (c *Consumer) Stats() Stats {
 
 // Health returns nil, or an error matching [ErrOutage] (and wrapping the
 // last failure) while settling records has kept failing for
-// [WithOutageAfter] or longer: a readiness probe can serve it. A Consumer
+// [WithOutageThreshold] or longer: a readiness probe can serve it. A Consumer
 // that has handled nothing yet is healthy.
 func (c *Consumer) Health() error { return c.health.Health() }

@@ -81,7 +81,7 @@ func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Mes
 	log := cfg.logger.With(slog.String("queue", queueURL))
 	return &Consumer{
 		client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg, log: log,
-		health: outage.New(log, "sqsdedup:", cfg.outageAfter, ErrOutage),
+		health: outage.New(log, "sqsdedup:", cfg.outageThreshold, cfg.maxOutage, ErrOutage),
 	}, nil
 }
 
@@ -368,16 +368,13 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 
 // failed records a failure to settle a message, stops Run once failures
 // have lasted longer than WithMaxOutage, and returns the level to log this
-// one at: WARN, or DEBUG once the outage is logged at ERROR.
+// one at.
 func (r *runner) failed(err error) slog.Level {
-	failingFor, outage := r.health.Failure(err)
-	if r.cfg.maxOutage > 0 && failingFor > r.cfg.maxOutage {
-		r.giveUp(fmt.Errorf("%w; stopping (WithMaxOutage(%v))", r.health.Err(), r.cfg.maxOutage))
+	level, stop := r.health.Failure(err)
+	if stop != nil {
+		r.giveUp(stop)
 	}
-	if outage {
-		return slog.LevelDebug
-	}
-	return slog.LevelWarn
+	return level
 }
 
 // settle acts on the outcome of one message.
@@ -387,7 +384,11 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 	}
 	switch {
 	case err != nil:
-		r.log.Log(r.work, r.failed(err), "sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
+		level := slog.LevelWarn
+		if stop.Err() == nil { // not a handler cancelled by the shutdown
+			level = r.failed(err)
+		}
+		r.log.Log(r.work, level, "sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
 			slog.String("key", res.Key.String()), slog.Any("error", err))
 		if stop.Err() != nil {
 			r.giveBack(0, m)

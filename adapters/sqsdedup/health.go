@@ -6,7 +6,7 @@ import (
 )
 
 // ErrOutage means handling messages has kept failing (the store or the
-// dead-letter sink unreachable) for longer than [WithOutageAfter], as
+// dead-letter sink unreachable) for longer than [WithOutageThreshold], as
 // reported by [Consumer.Health], or than [WithMaxOutage], as returned by
 // [Consumer.Run].
 var ErrOutage = errors.New("sqsdedup: store or dead-letter sink failing")
@@ -34,6 +34,6 @@ func (c *Consumer) Stats() Stats {
 
 // Health returns nil, or an error matching [ErrOutage] (and wrapping the
 // last failure) while settling messages has kept failing for
-// [WithOutageAfter] or longer: a readiness probe can serve it. A Consumer
+// [WithOutageThreshold] or longer: a readiness probe can serve it. A Consumer
 // that has handled nothing yet is healthy.
 func (c *Consumer) Health() error { return c.health.Health() }

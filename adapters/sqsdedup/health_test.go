@@ -44,27 +44,28 @@ func failingStore(t *testing.T) (dedup.Store, *awsfault.Fault) {
 }
 
 // With the store down, the consumer is not silent: each unacknowledged
-// message is a warning until the failures have lasted WithOutageAfter, then
-// the outage is an ERROR (not one per message), Health reports it and Stats
-// says since when; once the store answers again, the messages are
-// processed, the end of the outage is logged and Health is nil again.
+// message is a warning until the failures have lasted WithOutageThreshold;
+// then the outage is an ERROR from the wrapper, reminded by the consumer
+// each threshold (not one per message), Health reports it and Stats says
+// since when; once the store answers again, the messages are processed, the
+// wrapper logs the end of the outage and Health is nil again.
 func TestOutageIsLoggedAndReported(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	url := testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "1"})
 	store, fault := failingStore(t)
 	rec := newRecorder()
+	logs := &testenv.Logs{}
 	w := wrap(t, store, url, rec, func(ctx context.Context, m types.Message) error {
 		rec.effect(eventID(m))
 		return nil
-	})
+	}, dedup.WithLogger(slog.New(logs)), dedup.WithOutageThreshold(time.Second))
 	for _, id := range []string{"o-1", "o-2", "o-3"} {
 		send(t, c, url, id, "x", nil)
 	}
 	fault.On()
-	logs := &testenv.Logs{}
 	consumer, err := sqsdedup.NewConsumer(c, url, w, sqsdedup.WithWaitTime(time.Second),
-		sqsdedup.WithOutageAfter(time.Second), sqsdedup.WithLogger(slog.New(logs)))
+		sqsdedup.WithOutageThreshold(time.Second), sqsdedup.WithLogger(slog.New(logs)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +83,15 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	}()
 
 	const notAcked = "message not acknowledged"
-	waitFor(t, 30*time.Second, "an outage logged at ERROR and many failures", func() bool {
-		return logs.Count(slog.LevelError, "store or dead-letter sink failing") >= 1 &&
+	waitFor(t, 30*time.Second, "an outage reminded at ERROR and many failures", func() bool {
+		return logs.Count(slog.LevelError, "sqsdedup: store or dead-letter sink still failing") >= 1 &&
 			logs.Count(slog.LevelWarn, notAcked)+logs.Count(slog.LevelDebug, notAcked) >= 9
 	})
 	failures := logs.Count(slog.LevelWarn, notAcked) + logs.Count(slog.LevelDebug, notAcked)
-	if errs := logs.Count(slog.LevelError, "store or dead-letter sink failing"); errs >= failures/2 {
+	if n := logs.Count(slog.LevelError, "dedup: the store or dead-letter sink has been failing"); n != 1 {
+		t.Errorf("%d ERROR records of the outage's start, want 1 (from the wrapper)", n)
+	}
+	if errs := logs.Count(slog.LevelError, ""); errs >= failures/2 {
 		t.Errorf("%d ERROR records for %d failures, want the outage reported, not each message", errs, failures)
 	}
 	herr := consumer.Health()
@@ -110,7 +114,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	if st := consumer.Stats(); !st.FailingSince.IsZero() || st.LastSuccess.IsZero() {
 		t.Errorf("Stats after the outage: %+v", st)
 	}
-	if n := logs.Count(slog.LevelInfo, "outage over"); n != 1 {
+	if n := logs.Count(slog.LevelInfo, "recorded again after an outage"); n != 1 {
 		t.Errorf("%d INFO records of the outage's end, want 1; logs:\n%s", n, logs)
 	}
 }
@@ -128,7 +132,7 @@ func TestMaxOutageStopsRun(t *testing.T) {
 	send(t, c, url, "m-1", "x", nil)
 	fault.On()
 	consumer, err := sqsdedup.NewConsumer(c, url, w, sqsdedup.WithWaitTime(time.Second),
-		sqsdedup.WithOutageAfter(time.Second), sqsdedup.WithMaxOutage(2*time.Second), sqsdedup.WithLogger(testLogger(t)))
+		sqsdedup.WithOutageThreshold(time.Second), sqsdedup.WithMaxOutage(2*time.Second), sqsdedup.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,6 @@ const (
 	DefaultInFlightDelay   = 5 * time.Second
 	DefaultDeleteInterval  = 100 * time.Millisecond
 	DefaultShutdownTimeout = 30 * time.Second
-	DefaultOutageAfter     = time.Minute
 )
 
 // Opt configures a [Consumer].
@@ -30,7 +29,7 @@ type config struct {
 	inFlightDelay   time.Duration
 	deleteInterval  time.Duration
 	shutdownTimeout time.Duration
-	outageAfter     time.Duration
+	outageThreshold time.Duration
 	maxOutage       time.Duration
 	logger          *slog.Logger
 }
@@ -44,7 +43,7 @@ func defaultConfig() config {
 		inFlightDelay:   DefaultInFlightDelay,
 		deleteInterval:  DefaultDeleteInterval,
 		shutdownTimeout: DefaultShutdownTimeout,
-		outageAfter:     DefaultOutageAfter,
+		outageThreshold: dedup.DefaultOutageThreshold,
 		logger:          slog.Default(),
 	}
 }
@@ -69,8 +68,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
 	case c.logger == nil:
 		return fmt.Errorf("%w: WithLogger(nil)", dedup.ErrConfig)
-	case c.outageAfter <= 0:
-		return fmt.Errorf("%w: WithOutageAfter(%v): must be positive", dedup.ErrConfig, c.outageAfter)
+	case c.outageThreshold <= 0:
+		return fmt.Errorf("%w: WithOutageThreshold(%v): must be positive", dedup.ErrConfig, c.outageThreshold)
 	case c.maxOutage < 0:
 		return fmt.Errorf("%w: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, c.maxOutage)
 	}
@@ -112,16 +111,19 @@ func WithDeleteInterval(d time.Duration) Opt { return func(c *config) { c.delete
 func WithShutdownTimeout(d time.Duration) Opt { return func(c *config) { c.shutdownTimeout = d } }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
-// The Consumer logs at INFO only when it stops and when an outage ends, at
-// WARN what it will retry (a failed receive, a message not acknowledged
-// before an outage is declared), and at ERROR an outage ([WithOutageAfter]).
+// The Consumer logs at INFO only when it stops, at WARN what it will retry
+// (a failed receive, a message not acknowledged before an outage), and at
+// ERROR reminders of an outage ([WithOutageThreshold]).
 func WithLogger(l *slog.Logger) Opt { return func(c *config) { c.logger = l } }
 
-// WithOutageAfter sets how long handling messages must keep failing (the
-// store or the dead-letter sink unreachable) before it is an outage
-// (default 1 min): the Consumer then logs it at ERROR, once and again at
-// this interval while it lasts, and [Consumer.Health] reports it.
-func WithOutageAfter(d time.Duration) Opt { return func(c *config) { c.outageAfter = d } }
+// WithOutageThreshold sets how long settling messages must keep failing (the
+// store or the dead-letter sink unreachable) to be an outage (default
+// dedup.DefaultOutageThreshold; give the wrapper's dedup.WithOutageThreshold
+// the same). The wrapper logs the outage's start and end; the Consumer
+// reports it through [Consumer.Health], logs each message it could not
+// settle at DEBUG instead of WARN meanwhile, and reminds of it at ERROR at
+// this interval while it lasts.
+func WithOutageThreshold(d time.Duration) Opt { return func(c *config) { c.outageThreshold = d } }
 
 // WithMaxOutage makes Run stop, as if its context were cancelled, and return
 // an error matching [ErrOutage] once handling messages has kept failing for

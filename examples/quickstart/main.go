@@ -79,7 +79,7 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic, topic+".dlq"))
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic, topic+".dlq", chainTopic, chainTopic+".dlq"))
 	if err != nil {
 		return fmt.Errorf("start kfake: %w", err)
 	}
@@ -151,7 +151,47 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 	if err != nil {
 		return err
 	}
-	return report(&st, effects, letters, unique, nPoison, elapsed)
+	if err := report(&st, effects, letters, unique, nPoison, elapsed); err != nil {
+		return err
+	}
+	pool, err := chainDatabase(ctx, dsn)
+	if err != nil || pool == nil {
+		return err
+	}
+	defer pool.Close()
+	return runChain(ctx, pool, brokers, logger)
+}
+
+// localPostgres is where the chain looks for PostgreSQL when none is given.
+const localPostgres = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable&connect_timeout=1"
+
+// chainDatabase connects to the chain's PostgreSQL: dsn, else a local server
+// if one answers. The outbox needs one: an event is a row written in the
+// order's own transaction, and nothing else can stand in for that. With no
+// PostgreSQL it says so and returns a nil pool.
+func chainDatabase(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	given := dsn != ""
+	if !given {
+		dsn = localPostgres
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = pool.Ping(pctx)
+		cancel()
+		if err != nil {
+			pool.Close()
+		}
+	}
+	switch {
+	case err == nil:
+		return pool, nil
+	case given:
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	fmt.Println("\nthe whole chain (retried request -> outbox -> consumer) needs PostgreSQL for the outbox, and none answers at")
+	fmt.Println("127.0.0.1:5432: start one (make services) or pass -postgres to see it.")
+	return nil, nil
 }
 
 // openStore returns the dedup store: Redis when redisAddr is set, PostgreSQL

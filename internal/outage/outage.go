@@ -1,6 +1,7 @@
-// Package outage tracks whether the calls a consumer makes to its store and
-// dead-letter sink are failing, for the adapters' health reports, their
-// outage logs and their bound on an outage.
+// Package outage tracks, for a transport adapter's consumer, whether
+// settling messages (the store or the dead-letter sink) keeps failing: for
+// its health report, its reminders in the log, and its bound on an outage.
+// The wrapper (dedup.WithOutageThreshold) logs an outage's start and end.
 package outage
 
 import (
@@ -11,15 +12,16 @@ import (
 )
 
 // Tracker records the outcome of each attempt to settle a message. A run of
-// failures lasting at least its threshold is an outage: it is logged at
-// ERROR when it reaches the threshold and again each threshold while it
-// lasts (never per message), its end is logged at INFO, and Health reports
-// it. It is safe for concurrent use.
+// failures lasting at least its threshold is an outage: the wrapper logs its
+// start at ERROR, the Tracker logs a reminder at ERROR each threshold after
+// that while it lasts (never per message), and Health reports it. It is safe
+// for concurrent use.
 type Tracker struct {
 	log       *slog.Logger
 	prefix    string // of log messages
 	threshold time.Duration
-	sentinel  error // wrapped by Health's errors
+	maxOutage time.Duration // an outage longer than this stops the consumer; 0: never
+	sentinel  error         // wrapped by Health's errors
 
 	mu          sync.Mutex
 	lastSuccess time.Time
@@ -27,14 +29,15 @@ type Tracker struct {
 	since       time.Time // start of the current run of failures; zero after a success
 	lastErr     error
 	failures    int       // since the last ERROR
-	loggedAt    time.Time // of the last ERROR of the current outage
+	loggedAt    time.Time // of the last ERROR of the current outage (the first is the wrapper's)
 }
 
 // New returns a Tracker logging to log, with messages starting with prefix
 // (the package's name and a colon), for which failing for threshold is an
-// outage; Health's errors wrap sentinel.
-func New(log *slog.Logger, prefix string, threshold time.Duration, sentinel error) *Tracker {
-	return &Tracker{log: log, prefix: prefix, threshold: threshold, sentinel: sentinel}
+// outage, and failing for longer than maxOutage (unless 0) a reason to stop;
+// Health's errors wrap sentinel.
+func New(log *slog.Logger, prefix string, threshold, maxOutage time.Duration, sentinel error) *Tracker {
+	return &Tracker{log: log, prefix: prefix, threshold: threshold, maxOutage: maxOutage, sentinel: sentinel}
 }
 
 // Snapshot is what a Tracker knows of the recent attempts.
@@ -51,17 +54,14 @@ func (t *Tracker) Success() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.lastSuccess = now
-	if !t.loggedAt.IsZero() {
-		t.log.Info(t.prefix+" store and dead-letter sink answer again; outage over",
-			slog.Duration("outage", now.Sub(t.since).Round(time.Millisecond)))
-	}
 	t.since, t.loggedAt, t.failures = time.Time{}, time.Time{}, 0
 }
 
-// Failure records an attempt that failed with err, and returns how long
-// attempts have been failing and whether that is an outage (already
-// logged at ERROR, so that callers may log each failure at a lower level).
-func (t *Tracker) Failure(err error) (failingFor time.Duration, outage bool) {
+// Failure records an attempt that failed with err. It returns the level to
+// log that failure at: WARN, or DEBUG during an outage, which is logged at
+// ERROR here; and, once failures have lasted longer than the maximum, the
+// error to stop the consumer with.
+func (t *Tracker) Failure(err error) (level slog.Level, stop error) {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -70,17 +70,23 @@ func (t *Tracker) Failure(err error) (failingFor time.Duration, outage bool) {
 	}
 	t.lastFailure, t.lastErr = now, err
 	t.failures++
-	failingFor = now.Sub(t.since)
-	if failingFor < t.threshold {
-		return failingFor, false
+	failingFor := now.Sub(t.since)
+	if t.maxOutage > 0 && failingFor > t.maxOutage {
+		stop = fmt.Errorf("%w; stopping after more than %v", t.errLocked(), t.maxOutage)
 	}
-	if t.loggedAt.IsZero() || now.Sub(t.loggedAt) >= t.threshold {
-		t.log.Error(t.prefix+" store or dead-letter sink failing: messages are not being settled",
+	if failingFor < t.threshold {
+		return slog.LevelWarn, stop
+	}
+	if t.loggedAt.IsZero() {
+		t.loggedAt = t.since.Add(t.threshold) // when the wrapper logged the start
+	}
+	if now.Sub(t.loggedAt) >= t.threshold {
+		t.log.Error(t.prefix+" store or dead-letter sink still failing: messages are not being settled",
 			slog.Duration("failing_for", failingFor.Round(time.Millisecond)), slog.Time("since", t.since),
 			slog.Int("failures", t.failures), slog.Any("error", err))
 		t.loggedAt, t.failures = now, 0
 	}
-	return failingFor, true
+	return slog.LevelDebug, stop
 }
 
 // Snapshot returns what t knows.

@@ -132,3 +132,41 @@ func (s *RedisServer) Kill() {
 func (s *RedisServer) String() string {
 	return fmt.Sprintf("redis-server %s %v", s.Addr(), s.args)
 }
+
+// StartRedisCluster starts a Redis Cluster of masters private servers
+// (no replicas) on free loopback ports, its slots spread over all of them,
+// and returns their addresses once the cluster is ok.
+func StartRedisCluster(t testing.TB, masters int) []string {
+	t.Helper()
+	cli, err := exec.LookPath(Env("DEDUP_REDIS_CLI", "redis-cli"))
+	if err != nil {
+		Unavailable(t, "redis-cli", err)
+	}
+	addrs := make([]string, masters)
+	for i := range addrs {
+		addrs[i] = StartRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000").Addr()
+	}
+	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v: %s", err, out)
+	}
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		ok := false
+		for range 200 {
+			if strings.Contains(c.ClusterInfo(ctx).Val(), "cluster_state:ok") {
+				ok = true
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		c.Close()
+		if !ok {
+			t.Fatalf("Redis Cluster node %s never reached cluster_state:ok", addr)
+		}
+	}
+	return addrs
+}

@@ -1,0 +1,121 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/testenv"
+)
+
+// logRecords is a slog.Handler keeping every record, for tests.
+type logRecords struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logRecords) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, r)
+	return nil
+}
+func (h *logRecords) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logRecords) WithGroup(string) slog.Handler      { return h }
+
+// at returns the messages logged at level.
+func (h *logRecords) at(level slog.Level) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var msgs []string
+	for _, r := range h.recs {
+		if r.Level == level {
+			msgs = append(msgs, r.Message)
+		}
+	}
+	return msgs
+}
+
+// deliverFor calls Handle with msg repeatedly for d, as a transport retrying
+// in place, and returns how many calls failed.
+func deliverFor(w *dedup.Wrapper[event], msg event, d time.Duration) int {
+	failed := 0
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if _, err := w.Handle(context.Background(), msg); err != nil {
+			failed++
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return failed
+}
+
+// A store that cannot be reached is reported once at ERROR when it stays
+// down past the threshold, and through Outage, not once per delivery.
+func TestStoreOutageIsLoggedOnceAtError(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.ClosedPort(t)+"/test?connect_timeout=1")
+	require.NoError(t, err)
+	defer pool.Close()
+	store, err := dedup.NewPostgresStore(pool)
+	require.NoError(t, err)
+	logs := &logRecords{}
+	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
+		dedup.WithScope("outage"), dedup.WithSink(&dedup.MemorySink{}), dedup.WithLogger(slog.New(logs)),
+		dedup.WithOutageThreshold(300*time.Millisecond))
+	require.NoError(t, err)
+
+	since, oerr := w.Outage()
+	require.True(t, since.IsZero())
+	require.NoError(t, oerr)
+	failed := deliverFor(w, event{ID: "e", Body: "x"}, time.Second)
+	require.Greater(t, failed, 3)
+	require.Len(t, logs.at(slog.LevelError), 1, "one ERROR for the whole outage")
+	since, oerr = w.Outage()
+	require.False(t, since.IsZero())
+	require.Error(t, oerr)
+}
+
+// A dead-letter sink that fails is an outage too; once it takes letters
+// again the recovery is logged and Outage clears.
+func TestSinkOutageAndRecovery(t *testing.T) {
+	sink, logs := &dedup.MemorySink{}, &logRecords{}
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error {
+		return dedup.Permanent(errors.New("unsupported"))
+	}, dedup.WithScope("sink-outage"), dedup.WithSink(sink), dedup.WithLogger(slog.New(logs)),
+		dedup.WithOutageThreshold(300*time.Millisecond))
+	require.NoError(t, err)
+	sink.FailWith(errors.New("dlq down"))
+	require.Greater(t, deliverFor(w, event{ID: "p", Body: "x"}, time.Second), 3)
+	require.Len(t, logs.at(slog.LevelError), 1)
+	sink.FailWith(nil)
+	res := deliverUntilSettled(t, w, event{ID: "p", Body: "x"})
+	require.Equal(t, dedup.DeadLettered, res.Outcome)
+	since, oerr := w.Outage()
+	require.True(t, since.IsZero())
+	require.NoError(t, oerr)
+	require.Contains(t, logs.at(slog.LevelInfo), "dedup: deliveries are recorded again after an outage")
+	require.Len(t, logs.at(slog.LevelError), 1)
+}
+
+// Without WithLogger, the wrapper logs through slog.Default.
+func TestLoggerDefaultsToSlogDefault(t *testing.T) {
+	logs := &logRecords{}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(logs))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error {
+		return dedup.Permanent(errors.New("unsupported"))
+	}, dedup.WithScope("default-logger"), dedup.WithSink(&dedup.MemorySink{}))
+	require.NoError(t, err)
+	res, err := w.Handle(context.Background(), event{ID: "p", Body: "x"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.DeadLettered, res.Outcome)
+	require.Contains(t, logs.at(slog.LevelWarn), "dedup: message dead-lettered")
+}
