@@ -90,6 +90,14 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]int64, []Event, error) 
 	if err != nil {
 		return nil, nil, r.ob.notMigrated(fmt.Errorf("outbox: claim: %w", err))
 	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(claimed) == 0 {
+		return nil, nil, r.ob.notMigrated(wrapClaim(err))
+	}
+	rows, err = tx.Query(ctx, r.ob.sql.read, claimed)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: claim: %w", err)
+	}
 	defer rows.Close()
 	var seqs []int64
 	var events []Event
@@ -118,6 +126,13 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]int64, []Event, error) 
 		return nil, nil, r.ob.notMigrated(fmt.Errorf("outbox: claim: %w", err))
 	}
 	return seqs, events, nil
+}
+
+func wrapClaim(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("outbox: claim: %w", err)
 }
 
 // failures are the publish failures of a pass: markFailed's arguments, and

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dedupkit/dedup/outbox"
+	"github.com/dedupkit/dedup/outbox/kafkaoutbox"
 )
 
 // The relay's connection is killed while the broker holds its batch: the
@@ -25,14 +26,23 @@ func TestPostgresGoneMidPassLosesNothing(t *testing.T) {
 		return nil, nil, false // then handled as usual
 	})
 	ids := e.add(true, e.event("a", "1"), e.event("a", "2"), e.event("b", "3"))
-	e.start(e.relay())
+	// A name of its own, so that only this test's relay is killed, whatever
+	// else runs against the database.
+	app := "outbox-pgfault-" + runID()
+	cfg := e.pool.Config()
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pub, err := kafkaoutbox.NewPublisher(e.producer())
+	require.NoError(t, err)
+	r, err := outbox.NewRelay(e.ob, cfg, pub, outbox.WithPollInterval(50*time.Millisecond), outbox.WithLogger(quietLogger()))
+	require.NoError(t, err)
+	e.start(r)
 
 	<-held
 	ctx := context.Background()
 	var killed int
 	require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE application_name = $1 AND datname = current_database() AND state = 'idle in transaction'`,
-		outbox.DefaultApplicationName).Scan(&killed))
+		app).Scan(&killed))
 	require.Equal(t, 1, killed, "the relay's pass connection, idle in its transaction while the broker works")
 	close(release)
 

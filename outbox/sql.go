@@ -7,7 +7,7 @@ type statements struct {
 	migrateLock, createTable, createPending, createKeyHead, createSent string
 	createBackoff                                                      string
 	lockKeys, insert, notify                                           string
-	claim, markSent, deleteSent, markFailed                            string
+	claim, read, markSent, deleteSent, markFailed                      string
 	requeue, failed, purge                                             string
 }
 
@@ -37,9 +37,9 @@ func buildStatements(table, bare string) statements {
 		// The ordering check: is an earlier row of this key still pending?
 		createKeyHead: `CREATE INDEX IF NOT EXISTS ` + index("_pending_key") + ` ON ` + table + ` (destination, key, seq) WHERE status = 'pending' AND key IS NOT NULL`,
 		createSent:    `CREATE INDEX IF NOT EXISTS ` + index("_sent") + ` ON ` + table + ` (sent_at) WHERE status = 'sent'`,
-		// Rows waiting out a backoff: only rows that failed are in it, so
-		// writing an event never touches it.
-		createBackoff: `CREATE INDEX IF NOT EXISTS ` + index("_backoff") + ` ON ` + table + ` (due_at) WHERE status = 'pending' AND attempts > 0`,
+		// Pending rows that failed at least once, per key: the rows that may
+		// be waiting out a backoff. Writing an event never touches it.
+		createBackoff: `CREATE INDEX IF NOT EXISTS ` + index("_retried") + ` ON ` + table + ` (destination, key, seq) WHERE status = 'pending' AND attempts > 0 AND key IS NOT NULL`,
 
 		// The hashes come sorted, and unnest keeps array order, so two
 		// writers lock shared keys in the same order.
@@ -51,34 +51,33 @@ func buildStatements(table, bare string) statements {
 			ORDER BY n`,
 		notify: `SELECT pg_notify($1, '')`,
 
-		// Due pending rows are locked in publication order (c), skipping
-		// the keys held back by an earlier row waiting out its backoff
-		// (held), rows another relay holds and, through a transaction-scoped
+		// Due pending rows are locked in publication order, skipping rows
+		// held back by an earlier row of their key waiting out its backoff,
+		// rows another relay holds and, through a transaction-scoped
 		// advisory lock per key ($2 is the outbox's namespace, apart from
 		// the one-bigint locks of Add), the keys another relay holds: a key
 		// is published by one relay at a time, and a relay never locks rows
-		// it could not publish, which would stall the others. Of c, a row is
-		// published only if no pending row of its key outside c comes
-		// before it: stop is the first such row per key (one waiting out
-		// its backoff holds its key back). stop is found once per key, by
-		// one index scan from the key's head.
-		claim: `WITH held AS MATERIALIZED (
-				SELECT destination, key, min(seq) AS head FROM ` + table + `
-				WHERE status = 'pending' AND attempts > 0 AND due_at > now() AND key IS NOT NULL
-				GROUP BY destination, key
-			), c AS MATERIALIZED (
-				SELECT seq FROM ` + table + ` o WHERE status = 'pending' AND due_at <= now()
-					AND (key IS NULL OR NOT EXISTS (
-						SELECT 1 FROM held WHERE held.destination = o.destination AND held.key = o.key AND held.head < o.seq))
-					AND (key IS NULL OR pg_try_advisory_xact_lock($2, hashtext(destination || ':' || encode(key, 'hex'))))
-				ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED
-			), b AS MATERIALIZED (
-				SELECT o.* FROM ` + table + ` o JOIN c ON c.seq = o.seq
+		// it could not publish, which would stall the others.
+		claim: `SELECT seq FROM ` + table + ` o WHERE status = 'pending' AND due_at <= now()
+				AND (key IS NULL OR NOT EXISTS (
+					SELECT 1 FROM ` + table + ` r
+					WHERE r.status = 'pending' AND r.attempts > 0 AND r.key IS NOT NULL
+						AND r.destination = o.destination AND r.key = o.key AND r.seq < o.seq AND r.due_at > now()))
+				AND (key IS NULL OR pg_try_advisory_xact_lock($2, hashtext(destination || ':' || encode(key, 'hex'))))
+			ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`,
+		// Of the claimed rows ($1), a row is published only if no pending
+		// row of its key outside them comes before it: stop is the first
+		// such row per key, found once per key by one index scan from the
+		// key's head. It runs after claim, with a snapshot taken once the
+		// key locks are held, so that it sees all the keys' previous relays
+		// committed.
+		read: `WITH b AS MATERIALIZED (
+				SELECT o.* FROM ` + table + ` o WHERE o.seq = ANY($1) AND o.status = 'pending'
 			), h AS (
 				SELECT k.destination, k.key, (
 					SELECT min(e.seq) FROM ` + table + ` e
 					WHERE e.status = 'pending' AND e.key IS NOT NULL AND e.destination = k.destination AND e.key = k.key
-						AND e.seq NOT IN (SELECT seq FROM c)) AS stop
+						AND e.seq NOT IN (SELECT unnest($1::bigint[]))) AS stop
 				FROM (SELECT DISTINCT destination, key FROM b WHERE key IS NOT NULL) k
 			)
 			SELECT b.seq, b.event_id, b.destination, b.key, b.headers, b.payload, b.tenant, b.attempts
