@@ -252,7 +252,7 @@ func TestFailedHeadHoldsBackItsKey(t *testing.T) {
 			require.NoError(t, err)
 			r, err := outbox.NewRelay(e.ob, e.pool.Config(), &failOnce{next: pub, id: ids[0]},
 				outbox.WithBatchSize(batch), outbox.WithPollInterval(10*time.Millisecond),
-				outbox.WithBackoff(func(int) time.Duration { return 300 * time.Millisecond }), outbox.WithLogger(quietLogger()))
+				outbox.WithBackoff(func(int) time.Duration { return 2 * time.Second }), outbox.WithLogger(quietLogger()))
 			require.NoError(t, err)
 			e.start(r)
 			var order []string

@@ -230,11 +230,16 @@ func TestDeleteSentAndRetention(t *testing.T) {
 	e.start(e.relay(outbox.WithRetention(200 * time.Millisecond)))
 	waitFor(t, 10*time.Second, "the sent row purged after its retention", func() bool { return len(e.statuses()) == 0 })
 
-	e.add(true, e.event("d", "4"))
-	waitFor(t, 10*time.Second, "sent", func() bool { return e.statuses()["sent"] == 1 })
-	n, err := e.ob.Purge(context.Background(), e.pool, time.Hour)
+	kept := newEnv(t, 1) // the default retention: sent rows stay
+	kept.start(kept.relay())
+	kept.add(true, kept.event("d", "4"))
+	waitFor(t, 10*time.Second, "sent", func() bool { return kept.statuses()["sent"] == 1 })
+	n, err := kept.ob.Purge(context.Background(), kept.pool, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, n, "a row younger than the retention is kept")
+	n, err = kept.ob.Purge(context.Background(), kept.pool, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
 }
 
 func TestWithoutNotifyRelaysFindEventsByPolling(t *testing.T) {
