@@ -77,10 +77,10 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 	res := Result{Key: d.key, Attempts: c.Record.Attempts}
 	switch c.Status {
 	case ClaimDuplicate, ClaimFinal:
-		res.Outcome = Duplicate
+		res.Outcome = OutcomeDuplicate
 		return res, nil
 	case ClaimInFlight:
-		res.Outcome = InFlight
+		res.Outcome = OutcomeInFlight
 		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, min(d.leaseTime, maxInFlightWait))
 		return res, nil
 	case ClaimConflict:
@@ -114,7 +114,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 	}
 	if err == nil && later != nil {
 		*later = append(*later, Completion{Key: d.key, Owner: d.owner, TTL: w.cfg.ttl})
-		res.Outcome = Processed
+		res.Outcome = OutcomeProcessed
 		return res, nil
 	}
 	sctx, cancel := settleContext(ctx)
@@ -130,7 +130,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 		if err != nil {
 			return res, w.settleError("complete", d.key, err, true)
 		}
-		res.Outcome = Processed
+		res.Outcome = OutcomeProcessed
 		return res, nil
 	}
 	res, serr := w.afterFailure(sctx, d, c.Record, err)
@@ -183,7 +183,7 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 	attempts = max(attempts, recorded)
 	w.cfg.logger.Debug("dedup: attempt failed, will retry", slog.String("key", d.key.String()),
 		slog.Int("attempt", attempts), slog.Any("error", herr))
-	return Result{Outcome: Retry, Key: d.key, Attempts: attempts, Err: herr,
+	return Result{Outcome: OutcomeRetry, Key: d.key, Attempts: attempts, Err: herr,
 		RetryAfter: w.cfg.backoff(attempts)}, nil
 }
 
@@ -219,7 +219,7 @@ func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, 
 	if _, err := w.fail(ctx, d, Failure{Final: true, Error: cause.Error(), TTL: w.cfg.ttl}); err != nil {
 		return Result{Key: d.key}, w.settleError("record dead letter", d.key, err, false)
 	}
-	return Result{Outcome: DeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: reason, Err: cause}, nil
+	return Result{Outcome: OutcomeDeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: reason, Err: cause}, nil
 }
 
 // fail records a failed attempt, trying again while the claim holds.

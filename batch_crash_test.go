@@ -92,7 +92,7 @@ func TestBatchCrashLoopSparesTheRestOfTheBatch(t *testing.T) {
 					require.Empty(t, settled, "life %d: the worker died on the crasher", life)
 				} else {
 					require.Equal(t, map[string]dedup.Outcome{
-						"crasher": dedup.DeadLettered, "next-1": dedup.Processed, "next-2": dedup.Processed,
+						"crasher": dedup.OutcomeDeadLettered, "next-1": dedup.OutcomeProcessed, "next-2": dedup.OutcomeProcessed,
 					}, settled, "life %d", life)
 					require.Zero(t, worker.single.Load(), "the messages behind the crasher were claimed one by one, not again in a batch")
 				}
@@ -131,6 +131,6 @@ func TestAttemptsSpentByDeathsAreACrashLoop(t *testing.T) {
 	require.NoError(t, err)
 	res, err := w.Handle(ctx, event{ID: "e-1", Body: "b"})
 	require.NoError(t, err)
-	require.Equal(t, dedup.DeadLettered, res.Outcome)
+	require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 	require.Equal(t, dedup.ReasonCrashLoop, res.Reason)
 }

@@ -50,7 +50,7 @@ func BenchmarkWrapper(b *testing.B) {
 				w = newWrapper(b)
 				b.StartTimer()
 			}
-			if res, err := w.Handle(ctx, benchEvent{ID: ids[i%window], Body: body}); err != nil || res.Outcome != dedup.Processed {
+			if res, err := w.Handle(ctx, benchEvent{ID: ids[i%window], Body: body}); err != nil || res.Outcome != dedup.OutcomeProcessed {
 				b.Fatal(res, err)
 			}
 		}
@@ -64,7 +64,7 @@ func BenchmarkWrapper(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			if res, err := w.Handle(ctx, msg); err != nil || res.Outcome != dedup.Duplicate {
+			if res, err := w.Handle(ctx, msg); err != nil || res.Outcome != dedup.OutcomeDuplicate {
 				b.Fatal(res, err)
 			}
 		}

@@ -100,8 +100,8 @@ func TestConcurrentFailingDeliveries(t *testing.T) {
 		require.Equal(t, f.starts, f.attempts, "the record counts every start")
 		require.Equal(t, dedup.StatusFailedFinal, rec.Status)
 		require.Zero(t, errs, "Handle errors")
-		require.Equal(t, 1, outcomes[dedup.DeadLettered])
-		require.Equal(t, concurrentDeliveries-1, outcomes[dedup.Duplicate])
+		require.Equal(t, 1, outcomes[dedup.OutcomeDeadLettered])
+		require.Equal(t, concurrentDeliveries-1, outcomes[dedup.OutcomeDuplicate])
 	}
 	for name, newStore := range concurrencyBackends() {
 		t.Run(name, func(t *testing.T) {
@@ -173,7 +173,7 @@ func TestConcurrentInboxFailsTwiceThenSucceeds(t *testing.T) {
 	require.Zero(t, errs, "Handle errors")
 	require.Equal(t, dedup.StatusSucceeded, rec.Status)
 	require.Equal(t, 1, countRows(t, pool, ledger, "e"))
-	require.Equal(t, 1, outcomes[dedup.Processed])
+	require.Equal(t, 1, outcomes[dedup.OutcomeProcessed])
 }
 
 // TestStaleWorkerWritesNoDeadLetter: worker A claims an event and stops
@@ -247,7 +247,7 @@ func TestStaleWorkerWritesNoDeadLetter(t *testing.T) {
 				t.Logf("stale worker: dead letters %d, record %s after %d attempts, handler starts %d, A: %v %v, B outcomes %v",
 					letters, rec.Status, rec.Attempts, starts.Load(), aRes.Outcome, aErr, outcomes)
 				require.Zero(t, errs)
-				require.Equal(t, 1, outcomes[dedup.Processed])
+				require.Equal(t, 1, outcomes[dedup.OutcomeProcessed])
 				require.Equal(t, dedup.StatusSucceeded, rec.Status)
 				require.Zero(t, letters, "no dead letter for an event that succeeded")
 				require.ErrorIs(t, aErr, dedup.ErrLeaseLost)
@@ -342,8 +342,8 @@ func TestConcurrentBatches(t *testing.T) {
 			require.Equal(t, 1, f.letters)
 			require.Equal(t, f.starts, f.attempts)
 			require.Zero(t, errs)
-			require.Equal(t, 1, outcomes[dedup.DeadLettered])
-			require.Equal(t, 1, outcomes[dedup.Processed])
+			require.Equal(t, 1, outcomes[dedup.OutcomeDeadLettered])
+			require.Equal(t, 1, outcomes[dedup.OutcomeProcessed])
 		})
 		t.Run(name+"/batch-completion", func(t *testing.T) {
 			store := newStore(t)
@@ -369,7 +369,7 @@ func TestConcurrentBatches(t *testing.T) {
 			require.Equal(t, 1, rec.Attempts)
 			require.Equal(t, dedup.StatusSucceeded, rec.Status)
 			require.Zero(t, errs)
-			require.Equal(t, 2, outcomes[dedup.Processed], "e and f once each")
+			require.Equal(t, 2, outcomes[dedup.OutcomeProcessed], "e and f once each")
 		})
 	}
 	t.Run("postgres-inbox/failing", func(t *testing.T) {

@@ -42,22 +42,22 @@ type Outcome int
 
 // The outcomes; each maps to exactly one transport action.
 const (
-	// Processed: the handler succeeded and it is recorded. Ack.
-	Processed Outcome = iota + 1
-	// Duplicate: the event already succeeded or was dead-lettered. Ack.
-	Duplicate
-	// InFlight: another worker holds the event's lease. Do not ack; deliver
+	// OutcomeProcessed: the handler succeeded and it is recorded. Ack.
+	OutcomeProcessed Outcome = iota + 1
+	// OutcomeDuplicate: the event already succeeded or was dead-lettered. Ack.
+	OutcomeDuplicate
+	// OutcomeInFlight: another worker holds the event's lease. Do not ack; deliver
 	// again after Result.RetryAfter.
-	InFlight
-	// Retry: the handler failed and will be attempted again. Do not ack;
+	OutcomeInFlight
+	// OutcomeRetry: the handler failed and will be attempted again. Do not ack;
 	// deliver again after Result.RetryAfter.
-	Retry
-	// DeadLettered: the message was parked in the dead-letter sink. Ack.
-	DeadLettered
-	// Conflict: the event ID was already used for an event with another
+	OutcomeRetry
+	// OutcomeDeadLettered: the message was parked in the dead-letter sink. Ack.
+	OutcomeDeadLettered
+	// OutcomeConflict: the event ID was already used for an event with another
 	// fingerprint. The handler did not run; the message was dead-lettered
 	// with ReasonConflict. Ack.
-	Conflict
+	OutcomeConflict
 )
 
 var outcomeNames = [...]string{"", "processed", "duplicate", "in-flight", "retry", "dead-lettered", "conflict"}
@@ -88,7 +88,7 @@ type Result struct {
 // Processed, Duplicate, DeadLettered and Conflict.
 func (r Result) Settled() bool {
 	switch r.Outcome {
-	case Processed, Duplicate, DeadLettered, Conflict:
+	case OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered, OutcomeConflict:
 		return true
 	}
 	return false
@@ -266,7 +266,7 @@ func (w *Wrapper[M]) parkBad(ctx context.Context, d *delivery[M]) (Result, error
 	if err := w.park(ctx, d, d.bad, d.badErr, Record{}); err != nil {
 		return Result{Key: d.key}, err
 	}
-	return Result{Outcome: DeadLettered, Key: d.key, Reason: d.bad, Err: d.badErr}, nil
+	return Result{Outcome: OutcomeDeadLettered, Key: d.key, Reason: d.bad, Err: d.badErr}, nil
 }
 
 // parkConflict dead-letters a message whose ID belongs to another event; the
@@ -278,7 +278,7 @@ func (w *Wrapper[M]) parkConflict(ctx context.Context, d *delivery[M], rec Recor
 		return Result{Key: d.key}, err
 	}
 	w.cfg.logger.Warn("dedup: event ID reused with another payload", slog.String("key", d.key.String()))
-	return Result{Outcome: Conflict, Key: d.key, Attempts: rec.Attempts, Reason: ReasonConflict, Err: cause}, nil
+	return Result{Outcome: OutcomeConflict, Key: d.key, Attempts: rec.Attempts, Reason: ReasonConflict, Err: cause}, nil
 }
 
 func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, cause error, rec Record) error {

@@ -163,8 +163,8 @@ func (b *batch[M]) copyOf(i int) pendingResult {
 	f := b.outcomes[b.first[i]]
 	p := pendingResult{i: i, comp: -1, err: f.err}
 	switch f.res.Outcome {
-	case Processed, DeadLettered, Duplicate, Conflict:
-		p.res = Result{Outcome: Duplicate, Key: f.res.Key, Attempts: f.res.Attempts}
+	case OutcomeProcessed, OutcomeDeadLettered, OutcomeDuplicate, OutcomeConflict:
+		p.res = Result{Outcome: OutcomeDuplicate, Key: f.res.Key, Attempts: f.res.Attempts}
 		p.comp, p.dup = f.comp, f.comp >= 0
 	default: // Retry or InFlight: this copy comes back too; or an error
 		p.res = f.res

@@ -70,7 +70,7 @@ func TestBatchCompletion(t *testing.T) {
 				require.NoError(t, err)
 				// Settle two events first, to be duplicates in the batch.
 				for _, id := range []string{"e0", "e1"} {
-					require.Equal(t, dedup.Processed, deliverUntilSettled(t, w, event{ID: id, Body: "x"}).Outcome)
+					require.Equal(t, dedup.OutcomeProcessed, deliverUntilSettled(t, w, event{ID: id, Body: "x"}).Outcome)
 				}
 				store.completes.Store(0)
 				ran.Store(0)
@@ -90,7 +90,7 @@ func TestBatchCompletion(t *testing.T) {
 				})
 				require.NoError(t, err)
 				require.Len(t, outcomes, 50)
-				require.Equal(t, []dedup.Outcome{dedup.Duplicate, dedup.Duplicate, dedup.Processed}, outcomes[:3])
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeDuplicate, dedup.OutcomeDuplicate, dedup.OutcomeProcessed}, outcomes[:3])
 				require.EqualValues(t, 48, ran.Load())
 				require.EqualValues(t, 0, store.completes.Load(), "no completion on its own")
 				require.EqualValues(t, 1, store.batches.Load(), "one completion write for the batch")
@@ -112,7 +112,7 @@ func TestBatchCompletion(t *testing.T) {
 					return true
 				})
 				require.NoError(t, err)
-				require.Equal(t, []dedup.Outcome{dedup.Processed, dedup.Processed, dedup.Duplicate, dedup.Processed}, outcomes)
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeProcessed, dedup.OutcomeDuplicate, dedup.OutcomeProcessed}, outcomes)
 				require.EqualValues(t, 3, ran.Load())
 				require.EqualValues(t, 1, store.batches.Load(), "the repeat is answered from its earlier copy")
 				require.EqualValues(t, 0, store.completes.Load())
@@ -148,7 +148,7 @@ func TestBatchCompletion(t *testing.T) {
 				require.ErrorIs(t, errs[1], dedup.ErrLeaseLost)
 				require.ErrorIs(t, errs[2], dedup.ErrLeaseLost, "a repeat of an event whose completion was lost is not a duplicate")
 				require.NoError(t, errs[3])
-				require.Equal(t, []dedup.Outcome{dedup.Processed, 0, 0, dedup.Processed}, outcomes)
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, 0, 0, dedup.OutcomeProcessed}, outcomes)
 			})
 
 			t.Run("UnsettledStopsAfterWriting", func(t *testing.T) {
@@ -170,7 +170,7 @@ func TestBatchCompletion(t *testing.T) {
 					return res.Settled() // as a transport does: wait in place
 				})
 				require.NoError(t, err)
-				require.Equal(t, []dedup.Outcome{dedup.Processed, dedup.Processed, dedup.Retry}, outcomes)
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeProcessed, dedup.OutcomeRetry}, outcomes)
 				require.EqualValues(t, 3, ran.Load())
 				for _, id := range []string{"u1", "u2"} {
 					rec, err := store.Get(ctx, dedup.Key{Scope: w.Scope(), EventID: id})
@@ -179,7 +179,7 @@ func TestBatchCompletion(t *testing.T) {
 				}
 				res, err := w.Handle(ctx, event{ID: "u4", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.Processed, res.Outcome, "the unstarted claim was given back")
+				require.Equal(t, dedup.OutcomeProcessed, res.Outcome, "the unstarted claim was given back")
 				require.Equal(t, 1, res.Attempts)
 			})
 
@@ -197,7 +197,7 @@ func TestBatchCompletion(t *testing.T) {
 				n := 0
 				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
 					require.NoError(t, err)
-					require.Equal(t, dedup.Processed, res.Outcome)
+					require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 					n++
 					return true
 				})
@@ -217,7 +217,7 @@ func TestBatchCompletion(t *testing.T) {
 					batch := []event{{ID: "f1", Body: "x"}, {ID: "f2", Body: "x"}}
 					err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
 						require.NoError(t, err, "answers lost: %v", afterWrite)
-						require.Equal(t, dedup.Processed, res.Outcome)
+						require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 						return true
 					})
 					require.NoError(t, err)
@@ -233,7 +233,7 @@ func TestBatchCompletion(t *testing.T) {
 				batch := []event{{ID: "p1", Body: "x"}, {ID: "p2", Body: "x"}}
 				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
 					require.NoError(t, err)
-					require.Equal(t, dedup.Processed, res.Outcome)
+					require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 					return true
 				})
 				require.NoError(t, err)

@@ -99,12 +99,12 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 
 				res := deliverUntilSettled(t, w, event{ID: "e1", Body: "pay 10"})
-				require.Equal(t, dedup.Processed, res.Outcome)
+				require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 				require.Equal(t, 3, res.Attempts)
 				for i := 0; i < 3; i++ { // redeliveries after success
 					res, err := w.Handle(context.Background(), event{ID: "e1", Body: "pay 10"})
 					require.NoError(t, err)
-					require.Equal(t, dedup.Duplicate, res.Outcome)
+					require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
 				}
 				require.EqualValues(t, 1, effects.Load())
 				require.EqualValues(t, 3, calls.Load())
@@ -125,7 +125,7 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 
 				res := deliverUntilSettled(t, w, event{ID: "poison", Body: "x"})
-				require.Equal(t, dedup.DeadLettered, res.Outcome)
+				require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 				require.Equal(t, dedup.ReasonHandlerError, res.Reason)
 				require.EqualValues(t, 4, calls.Load())
 
@@ -145,7 +145,7 @@ func TestWrapper(t *testing.T) {
 				// Parked for good: a redelivery is acknowledged, not run.
 				res, err = w.Handle(context.Background(), event{ID: "poison", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.Duplicate, res.Outcome)
+				require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
 				require.EqualValues(t, 4, calls.Load())
 				rec, err := store.Get(context.Background(), res.Key)
 				require.NoError(t, err)
@@ -160,7 +160,7 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 				res, err := w.Handle(context.Background(), event{ID: "p", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.DeadLettered, res.Outcome)
+				require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 				require.Equal(t, dedup.ReasonPermanent, res.Reason)
 				require.Equal(t, 1, res.Attempts)
 				require.Len(t, sink.Letters(), 1)
@@ -179,7 +179,7 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 				res, err := w.Handle(context.Background(), event{ID: "pn", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.Retry, res.Outcome)
+				require.Equal(t, dedup.OutcomeRetry, res.Outcome)
 				var perr *dedup.PanicError
 				require.ErrorAs(t, res.Err, &perr)
 				rec, err := store.Get(context.Background(), res.Key)
@@ -187,7 +187,7 @@ func TestWrapper(t *testing.T) {
 				require.Equal(t, dedup.StatusFailedRetryable, rec.Status)
 				require.Contains(t, rec.LastError, "panicked")
 				res = deliverUntilSettled(t, w, event{ID: "pn", Body: "x"})
-				require.Equal(t, dedup.Processed, res.Outcome)
+				require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 				require.Equal(t, 2, res.Attempts)
 			})
 
@@ -199,7 +199,7 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 				res, err := w.Handle(context.Background(), event{ID: "pl", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.DeadLettered, res.Outcome)
+				require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 				require.Equal(t, dedup.ReasonPanic, sink.Letters()[0].Reason)
 			})
 
@@ -214,7 +214,7 @@ func TestWrapper(t *testing.T) {
 				for _, id := range []string{"", "has\nnewline", string(make([]byte, 256))} {
 					res, err := w.Handle(context.Background(), event{ID: id, Body: "x"})
 					require.NoError(t, err)
-					require.Equal(t, dedup.DeadLettered, res.Outcome)
+					require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 					require.Equal(t, dedup.ReasonInvalidID, res.Reason)
 				}
 				require.Zero(t, calls.Load())
@@ -236,10 +236,10 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 				res, err := w.Handle(context.Background(), event{ID: "c", Body: "pay 10"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.Processed, res.Outcome)
+				require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 				res, err = w.Handle(context.Background(), event{ID: "c", Body: "pay 9999"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.Conflict, res.Outcome)
+				require.Equal(t, dedup.OutcomeConflict, res.Outcome)
 				require.ErrorIs(t, res.Err, dedup.ErrFingerprintConflict)
 				require.EqualValues(t, 1, effects.Load())
 				require.Len(t, sink.Letters(), 1)
@@ -262,7 +262,7 @@ func TestWrapper(t *testing.T) {
 				require.False(t, res.Settled())
 				sink.FailWith(nil)
 				res = deliverUntilSettled(t, w, event{ID: "s", Body: "x"})
-				require.Equal(t, dedup.DeadLettered, res.Outcome)
+				require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 				require.Len(t, sink.Letters(), 1)
 			})
 
@@ -285,7 +285,7 @@ func TestWrapper(t *testing.T) {
 				}
 				res, err := w.Handle(context.Background(), event{ID: "crash", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.DeadLettered, res.Outcome)
+				require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 				require.Equal(t, dedup.ReasonCrashLoop, res.Reason)
 				require.Zero(t, calls.Load())
 				require.Equal(t, 3, sink.Letters()[0].Attempts)
@@ -299,7 +299,7 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 				res, err := w.Handle(context.Background(), event{ID: "hint", Body: "x", Hint: 3})
 				require.NoError(t, err)
-				require.Equal(t, dedup.DeadLettered, res.Outcome)
+				require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 				require.Equal(t, 3, res.Attempts)
 			})
 
@@ -316,13 +316,13 @@ func TestWrapper(t *testing.T) {
 				require.NoError(t, err)
 				res, err := w.Handle(ctx, event{ID: "cx", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.Processed, res.Outcome)
+				require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 				rec, err := store.Get(context.Background(), res.Key)
 				require.NoError(t, err)
 				require.Equal(t, dedup.StatusSucceeded, rec.Status, "recorded although ctx was done, so it never runs twice")
 				res, err = w.Handle(context.Background(), event{ID: "cx", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.Duplicate, res.Outcome)
+				require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
 				require.EqualValues(t, 1, effects.Load())
 			})
 
@@ -345,9 +345,9 @@ func TestWrapper(t *testing.T) {
 				time.Sleep(time.Second) // over three leases
 				res, err := w.Handle(context.Background(), event{ID: "slow", Body: "x"})
 				require.NoError(t, err)
-				require.Equal(t, dedup.InFlight, res.Outcome, "the lease is still held")
+				require.Equal(t, dedup.OutcomeInFlight, res.Outcome, "the lease is still held")
 				close(release)
-				require.Equal(t, dedup.Processed, (<-done).Outcome)
+				require.Equal(t, dedup.OutcomeProcessed, (<-done).Outcome)
 			})
 
 			t.Run("LostLeaseCancelsHandlerAndIsReported", func(t *testing.T) {
@@ -437,7 +437,7 @@ func TestWrapper(t *testing.T) {
 					return true
 				})
 				require.NoError(t, err)
-				require.Equal(t, []dedup.Outcome{dedup.Processed, dedup.DeadLettered, dedup.Duplicate, dedup.DeadLettered, dedup.Processed, dedup.Conflict}, outcomes)
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeDeadLettered, dedup.OutcomeDuplicate, dedup.OutcomeDeadLettered, dedup.OutcomeProcessed, dedup.OutcomeConflict}, outcomes)
 				require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, ran)
 			})
 
@@ -459,7 +459,7 @@ func TestWrapper(t *testing.T) {
 				for _, id := range []string{"r2", "r3"} {
 					res, err := w.Handle(context.Background(), event{ID: id, Body: "x"})
 					require.NoError(t, err)
-					require.Equal(t, dedup.Processed, res.Outcome)
+					require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 					require.Equal(t, 1, res.Attempts)
 				}
 			})
@@ -566,7 +566,7 @@ func TestStoreUnreachable(t *testing.T) {
 
 		res, err := w.Handle(ctx, event{ID: "before", Body: "x"})
 		require.NoError(t, err)
-		require.Equal(t, dedup.Processed, res.Outcome)
+		require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 
 		srv.Stop()
 		for i := 0; i < 3; i++ {
@@ -579,11 +579,11 @@ func TestStoreUnreachable(t *testing.T) {
 		srv.Start()
 		for i := 0; i < 3; i++ {
 			res = deliverUntilSettledTolerant(t, w, event{ID: "during-" + strconv.Itoa(i), Body: "x"})
-			require.Equal(t, dedup.Processed, res.Outcome)
+			require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 		}
 		res, err = w.Handle(ctx, event{ID: "before", Body: "x"})
 		require.NoError(t, err)
-		require.Equal(t, dedup.Duplicate, res.Outcome, "records written before the outage survive it")
+		require.Equal(t, dedup.OutcomeDuplicate, res.Outcome, "records written before the outage survive it")
 		require.EqualValues(t, 4, effects.Load())
 	})
 }
@@ -618,6 +618,6 @@ func TestContextWithLease(t *testing.T) {
 	ctx := dedup.ContextWithLease(context.Background(), 7*time.Minute)
 	res, err := w.Handle(ctx, event{ID: "l", Body: "x"})
 	require.NoError(t, err)
-	require.Equal(t, dedup.Processed, res.Outcome)
+	require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 	require.InDelta(t, (7 * time.Minute).Seconds(), leased.Seconds(), 5)
 }

@@ -72,7 +72,7 @@ func TestInbox(t *testing.T) {
 		for o := range outcomes {
 			counts[o]++
 		}
-		require.Equal(t, map[dedup.Outcome]int{dedup.Processed: 1, dedup.Duplicate: 49}, counts)
+		require.Equal(t, map[dedup.Outcome]int{dedup.OutcomeProcessed: 1, dedup.OutcomeDuplicate: 49}, counts)
 		require.Equal(t, 1, countRows(t, pool, ledger, "pay-1"))
 		require.EqualValues(t, 1, runs.Load(), "duplicates waited on the row instead of running")
 	})
@@ -93,7 +93,7 @@ func TestInbox(t *testing.T) {
 
 		res, err := w.Handle(ctx, event{ID: "e", Body: "x"})
 		require.NoError(t, err)
-		require.Equal(t, dedup.Retry, res.Outcome)
+		require.Equal(t, dedup.OutcomeRetry, res.Outcome)
 		require.Equal(t, 0, countRows(t, pool, ledger, "e"), "the failed attempt's insert rolled back")
 		rec, err := store.Get(ctx, res.Key)
 		require.NoError(t, err)
@@ -101,12 +101,12 @@ func TestInbox(t *testing.T) {
 		require.Equal(t, 1, rec.Attempts)
 
 		res = deliverUntilSettled(t, w, event{ID: "e", Body: "x"})
-		require.Equal(t, dedup.Processed, res.Outcome)
+		require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 		require.Equal(t, 3, res.Attempts)
 		require.Equal(t, 1, countRows(t, pool, ledger, "e"))
 		res, err = w.Handle(ctx, event{ID: "e", Body: "x"})
 		require.NoError(t, err)
-		require.Equal(t, dedup.Duplicate, res.Outcome)
+		require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
 		require.Equal(t, 1, countRows(t, pool, ledger, "e"))
 	})
 
@@ -121,7 +121,7 @@ func TestInbox(t *testing.T) {
 		}, fastOpts(t, sink, dedup.WithMaxAttempts(3))...)
 		require.NoError(t, err)
 		res := deliverUntilSettled(t, w, event{ID: "poison", Body: "x"})
-		require.Equal(t, dedup.DeadLettered, res.Outcome)
+		require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 		require.Equal(t, dedup.ReasonPanic, res.Reason)
 		require.Equal(t, 0, countRows(t, pool, ledger, "poison"))
 		require.Len(t, sink.Letters(), 1)
@@ -131,7 +131,7 @@ func TestInbox(t *testing.T) {
 		require.Equal(t, dedup.StatusFailedFinal, rec.Status)
 		res, err = w.Handle(ctx, event{ID: "poison", Body: "x"})
 		require.NoError(t, err)
-		require.Equal(t, dedup.Duplicate, res.Outcome)
+		require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
 	})
 
 	t.Run("FailingSinkKeepsEventRetryable", func(t *testing.T) {
@@ -146,7 +146,7 @@ func TestInbox(t *testing.T) {
 		require.False(t, res.Settled())
 		sink.FailWith(nil)
 		res = deliverUntilSettled(t, w, event{ID: "s", Body: "x"})
-		require.Equal(t, dedup.DeadLettered, res.Outcome)
+		require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 		require.Len(t, sink.Letters(), 1)
 	})
 
@@ -160,10 +160,10 @@ func TestInbox(t *testing.T) {
 		require.NoError(t, err)
 		res, err := w.Handle(ctx, event{ID: "c", Body: "10"})
 		require.NoError(t, err)
-		require.Equal(t, dedup.Processed, res.Outcome)
+		require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 		res, err = w.Handle(ctx, event{ID: "c", Body: "9999"})
 		require.NoError(t, err)
-		require.Equal(t, dedup.Conflict, res.Outcome)
+		require.Equal(t, dedup.OutcomeConflict, res.Outcome)
 		require.Equal(t, 1, countRows(t, pool, ledger, "c"))
 		require.Equal(t, dedup.ReasonConflict, sink.Letters()[0].Reason)
 	})
@@ -183,7 +183,7 @@ func TestInbox(t *testing.T) {
 				return true
 			})
 		require.NoError(t, err)
-		require.Equal(t, []dedup.Outcome{dedup.Processed, dedup.Duplicate, dedup.Processed}, got)
+		require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeDuplicate, dedup.OutcomeProcessed}, got)
 		require.Equal(t, 1, countRows(t, pool, ledger, "a"))
 	})
 }
@@ -208,7 +208,7 @@ func TestInboxHandlerMustNotCommit(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, ledger, "c"), "the handler's own commit took its write and the record")
 	res, err = w.Handle(context.Background(), event{ID: "c", Body: "x"})
 	require.NoError(t, err)
-	require.Equal(t, dedup.Duplicate, res.Outcome, "the redelivery finds the record the handler committed")
+	require.Equal(t, dedup.OutcomeDuplicate, res.Outcome, "the redelivery finds the record the handler committed")
 }
 
 func TestWrapTxRejectsNil(t *testing.T) {

@@ -28,7 +28,7 @@ func TestInFlightIsTriedAgainSoon(t *testing.T) {
 	require.NoError(t, err)
 	res, err := w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
 	require.NoError(t, err)
-	require.Equal(t, dedup.InFlight, res.Outcome)
+	require.Equal(t, dedup.OutcomeInFlight, res.Outcome)
 	require.LessOrEqual(t, res.RetryAfter, time.Second)
 	require.Positive(t, res.RetryAfter)
 }

@@ -96,7 +96,7 @@ func TestSinkOutageAndRecovery(t *testing.T) {
 	require.Len(t, logs.at(slog.LevelError), 1)
 	sink.FailWith(nil)
 	res := deliverUntilSettled(t, w, event{ID: "p", Body: "x"})
-	require.Equal(t, dedup.DeadLettered, res.Outcome)
+	require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 	since, oerr := w.Outage()
 	require.True(t, since.IsZero())
 	require.NoError(t, oerr)
@@ -116,6 +116,6 @@ func TestLoggerDefaultsToSlogDefault(t *testing.T) {
 	require.NoError(t, err)
 	res, err := w.Handle(context.Background(), event{ID: "p", Body: "x"})
 	require.NoError(t, err)
-	require.Equal(t, dedup.DeadLettered, res.Outcome)
+	require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 	require.Contains(t, logs.at(slog.LevelWarn), "dedup: message dead-lettered")
 }

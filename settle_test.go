@@ -57,10 +57,10 @@ func TestCompleteIsRetriedWhileTheClaimHolds(t *testing.T) {
 			require.NoError(t, err)
 			res, err := w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
 			require.NoError(t, err)
-			require.Equal(t, dedup.Processed, res.Outcome)
+			require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 			res, err = w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
 			require.NoError(t, err)
-			require.Equal(t, dedup.Duplicate, res.Outcome)
+			require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
 			require.Equal(t, 1, runs)
 		})
 	}

@@ -52,10 +52,10 @@ func TestTenantIsolation(t *testing.T) {
 			// The same event ID in both tenants: two events, two effects.
 			res, err := w.Handle(ctx, tenantEvent{Tenant: "A", ID: "inv-1", Body: "ok"})
 			require.NoError(t, err)
-			require.Equal(t, dedup.Processed, res.Outcome)
+			require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 			res, err = w.Handle(ctx, tenantEvent{Tenant: "B", ID: "inv-1", Body: "fail"})
 			require.NoError(t, err)
-			require.Equal(t, dedup.Retry, res.Outcome, "A's success does not make B's event a duplicate")
+			require.Equal(t, dedup.OutcomeRetry, res.Outcome, "A's success does not make B's event a duplicate")
 			require.EqualValues(t, 2, effects.Load())
 
 			keyA := dedup.Key{Scope: dedup.TenantScope(w.Scope(), "A"), EventID: "inv-1"}
@@ -81,13 +81,13 @@ func TestTenantIsolation(t *testing.T) {
 			// A replaying its event is A's duplicate, never B's.
 			res, err = w.Handle(ctx, tenantEvent{Tenant: "A", ID: "inv-1", Body: "ok"})
 			require.NoError(t, err)
-			require.Equal(t, dedup.Duplicate, res.Outcome)
+			require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
 			require.Equal(t, keyA, res.Key)
 
 			// No tenant: never processed without dedup.
 			res, err = w.Handle(ctx, tenantEvent{ID: "inv-1", Body: "ok"})
 			require.NoError(t, err)
-			require.Equal(t, dedup.DeadLettered, res.Outcome)
+			require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 			require.Equal(t, dedup.ReasonInvalidID, res.Reason)
 			require.EqualValues(t, 2, effects.Load())
 		})

@@ -343,7 +343,7 @@ func startConsumer(t *testing.T, e *env, effects string, handled *atomic.Int64) 
 		return err
 	}, dedup.WithScope(kafkadedup.Scope("shipping", "reserve-stock")), dedup.WithLogger(quietLogger()),
 		dedup.WithSink(sink), dedup.WithObserver(func(_ context.Context, res dedup.Result) {
-			if res.Outcome == dedup.DeadLettered {
+			if res.Outcome == dedup.OutcomeDeadLettered {
 				t.Errorf("event %s dead-lettered", res.Key.EventID)
 			}
 			handled.Add(1)

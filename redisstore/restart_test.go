@@ -60,7 +60,7 @@ func TestRestartLosesWhatWasNotOnDisk(t *testing.T) {
 				for i := from; i < to; i++ {
 					res, err := w.Handle(t.Context(), fmt.Sprint("evt-", i))
 					require.NoError(t, err)
-					require.Contains(t, []dedup.Outcome{dedup.Processed, dedup.Duplicate}, res.Outcome)
+					require.Contains(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeDuplicate}, res.Outcome)
 				}
 			}
 			deliver(0, events/2)

@@ -314,7 +314,7 @@ func (l *resultLog) deadLettered() []dedup.Result {
 	defer l.mu.Unlock()
 	var out []dedup.Result
 	for _, r := range l.all {
-		if r.Outcome == dedup.DeadLettered || r.Outcome == dedup.Conflict {
+		if r.Outcome == dedup.OutcomeDeadLettered || r.Outcome == dedup.OutcomeConflict {
 			out = append(out, r)
 		}
 	}
@@ -419,7 +419,7 @@ func testNilRecord(t *testing.T, store dedup.Store) {
 		t.Fatal(err)
 	}
 	res, err := w.Handle(ctx, nil)
-	if err != nil || res.Outcome != dedup.DeadLettered || res.Reason != dedup.ReasonInvalidID || !errors.Is(res.Err, kafkadedup.ErrNilRecord) {
+	if err != nil || res.Outcome != dedup.OutcomeDeadLettered || res.Reason != dedup.ReasonInvalidID || !errors.Is(res.Err, kafkadedup.ErrNilRecord) {
 		t.Errorf("Handle(nil) = %+v, %v; want dead-lettered with reason invalid-id and ErrNilRecord", res, err)
 	}
 	var outcomes []dedup.Outcome
@@ -431,7 +431,7 @@ func testNilRecord(t *testing.T, store dedup.Store) {
 		outcomes = append(outcomes, res.Outcome)
 		return true
 	})
-	if want := []dedup.Outcome{dedup.Processed, dedup.DeadLettered, dedup.Processed}; err != nil || !equalOutcomes(outcomes, want) {
+	if want := []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeDeadLettered, dedup.OutcomeProcessed}; err != nil || !equalOutcomes(outcomes, want) {
 		t.Errorf("HandleBatch of good, nil, good = %v, %v; want %v", outcomes, err, want)
 	}
 	if letters := mem.Letters(); len(letters) != 2 || runs != 2 {

@@ -178,7 +178,7 @@ func runWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) error {
 	}
 	err = consumer.Run(ctx)
 	var counts []string
-	for o := dedup.Processed; o <= dedup.Conflict; o++ {
+	for o := dedup.OutcomeProcessed; o <= dedup.OutcomeConflict; o++ {
 		counts = append(counts, fmt.Sprintf("%s=%d", o, outcomes[o].Load()))
 	}
 	log.Warn("worker stopped", slog.String("outcomes", strings.Join(counts, " ")), slog.Any("error", err))

@@ -54,7 +54,7 @@ func TestDuplicatesGiveOneEffect(t *testing.T) {
 			t.Errorf("event %s had %d effects, want 1", id, n)
 		}
 	}
-	if outcomes[dedup.Processed] != len(evs) || outcomes[dedup.Duplicate] != len(all)-len(evs) {
+	if outcomes[dedup.OutcomeProcessed] != len(evs) || outcomes[dedup.OutcomeDuplicate] != len(all)-len(evs) {
 		t.Errorf("outcomes %v, want %d processed and %d duplicates", outcomes, len(evs), len(all)-len(evs))
 	}
 }
@@ -95,7 +95,7 @@ func TestOrderHoldsAcrossRetries(t *testing.T) {
 			t.Errorf("partition %d: effects in order %v,\nwant %v", p, got, ids)
 		}
 	}
-	if _, outcomes := fx.snapshot(); outcomes[dedup.Retry] != 2*nflaky || outcomes[dedup.Processed] != len(evs) {
+	if _, outcomes := fx.snapshot(); outcomes[dedup.OutcomeRetry] != 2*nflaky || outcomes[dedup.OutcomeProcessed] != len(evs) {
 		t.Errorf("outcomes %v, want %d retries and %d processed", outcomes, 2*nflaky, len(evs))
 	}
 }
@@ -157,7 +157,7 @@ func TestCommitFailuresRedeliverWithoutSecondEffect(t *testing.T) {
 		"committed offsets never reached %v", want)
 	second.stop(t)
 
-	if _, outcomes := redelivered.snapshot(); outcomes[dedup.Duplicate] != len(evs) || len(outcomes) != 1 {
+	if _, outcomes := redelivered.snapshot(); outcomes[dedup.OutcomeDuplicate] != len(evs) || len(outcomes) != 1 {
 		t.Errorf("redelivery outcomes %v, want %d duplicates only", outcomes, len(evs))
 	}
 	count, _ := fx.snapshot()
@@ -204,7 +204,7 @@ func TestHandoverMidBatch(t *testing.T) {
 	a := start(t, consumer(seenA))
 	eventually(t, 10*time.Second, func() bool { return applied() >= 100 }, "first consumer made no progress")
 	b := start(t, consumer(seenB))
-	eventually(t, 10*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.Processed] > 0 },
+	eventually(t, 10*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.OutcomeProcessed] > 0 },
 		"second consumer never got a partition")
 	a.stop(t)
 	if applied() == len(evs) {

@@ -86,7 +86,7 @@ func TestUnusableRecordsAreDeadLettered(t *testing.T) {
 	}
 	for _, r := range []*kgo.Record{nil, rec("other", "x"), rec("event-id", "")} {
 		res, err := w.Handle(context.Background(), r)
-		if err != nil || res.Outcome != dedup.DeadLettered || res.Reason != dedup.ReasonInvalidID {
+		if err != nil || res.Outcome != dedup.OutcomeDeadLettered || res.Reason != dedup.ReasonInvalidID {
 			t.Errorf("Handle = %+v, %v; want dead-lettered as invalid-id", res, err)
 		}
 	}

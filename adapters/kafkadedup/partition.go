@@ -111,8 +111,8 @@ func (p *partition) stopping() bool {
 	}
 }
 
-// run is the worker's goroutine. A record that is not settled (Retry,
-// InFlight, or an error making its outcome durable) is tried again in place
+// run is the worker's goroutine. A record that is not settled (OutcomeRetry,
+// OutcomeInFlight, or an error making its outcome durable) is tried again in place
 // after a wait, so nothing after it runs or is marked before it settles.
 func (p *partition) run() {
 	defer close(p.done)

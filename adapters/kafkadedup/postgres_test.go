@@ -108,7 +108,7 @@ func TestHandoverMidBatchPostgresInbox(t *testing.T) {
 			a := start(t, consumer(seenA, handler(&parkA, parkedA)))
 			eventually(t, 10*time.Second, func() bool { return rows() >= 60 }, "first consumer made no progress")
 			b := start(t, consumer(seenB, handler(&never, nil)))
-			eventually(t, 10*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.Processed] > 0 },
+			eventually(t, 10*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.OutcomeProcessed] > 0 },
 				"second consumer never got a partition")
 			parkA.Store(true)
 			select {

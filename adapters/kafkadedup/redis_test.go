@@ -60,7 +60,7 @@ func TestRedisStore(t *testing.T) {
 			t.Errorf("event %s had %d effects, want %d", ev.id, count[ev.id], want)
 		}
 	}
-	if outcomes[dedup.Processed] != len(evs)-1 || outcomes[dedup.DeadLettered] != 1 {
+	if outcomes[dedup.OutcomeProcessed] != len(evs)-1 || outcomes[dedup.OutcomeDeadLettered] != 1 {
 		t.Errorf("outcomes %v, want %d processed and 1 dead-lettered", outcomes, len(evs)-1)
 	}
 	produced := map[int32][]string{}

@@ -397,9 +397,9 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 		}
 	case res.Settled():
 		r.del.add(m)
-	case res.Outcome == dedup.InFlight:
+	case res.Outcome == dedup.OutcomeInFlight:
 		r.giveBack(min(res.RetryAfter, r.cfg.inFlightDelay), m)
-	default: // dedup.Retry
+	default: // dedup.OutcomeRetry
 		r.giveBack(res.RetryAfter, m)
 	}
 }

@@ -43,7 +43,7 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 			}
 			stop := start(t, c, url, w)
 			waitFor(t, 20*time.Second, "every copy settled", func() bool {
-				return rec.outcomes(dedup.Processed) == events && rec.outcomes(dedup.Duplicate) == events*(copies-1)
+				return rec.outcomes(dedup.OutcomeProcessed) == events && rec.outcomes(dedup.OutcomeDuplicate) == events*(copies-1)
 			})
 			stop()
 			for i := range events {
@@ -70,7 +70,7 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 	})
 	send(t, c, url, "slow-1", "slow", nil)
 	stop := start(t, c, url, w, sqsdedup.WithPollers(2))
-	waitFor(t, 15*time.Second, "the slow message processed", func() bool { return rec.outcomes(dedup.Processed) == 1 })
+	waitFor(t, 15*time.Second, "the slow message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 1 })
 	stop()
 	rec.mu.Lock()
 	results := len(rec.results)
@@ -107,14 +107,14 @@ func TestRedeliveryAfterStopBeforeDelete(t *testing.T) {
 
 			stop := start(t, c1, url, wrap(t, store, url, rec, h, scope))
 			waitFor(t, 10*time.Second, "processed and a delete tried", func() bool {
-				return rec.outcomes(dedup.Processed) == 1 && noDelete.Hits() > 0
+				return rec.outcomes(dedup.OutcomeProcessed) == 1 && noDelete.Hits() > 0
 			})
 			stop()
 
 			c2 := client(t)
 			stop = start(t, c2, url, wrap(t, store, url, rec, h, scope))
 			waitFor(t, 10*time.Second, "the redelivery seen as a duplicate", func() bool {
-				return rec.outcomes(dedup.Duplicate) == 1
+				return rec.outcomes(dedup.OutcomeDuplicate) == 1
 			})
 			stop()
 			if n := rec.effectsOf("evt-1"); n != 1 {
@@ -143,7 +143,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 			}, dedup.WithScope(scope), dedup.WithMaxAttempts(3), dedup.WithSink(newSink(t, c, dlq)))
 			send(t, c, url, "poison-1", `{"poison":true}`, map[string]types.MessageAttributeValue{"tenant": stringAttr("acme")})
 			stop := start(t, c, url, w)
-			waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+			waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
 			stop()
 			if n := len(rec.callList()); n != 3 {
 				t.Errorf("handler ran %d times, want 3", n)
@@ -210,7 +210,7 @@ func TestReceiveCountCountsAsAttempts(t *testing.T) {
 		}
 	}
 	stop := start(t, c, url, w)
-	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
 	stop()
 	if n := len(rec.callList()); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
@@ -238,7 +238,7 @@ func TestMissingReceiveCountFallsBackToStore(t *testing.T) {
 	send(t, c, url, "uncounted-1", "x", nil)
 	logs := &testenv.Logs{}
 	stop := start(t, c, url, w, sqsdedup.WithLogger(slog.New(logs)))
-	waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+	waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
 	stop()
 	if n := len(rec.callList()); n != 3 {
 		t.Errorf("handler ran %d times, want 3", n)
@@ -290,7 +290,7 @@ func TestFailingDeadLetterKeepsOriginal(t *testing.T) {
 	}
 	noSend.Off()
 	// The message comes back only if it was not deleted.
-	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.DeadLettered) == 1 })
+	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
 	stop()
 	letters := receive(t, c, dlq, time.Second)
 	if len(letters) != 1 {
@@ -332,7 +332,7 @@ func TestFailedDeletesAreRetried(t *testing.T) {
 			tc.on(2)
 			stop := start(t, c, url, w, sqsdedup.WithDeleteInterval(300*time.Millisecond))
 			waitFor(t, 10*time.Second, "all processed and the faults used", func() bool {
-				return rec.outcomes(dedup.Processed) == 3 && tc.hits() == 2
+				return rec.outcomes(dedup.OutcomeProcessed) == 3 && tc.hits() == 2
 			})
 			assertDrained(t, c, url)
 			stop()
@@ -379,7 +379,7 @@ func TestFIFOOrder(t *testing.T) {
 		}
 	}
 	stop := start(t, c, url, w)
-	waitFor(t, 20*time.Second, "all processed", func() bool { return rec.outcomes(dedup.Processed) == 8 })
+	waitFor(t, 20*time.Second, "all processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 8 })
 	stop()
 	got := map[string][]string{}
 	for _, id := range rec.callList() {
@@ -418,8 +418,8 @@ func TestShutdownFinishesWorkAndLeaksNothing(t *testing.T) {
 	if d := time.Since(begin); d > 5*time.Second {
 		t.Errorf("Run took %v to return", d)
 	}
-	if rec.outcomes(dedup.Processed) != 1 || rec.effectsOf("shutdown-1") != 1 {
-		t.Errorf("the running handler did not finish: %d processed", rec.outcomes(dedup.Processed))
+	if rec.outcomes(dedup.OutcomeProcessed) != 1 || rec.effectsOf("shutdown-1") != 1 {
+		t.Errorf("the running handler did not finish: %d processed", rec.outcomes(dedup.OutcomeProcessed))
 	}
 	assertDrained(t, c, url)
 }
@@ -530,10 +530,10 @@ func TestInFlightCopyComesBack(t *testing.T) {
 		t.Fatal("the first copy never started")
 	}
 	send(t, c, url, "evt-1", "x", nil)
-	waitFor(t, 10*time.Second, "the copy seen in flight twice", func() bool { return rec.outcomes(dedup.InFlight) >= 2 })
+	waitFor(t, 10*time.Second, "the copy seen in flight twice", func() bool { return rec.outcomes(dedup.OutcomeInFlight) >= 2 })
 	close(release)
 	waitFor(t, 10*time.Second, "both copies settled", func() bool {
-		return rec.outcomes(dedup.Processed) == 1 && rec.outcomes(dedup.Duplicate) == 1
+		return rec.outcomes(dedup.OutcomeProcessed) == 1 && rec.outcomes(dedup.OutcomeDuplicate) == 1
 	})
 	stop()
 	if n := rec.effectsOf("evt-1"); n != 1 {
@@ -561,7 +561,7 @@ func TestHeartbeatLeavesDeletedMessagesAlone(t *testing.T) {
 	}
 	var logs logBuffer
 	stop := start(t, c, url, w, sqsdedup.WithLogger(logs.logger()))
-	waitFor(t, 10*time.Second, "all processed", func() bool { return rec.outcomes(dedup.Processed) == 3 })
+	waitFor(t, 10*time.Second, "all processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 3 })
 	assertDrained(t, c, url)
 	stop()
 	if strings.Contains(logs.String(), "visibility") {

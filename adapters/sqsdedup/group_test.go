@@ -95,7 +95,7 @@ func TestGroupGivenBackAtShutdown(t *testing.T) {
 	if got := visibleIDs(t, url); !slices.Equal(got, []string{"m2", "m3"}) {
 		t.Errorf("visible after shutdown: %v, want [m2 m3]", got)
 	}
-	if rec.outcomes(dedup.Processed) != 1 {
+	if rec.outcomes(dedup.OutcomeProcessed) != 1 {
 		t.Errorf("m1 not processed: %+v", rec.results)
 	}
 }

@@ -107,7 +107,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	}
 
 	fault.Off()
-	waitFor(t, 30*time.Second, "every message processed", func() bool { return rec.outcomes(dedup.Processed) == 3 })
+	waitFor(t, 30*time.Second, "every message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 3 })
 	if err := consumer.Health(); err != nil {
 		t.Errorf("Health after the outage: %v, want nil", err)
 	}

@@ -98,7 +98,7 @@ func WithWaitTime(d time.Duration) Opt { return func(c *config) { c.waitTime = d
 func WithVisibilityTimeout(d time.Duration) Opt { return func(c *config) { c.visibility = d } }
 
 // WithInFlightDelay sets the longest a message whose event is being handled
-// elsewhere (dedup.InFlight) stays invisible before it is looked at again
+// elsewhere (dedup.OutcomeInFlight) stays invisible before it is looked at again
 // (default 5 s).
 func WithInFlightDelay(d time.Duration) Opt { return func(c *config) { c.inFlightDelay = d } }
 

@@ -65,9 +65,9 @@ func (m *meter) begin() {
 // settle counts one record whose outcome is final.
 func (m *meter) settle(outcome dedup.Outcome, n int64) {
 	switch outcome {
-	case dedup.Processed:
+	case dedup.OutcomeProcessed:
 		m.processed.Add(n)
-	case dedup.Duplicate:
+	case dedup.OutcomeDuplicate:
 		m.duplicates.Add(n)
 	}
 	if m.settled.Add(n) >= m.target {

@@ -68,7 +68,7 @@ func runNone(ctx context.Context, cfg config, m *meter) error {
 			t := now()
 			_ = noop(ctx, r)
 			m.lat.record(time.Duration(now() - t))
-			m.settle(dedup.Processed, 1)
+			m.settle(dedup.OutcomeProcessed, 1)
 		}
 	})
 }
@@ -138,8 +138,8 @@ func runFloor(ctx context.Context, cfg config, m *meter) error {
 				m.lat.record(d)
 			}
 			inserted := tag.RowsAffected()
-			m.settle(dedup.Processed, inserted)
-			m.settle(dedup.Duplicate, int64(len(recs))-inserted)
+			m.settle(dedup.OutcomeProcessed, inserted)
+			m.settle(dedup.OutcomeDuplicate, int64(len(recs))-inserted)
 			return
 		}
 	})

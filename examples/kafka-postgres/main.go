@@ -203,15 +203,15 @@ type stats struct {
 
 func (s *stats) observe(_ context.Context, res dedup.Result) {
 	switch res.Outcome {
-	case dedup.Processed:
+	case dedup.OutcomeProcessed:
 		s.processed.Add(1)
-	case dedup.Duplicate:
+	case dedup.OutcomeDuplicate:
 		s.duplicates.Add(1)
-	case dedup.Retry:
+	case dedup.OutcomeRetry:
 		s.retried.Add(1)
-	case dedup.DeadLettered, dedup.Conflict:
+	case dedup.OutcomeDeadLettered, dedup.OutcomeConflict:
 		s.deadLettered.Add(1)
-	case dedup.InFlight:
+	case dedup.OutcomeInFlight:
 		s.inFlight.Add(1)
 	}
 }

@@ -197,7 +197,7 @@ func shippingConsumer(pool *pgxpool.Pool, brokers []string, log *slog.Logger, du
 		return err
 	}, dedup.WithScope(kafkadedup.Scope("shipping", "ship-order")), dedup.WithSink(sink), dedup.WithLogger(log),
 		dedup.WithObserver(func(_ context.Context, res dedup.Result) {
-			if res.Outcome == dedup.Duplicate {
+			if res.Outcome == dedup.OutcomeDuplicate {
 				duplicates.Add(1)
 			}
 		}))

@@ -266,7 +266,7 @@ func shippingConsumer(store *dedup.PostgresStore, producer *kgo.Client, brokers 
 			if res.Settled() {
 				deliveries.Add(1)
 			}
-			if res.Outcome == dedup.Duplicate {
+			if res.Outcome == dedup.OutcomeDuplicate {
 				duplicates.Add(1)
 			}
 		}),

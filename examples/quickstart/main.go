@@ -297,13 +297,13 @@ type stats struct {
 
 func (s *stats) observe(_ context.Context, res dedup.Result) {
 	switch res.Outcome {
-	case dedup.Processed:
+	case dedup.OutcomeProcessed:
 		s.processed.Add(1)
-	case dedup.Duplicate:
+	case dedup.OutcomeDuplicate:
 		s.duplicates.Add(1)
-	case dedup.Retry:
+	case dedup.OutcomeRetry:
 		s.retried.Add(1)
-	case dedup.DeadLettered:
+	case dedup.OutcomeDeadLettered:
 		s.deadLettered.Add(1)
 	default:
 		s.other.Add(1)
