@@ -37,7 +37,11 @@ var ErrRunning = errors.New("kafkadedup: consumer is already running")
 var ErrOutage = errors.New("kafkadedup: store or dead-letter sink failing")
 
 // Opt configures a [Consumer].
-type Opt func(*consumerConfig)
+type Opt interface{ apply(*consumerConfig) }
+
+type optFunc func(*consumerConfig)
+
+func (f optFunc) apply(x *consumerConfig) { f(x) }
 
 type consumerConfig struct {
 	clientOpts      []kgo.Opt
@@ -55,7 +59,7 @@ type consumerConfig struct {
 // its guarantees rest on (AutoCommitMarks, BlockRebalanceOnPoll,
 // OnPartitionsRevoked, OnPartitionsLost), which override the caller's.
 func WithClientOpts(opts ...kgo.Opt) Opt {
-	return func(c *consumerConfig) { c.clientOpts = append(c.clientOpts, opts...) }
+	return optFunc(func(c *consumerConfig) { c.clientOpts = append(c.clientOpts, opts...) })
 }
 
 // WithLogger sets the logger for the poll loop and partition workers
@@ -63,25 +67,25 @@ func WithClientOpts(opts ...kgo.Opt) Opt {
 // will retry (a fetch error, a record not settled before an outage, a lost
 // partition), and at ERROR reminders of an outage ([WithOutageThreshold]) and
 // a failed commit. The wrapper has its own logger, dedup.WithLogger.
-func WithLogger(l *slog.Logger) Opt { return func(c *consumerConfig) { c.logger = l } }
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *consumerConfig) { c.logger = l }) }
 
 // WithMaxPollRecords caps the records taken from the client per poll
 // (default 1000).
-func WithMaxPollRecords(n int) Opt { return func(c *consumerConfig) { c.maxPoll = n } }
+func WithMaxPollRecords(n int) Opt { return optFunc(func(c *consumerConfig) { c.maxPoll = n }) }
 
 // WithPartitionBuffer sets how many fetched records may wait for one
 // partition's worker before fetching that partition pauses (default 2000).
-func WithPartitionBuffer(n int) Opt { return func(c *consumerConfig) { c.buffer = n } }
+func WithPartitionBuffer(n int) Opt { return optFunc(func(c *consumerConfig) { c.buffer = n }) }
 
 // WithDrainTimeout sets how long a running handler may go on after its
 // partition is revoked or Run's context is done, before its context is
 // canceled (default 10 s). Keep it well under the group's rebalance timeout.
-func WithDrainTimeout(d time.Duration) Opt { return func(c *consumerConfig) { c.drainTimeout = d } }
+func WithDrainTimeout(d time.Duration) Opt { return optFunc(func(c *consumerConfig) { c.drainTimeout = d }) }
 
 // WithErrorBackoff sets the wait before a record is tried again after the
 // wrapper returned an error (store or dead-letter topic unreachable);
 // default dedup.ExponentialBackoff(100ms, 5s).
-func WithErrorBackoff(b dedup.Backoff) Opt { return func(c *consumerConfig) { c.errBackoff = b } }
+func WithErrorBackoff(b dedup.Backoff) Opt { return optFunc(func(c *consumerConfig) { c.errBackoff = b }) }
 
 // WithOutageThreshold sets how long settling records must keep failing (the
 // store or the dead-letter sink unreachable) to be an outage (default
@@ -90,14 +94,14 @@ func WithErrorBackoff(b dedup.Backoff) Opt { return func(c *consumerConfig) { c.
 // reports it through [Consumer.Health], logs each retry at DEBUG instead of
 // WARN meanwhile, and reminds of it at ERROR at this interval while it lasts.
 func WithOutageThreshold(d time.Duration) Opt {
-	return func(c *consumerConfig) { c.outageThreshold = d }
+	return optFunc(func(c *consumerConfig) { c.outageThreshold = d })
 }
 
 // WithMaxOutage makes Run shut down, as if its context were canceled, and
 // return an error matching [ErrOutage] once settling records has kept
 // failing for longer than d (default 0: Run never gives up), so that a
 // supervisor can restart or replace the process.
-func WithMaxOutage(d time.Duration) Opt { return func(c *consumerConfig) { c.maxOutage = d } }
+func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *consumerConfig) { c.maxOutage = d }) }
 
 // Consumer runs a consumer-group poll loop that passes every record through
 // a dedup wrapper, one goroutine per assigned partition: a partition's
@@ -136,7 +140,7 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 		errBackoff:      dedup.ExponentialBackoff(100*time.Millisecond, 5*time.Second),
 	}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	switch {
 	case w == nil:

@@ -45,7 +45,11 @@ var (
 )
 
 // MessagesOpt configures [Messages].
-type MessagesOpt func(*messagesConfig)
+type MessagesOpt interface{ apply(*messagesConfig) }
+
+type messagesOptFunc func(*messagesConfig)
+
+func (f messagesOptFunc) apply(x *messagesConfig) { f(x) }
 
 type messagesConfig struct {
 	header         string
@@ -57,13 +61,13 @@ type messagesConfig struct {
 // "event-id". The CloudEvents "ce_id" header is still accepted when it is
 // absent.
 func WithIDHeader(name string) MessagesOpt {
-	return func(c *messagesConfig) { c.header = name }
+	return messagesOptFunc(func(c *messagesConfig) { c.header = name })
 }
 
 // WithIDFunc reads the event ID with f instead of from a header. f is never
 // called with a nil record.
 func WithIDFunc(f func(*kgo.Record) (string, error)) MessagesOpt {
-	return func(c *messagesConfig) { c.idFunc = f }
+	return messagesOptFunc(func(c *messagesConfig) { c.idFunc = f })
 }
 
 // WithOffsetFallback uses "topic/partition/offset" as the event ID of a
@@ -71,7 +75,7 @@ func WithIDFunc(f func(*kgo.Record) (string, error)) MessagesOpt {
 // of the same record, never a producer's re-send of the event as a new
 // record, which is why it is not the default.
 func WithOffsetFallback() MessagesOpt {
-	return func(c *messagesConfig) { c.offsetFallback = true }
+	return messagesOptFunc(func(c *messagesConfig) { c.offsetFallback = true })
 }
 
 // Messages returns how the dedup wrapper reads a *kgo.Record: the event ID
@@ -80,7 +84,7 @@ func WithOffsetFallback() MessagesOpt {
 func Messages(opts ...MessagesOpt) dedup.Messages[*kgo.Record] {
 	cfg := messagesConfig{header: DefaultIDHeader}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	return dedup.Messages[*kgo.Record]{
 		EventID: func(r *kgo.Record) (string, error) {

@@ -40,12 +40,16 @@ type Sink struct {
 }
 
 // SinkOpt configures a [Sink].
-type SinkOpt func(*Sink)
+type SinkOpt interface{ apply(*Sink) }
+
+type sinkOptFunc func(*Sink)
+
+func (f sinkOptFunc) apply(x *Sink) { f(x) }
 
 // WithDLQTopic names the dead-letter topic for a letter from the origin
 // topic; the default is origin + ".dlq". Returning "" refuses the letter.
 func WithDLQTopic(f func(origin string) string) SinkOpt {
-	return func(s *Sink) { s.topic = f }
+	return sinkOptFunc(func(s *Sink) { s.topic = f })
 }
 
 // WithSpringHeaders also writes Spring Kafka's kafka_dlt-* headers, replacing
@@ -53,7 +57,7 @@ func WithDLQTopic(f func(origin string) string) SinkOpt {
 // read the letters. Go has no exception classes: the *-fqcn headers carry
 // the Go types of the error and of its root cause (as %T prints them).
 func WithSpringHeaders() SinkOpt {
-	return func(s *Sink) { s.spring = true }
+	return sinkOptFunc(func(s *Sink) { s.spring = true })
 }
 
 // NewSink returns a Sink producing with cl, which the caller owns and
@@ -65,7 +69,7 @@ func NewSink(cl *kgo.Client, opts ...SinkOpt) (*Sink, error) {
 	}
 	s := &Sink{cl: cl, topic: defaultDLQTopic}
 	for _, o := range opts {
-		o(s)
+		o.apply(s)
 	}
 	if s.topic == nil {
 		return nil, fmt.Errorf("%w: kafkadedup.WithDLQTopic: nil function", dedup.ErrConfig)

@@ -65,7 +65,7 @@ type Consumer struct {
 func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Message], opts ...Opt) (*Consumer, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err

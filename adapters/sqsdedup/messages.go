@@ -22,20 +22,24 @@ const DefaultIDAttribute = "event-id"
 var ErrNoEventID = errors.New("sqsdedup: message carries no event ID")
 
 // MessagesOpt chooses where [Messages] and [LambdaMessages] read the event ID.
-type MessagesOpt func(*idSource)
+type MessagesOpt interface{ apply(*idSource) }
+
+type messagesOptFunc func(*idSource)
+
+func (f messagesOptFunc) apply(x *idSource) { f(x) }
 
 // WithIDAttribute reads the event ID from the named message attribute instead
 // of "event-id". As with the default, a message of a FIFO queue without that
 // attribute falls back to its MessageDeduplicationId.
 func WithIDAttribute(name string) MessagesOpt {
-	return func(s *idSource) { s.attribute = name }
+	return messagesOptFunc(func(s *idSource) { s.attribute = name })
 }
 
 // WithIDFromMessageID uses the SQS MessageId as the event ID. It catches
 // redeliveries but not a producer that sends one event twice (each send gets
 // a new MessageId): use it only when producers cannot set an ID.
 func WithIDFromMessageID() MessagesOpt {
-	return func(s *idSource) { s.messageID = true }
+	return messagesOptFunc(func(s *idSource) { s.messageID = true })
 }
 
 // idSource is where the event ID of a message is read.
@@ -47,7 +51,7 @@ type idSource struct {
 func newIDSource(opts []MessagesOpt) idSource {
 	s := idSource{attribute: DefaultIDAttribute}
 	for _, o := range opts {
-		o(&s)
+		o.apply(&s)
 	}
 	return s
 }

@@ -18,7 +18,11 @@ const (
 )
 
 // Opt configures a [Consumer].
-type Opt func(*config)
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(x *config) { f(x) }
 
 type config struct {
 	pollers         int
@@ -77,44 +81,44 @@ func (c *config) validate() error {
 }
 
 // WithPollers sets how many goroutines receive from the queue (default 1).
-func WithPollers(n int) Opt { return func(c *config) { c.pollers = n } }
+func WithPollers(n int) Opt { return optFunc(func(c *config) { c.pollers = n }) }
 
 // WithWorkers sets how many messages are handled at once (default 10). A
 // poller receives only as many messages as there are free workers, so no
 // message waits unhandled while its visibility timeout runs.
-func WithWorkers(n int) Opt { return func(c *config) { c.workers = n } }
+func WithWorkers(n int) Opt { return optFunc(func(c *config) { c.workers = n }) }
 
 // WithMaxMessages sets the most messages one receive asks for, 1 to 10
 // (default 10).
-func WithMaxMessages(n int) Opt { return func(c *config) { c.maxMessages = n } }
+func WithMaxMessages(n int) Opt { return optFunc(func(c *config) { c.maxMessages = n }) }
 
 // WithWaitTime sets how long a receive waits for messages to arrive (long
 // polling), up to 20 s (default 20 s). It is rounded down to whole seconds.
-func WithWaitTime(d time.Duration) Opt { return func(c *config) { c.waitTime = d } }
+func WithWaitTime(d time.Duration) Opt { return optFunc(func(c *config) { c.waitTime = d }) }
 
 // WithVisibilityTimeout sets the visibility timeout messages are received
 // with, overriding the queue's (which Run otherwise reads with
 // GetQueueAttributes). It is rounded up to whole seconds.
-func WithVisibilityTimeout(d time.Duration) Opt { return func(c *config) { c.visibility = d } }
+func WithVisibilityTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.visibility = d }) }
 
 // WithInFlightDelay sets the longest a message whose event is being handled
 // elsewhere (dedup.OutcomeInFlight) stays invisible before it is looked at again
 // (default 5 s).
-func WithInFlightDelay(d time.Duration) Opt { return func(c *config) { c.inFlightDelay = d } }
+func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.inFlightDelay = d }) }
 
 // WithDeleteInterval sets how long a settled message may wait for others to
 // fill a DeleteMessageBatch of 10 (default 100 ms).
-func WithDeleteInterval(d time.Duration) Opt { return func(c *config) { c.deleteInterval = d } }
+func WithDeleteInterval(d time.Duration) Opt { return optFunc(func(c *config) { c.deleteInterval = d }) }
 
 // WithShutdownTimeout sets how long Run waits, once its context is done, for
 // handlers to finish before it cancels their contexts (default 30 s).
-func WithShutdownTimeout(d time.Duration) Opt { return func(c *config) { c.shutdownTimeout = d } }
+func WithShutdownTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.shutdownTimeout = d }) }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
 // The Consumer logs at INFO only when it stops, at WARN what it will retry
 // (a failed receive, a message not acknowledged before an outage), and at
 // ERROR reminders of an outage ([WithOutageThreshold]).
-func WithLogger(l *slog.Logger) Opt { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
 
 // WithOutageThreshold sets how long settling messages must keep failing (the
 // store or the dead-letter sink unreachable) to be an outage (default
@@ -123,10 +127,10 @@ func WithLogger(l *slog.Logger) Opt { return func(c *config) { c.logger = l } }
 // reports it through [Consumer.Health], logs each message it could not
 // settle at DEBUG instead of WARN meanwhile, and reminds of it at ERROR at
 // this interval while it lasts.
-func WithOutageThreshold(d time.Duration) Opt { return func(c *config) { c.outageThreshold = d } }
+func WithOutageThreshold(d time.Duration) Opt { return optFunc(func(c *config) { c.outageThreshold = d }) }
 
 // WithMaxOutage makes Run stop, as if its context were cancelled, and return
 // an error matching [ErrOutage] once handling messages has kept failing for
 // longer than d (default 0: Run never gives up), so that a supervisor can
 // restart or replace the process.
-func WithMaxOutage(d time.Duration) Opt { return func(c *config) { c.maxOutage = d } }
+func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.maxOutage = d }) }

@@ -48,12 +48,16 @@ func (e *TooLargeError) Error() string {
 }
 
 // SinkOpt configures a [Sink].
-type SinkOpt func(*Sink)
+type SinkOpt interface{ apply(*Sink) }
+
+type sinkOptFunc func(*Sink)
+
+func (f sinkOptFunc) apply(x *Sink) { f(x) }
 
 // WithMaxMessageSize sets the DLQ's size limit in bytes, body plus
 // attributes (default 256 KiB). Queues may be configured from 1 KiB up to
 // 1 MiB.
-func WithMaxMessageSize(n int) SinkOpt { return func(s *Sink) { s.maxSize = n } }
+func WithMaxMessageSize(n int) SinkOpt { return sinkOptFunc(func(s *Sink) { s.maxSize = n }) }
 
 // Sink is a dedup.Sink that sends dead letters to an SQS queue.
 //
@@ -87,7 +91,7 @@ type Sink struct {
 func NewSink(client *sqs.Client, queueURL string, opts ...SinkOpt) (*Sink, error) {
 	s := &Sink{client: client, url: queueURL, fifo: isFIFO(queueURL), maxSize: DefaultMaxMessageSize}
 	for _, o := range opts {
-		o(s)
+		o.apply(s)
 	}
 	if err := s.validate(); err != nil {
 		return nil, err
