@@ -47,7 +47,7 @@ func TestConformance(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		store, err := dedup.NewDynamoDBStore(client, table)
+		store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -503,7 +503,7 @@ func TestTypedNilsAreRefused(t *testing.T) {
 	pg, err := dedup.NewPostgresStore(nil)
 	require.ErrorIs(t, err, dedup.ErrConfig, "NewPostgresStore(nil pool)")
 	require.Nil(t, pg)
-	ddb, err := dedup.NewDynamoDBStore(nil, "table")
+	ddb, err := dedup.NewDynamoDBStore(nil, dedup.WithTable("table"))
 	require.ErrorIs(t, err, dedup.ErrConfig, "NewDynamoDBStore(nil client)")
 	require.Nil(t, ddb)
 	_, err = dedup.NewPostgresStore(testenv.Postgres(t), dedup.WithTable("no such; table"))

@@ -64,12 +64,13 @@ var (
 	_ BatchCompleter = (*DynamoDBStore)(nil)
 )
 
-// NewDynamoDBStore returns a store on the given table, which must already
-// exist (see [CreateDynamoDBTable]).
-func NewDynamoDBStore(client *dynamodb.Client, table string) (*DynamoDBStore, error) {
+// NewDynamoDBStore returns a store on the table [WithTable] names, else
+// [DefaultTable], which must already exist (see [CreateDynamoDBTable]).
+func NewDynamoDBStore(client *dynamodb.Client, opts ...StoreOpt) (*DynamoDBStore, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: dynamodb store: nil client", ErrConfig)
 	}
+	table := storeTable(opts)
 	if err := validateDynamoDBTable(table); err != nil {
 		return nil, err
 	}

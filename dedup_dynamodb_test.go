@@ -36,7 +36,7 @@ func newDynamoDBStore(t testing.TB) (*dedup.DynamoDBStore, *dynamodb.Client, str
 	t.Helper()
 	client := testenv.DynamoDB(t)
 	table := newDynamoDBTable(t, client)
-	store, err := dedup.NewDynamoDBStore(client, table)
+	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +78,14 @@ func TestCreateDynamoDBTableIsIdempotent(t *testing.T) {
 func TestDynamoDBRejectsInvalidTableNames(t *testing.T) {
 	client := testenv.DynamoDB(t)
 	for _, name := range []string{"", "ab", "has space", "semi;colon", strings.Repeat("x", 256)} {
-		if _, err := dedup.NewDynamoDBStore(client, name); err == nil {
+		if _, err := dedup.NewDynamoDBStore(client, dedup.WithTable(name)); err == nil {
 			t.Errorf("NewDynamoDBStore(%q) succeeded, want an error", name)
 		}
 		if err := dedup.CreateDynamoDBTable(context.Background(), client, name); err == nil {
 			t.Errorf("CreateDynamoDBTable(%q) succeeded, want an error", name)
 		}
 	}
-	if _, err := dedup.NewDynamoDBStore(nil, "valid-name"); err == nil {
+	if _, err := dedup.NewDynamoDBStore(nil, dedup.WithTable("valid-name")); err == nil {
 		t.Error("NewDynamoDBStore(nil client) succeeded, want an error")
 	}
 }
@@ -277,7 +277,7 @@ func recordOperations(client *dynamodb.Client, ops *[]string) *dynamodb.Client {
 func TestDynamoDBRefusedClaimTakesOneRoundTrip(t *testing.T) {
 	_, client, table := newDynamoDBStore(t)
 	var ops []string
-	store, err := dedup.NewDynamoDBStore(recordOperations(client, &ops), table)
+	store, err := dedup.NewDynamoDBStore(recordOperations(client, &ops), dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,7 +314,7 @@ func TestDynamoDBServiceErrorsPropagate(t *testing.T) {
 	}
 
 	injected := errors.New("injected: service unavailable")
-	faulty, err := dedup.NewDynamoDBStore(failOperation(client, "UpdateItem", injected), table)
+	faulty, err := dedup.NewDynamoDBStore(failOperation(client, "UpdateItem", injected), dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +335,7 @@ func TestDynamoDBServiceErrorsPropagate(t *testing.T) {
 		t.Fatalf("record changed by failed calls: %+v", got)
 	}
 
-	missing, err := dedup.NewDynamoDBStore(client, "dedup-no-such-table")
+	missing, err := dedup.NewDynamoDBStore(client, dedup.WithTable("dedup-no-such-table"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,10 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultPostgresTable is the table a [PostgresStore] uses unless
-// [WithTable] names another.
-const DefaultPostgresTable = "dedup_records"
-
 // inboxSavepoint is the savepoint an inbox attempt takes after its claim.
 const inboxSavepoint = "dedup_attempt"
 
@@ -38,18 +34,6 @@ type PostgresStore struct {
 	sql   postgresSQL
 }
 
-// PostgresOption configures a [PostgresStore].
-type PostgresOption func(*postgresConfig)
-
-type postgresConfig struct {
-	table string
-}
-
-// WithTable sets the table name, optionally schema-qualified ("schema.table").
-func WithTable(name string) PostgresOption {
-	return func(c *postgresConfig) { c.table = name }
-}
-
 // TableNameError reports a table name [NewPostgresStore] refused to use. It
 // matches [ErrConfig].
 type TableNameError struct {
@@ -66,15 +50,11 @@ func (e *TableNameError) Unwrap() error { return ErrConfig }
 
 // NewPostgresStore returns a store on pool; call [PostgresStore.Migrate] once
 // to create its table.
-func NewPostgresStore(pool *pgxpool.Pool, opts ...PostgresOption) (*PostgresStore, error) {
+func NewPostgresStore(pool *pgxpool.Pool, opts ...StoreOpt) (*PostgresStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres store: nil pool", ErrConfig)
 	}
-	cfg := postgresConfig{table: DefaultPostgresTable}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	ident, err := parseTableName(cfg.table)
+	ident, err := parseTableName(storeTable(opts))
 	if err != nil {
 		return nil, err
 	}

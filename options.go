@@ -176,6 +176,36 @@ func WithBatchCompletion(maxWait time.Duration) Opt {
 	return optFunc(func(c *config) { c.batchCompletion, c.batchWait = true, maxWait })
 }
 
+// DefaultTable is the table a [PostgresStore] or a [DynamoDBStore] uses
+// unless [WithTable] names another.
+const DefaultTable = "dedup_records"
+
+// StoreOpt configures a [PostgresStore] or a [DynamoDBStore].
+type StoreOpt interface{ apply(*storeConfig) }
+
+type storeOptFunc func(*storeConfig)
+
+func (f storeOptFunc) apply(c *storeConfig) { f(c) }
+
+type storeConfig struct {
+	table string
+}
+
+// WithTable sets the store's table name (default [DefaultTable]). For
+// PostgreSQL it may be schema-qualified ("schema.table").
+func WithTable(name string) StoreOpt {
+	return storeOptFunc(func(c *storeConfig) { c.table = name })
+}
+
+// storeTable returns the table opts name.
+func storeTable(opts []StoreOpt) string {
+	cfg := storeConfig{table: DefaultTable}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	return cfg.table
+}
+
 // Backoff returns how long to wait before attempt+1, after attempt failed.
 type Backoff func(attempt int) time.Duration
 

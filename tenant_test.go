@@ -31,7 +31,7 @@ func TestTenantIsolation(t *testing.T) {
 	all := stores()
 	all["dynamodb"] = func(t *testing.T) dedup.Store {
 		client := testenv.DynamoDB(t)
-		s, err := dedup.NewDynamoDBStore(client, newDynamoDBTable(t, client))
+		s, err := dedup.NewDynamoDBStore(client, dedup.WithTable(newDynamoDBTable(t, client)))
 		require.NoError(t, err)
 		return s
 	}

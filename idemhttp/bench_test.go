@@ -242,7 +242,7 @@ func benchDynamoDB(b *testing.B) (dedup.Store, *atomic.Int64) {
 	b.Cleanup(func() { _, _ = base.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: &table}) })
 	doer := &countingDoer{base: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * benchClients}}}
 	client := dynamodb.New(base.Options(), func(o *dynamodb.Options) { o.HTTPClient = doer })
-	store, err := dedup.NewDynamoDBStore(client, table)
+	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		b.Fatal(err)
 	}

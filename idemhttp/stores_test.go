@@ -66,7 +66,7 @@ func dynamoStore(t *testing.T) dedup.Store {
 	t.Cleanup(func() {
 		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
 	})
-	s, err := dedup.NewDynamoDBStore(client, table)
+	s, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func TestKafkaBadInput(t *testing.T) {
 			}, wantErr: as[*pgconn.ConnectError]()},
 		{name: "store unreachable (DynamoDB)", holdsAll: true, bad: poison("ddb-down"),
 			env: func(t *testing.T, k *kafka, e *badEnv) {
-				store, err := dedup.NewDynamoDBStore(closedDynamoDB(t), "dedup-records")
+				store, err := dedup.NewDynamoDBStore(closedDynamoDB(t), dedup.WithTable("dedup-records"))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -143,7 +143,7 @@ func TestKafkaBadInput(t *testing.T) {
 			}},
 		{name: "table missing (DynamoDB)", holdsAll: true, bad: poison("ddb-no-table"),
 			env: func(t *testing.T, k *kafka, e *badEnv) {
-				store, err := dedup.NewDynamoDBStore(testenv.DynamoDB(t), "rel-missing-"+runID())
+				store, err := dedup.NewDynamoDBStore(testenv.DynamoDB(t), dedup.WithTable("rel-missing-"+runID()))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -173,7 +173,7 @@ func TestKafkaBadInput(t *testing.T) {
 				if err := dedup.CreateDynamoDBTable(context.Background(), client, table); err != nil {
 					t.Fatal(err)
 				}
-				store, err := dedup.NewDynamoDBStore(client, table)
+				store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -111,7 +111,7 @@ func TestDynamoDBOutage(t *testing.T) {
 	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
 		t.Fatal(err)
 	}
-	store, err := dedup.NewDynamoDBStore(client, table)
+	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,12 +80,16 @@ func WithPartitionBuffer(n int) Opt { return optFunc(func(c *consumerConfig) { c
 // WithDrainTimeout sets how long a running handler may go on after its
 // partition is revoked or Run's context is done, before its context is
 // canceled (default 10 s). Keep it well under the group's rebalance timeout.
-func WithDrainTimeout(d time.Duration) Opt { return optFunc(func(c *consumerConfig) { c.drainTimeout = d }) }
+func WithDrainTimeout(d time.Duration) Opt {
+	return optFunc(func(c *consumerConfig) { c.drainTimeout = d })
+}
 
 // WithErrorBackoff sets the wait before a record is tried again after the
 // wrapper returned an error (store or dead-letter topic unreachable);
 // default dedup.ExponentialBackoff(100ms, 5s).
-func WithErrorBackoff(b dedup.Backoff) Opt { return optFunc(func(c *consumerConfig) { c.errBackoff = b }) }
+func WithErrorBackoff(b dedup.Backoff) Opt {
+	return optFunc(func(c *consumerConfig) { c.errBackoff = b })
+}
 
 // WithOutageThreshold sets how long settling records must keep failing (the
 // store or the dead-letter sink unreachable) to be an outage (default

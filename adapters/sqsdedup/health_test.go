@@ -36,7 +36,7 @@ func failingStore(t *testing.T) (dedup.Store, *awsfault.Fault) {
 		o.APIOptions = append(o.APIOptions, fault.APIOption)
 		o.RetryMaxAttempts = 1
 	})
-	s, err := dedup.NewDynamoDBStore(client, table)
+	s, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

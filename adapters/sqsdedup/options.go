@@ -108,11 +108,15 @@ func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c
 
 // WithDeleteInterval sets how long a settled message may wait for others to
 // fill a DeleteMessageBatch of 10 (default 100 ms).
-func WithDeleteInterval(d time.Duration) Opt { return optFunc(func(c *config) { c.deleteInterval = d }) }
+func WithDeleteInterval(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.deleteInterval = d })
+}
 
 // WithShutdownTimeout sets how long Run waits, once its context is done, for
 // handlers to finish before it cancels their contexts (default 30 s).
-func WithShutdownTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.shutdownTimeout = d }) }
+func WithShutdownTimeout(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.shutdownTimeout = d })
+}
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
 // The Consumer logs at INFO only when it stops, at WARN what it will retry
@@ -127,7 +131,9 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger 
 // reports it through [Consumer.Health], logs each message it could not
 // settle at DEBUG instead of WARN meanwhile, and reminds of it at ERROR at
 // this interval while it lasts.
-func WithOutageThreshold(d time.Duration) Opt { return optFunc(func(c *config) { c.outageThreshold = d }) }
+func WithOutageThreshold(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.outageThreshold = d })
+}
 
 // WithMaxOutage makes Run stop, as if its context were cancelled, and return
 // an error matching [ErrOutage] once handling messages has kept failing for

@@ -62,7 +62,7 @@ func dynamoDBStore(t *testing.T) dedup.Store {
 			t.Errorf("delete table %s: %v", table, err)
 		}
 	})
-	s, err := dedup.NewDynamoDBStore(client, table)
+	s, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -227,7 +227,7 @@ func openDynamoDBStore(ctx context.Context, cfg config, m *meter) (*dedup.Dynamo
 	drop := func() {
 		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
 	}
-	store, err := dedup.NewDynamoDBStore(client, table)
+	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		drop()
 		return nil, nil, err

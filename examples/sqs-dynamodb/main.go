@@ -81,7 +81,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 			return err
 		}
 	}
-	store, err := dedup.NewDynamoDBStore(dynamoClient, o.table)
+	store, err := dedup.NewDynamoDBStore(dynamoClient, dedup.WithTable(o.table))
 	if err != nil {
 		return err
 	}

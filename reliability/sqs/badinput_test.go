@@ -293,7 +293,7 @@ func TestBadInput(t *testing.T) {
 
 func newDynamoDBStore(t *testing.T, client *dynamodb.Client, table string) dedup.Store {
 	t.Helper()
-	s, err := dedup.NewDynamoDBStore(client, table)
+	s, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	if err != nil {
 		t.Fatal(err)
 	}

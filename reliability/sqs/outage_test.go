@@ -104,7 +104,7 @@ func TestDynamoDBOutage(t *testing.T) {
 	ddb := dynamodb.New(server.Client().Options(), func(o *dynamodb.Options) {
 		o.APIOptions = append(o.APIOptions, refused.APIOption)
 	})
-	store, err := dedup.NewDynamoDBStore(ddb, dynamoDBTable(t, ddb))
+	store, err := dedup.NewDynamoDBStore(ddb, dedup.WithTable(dynamoDBTable(t, ddb)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestDLQOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	ddb := testenv.DynamoDB(t)
-	store, err := dedup.NewDynamoDBStore(ddb, dynamoDBTable(t, ddb))
+	store, err := dedup.NewDynamoDBStore(ddb, dedup.WithTable(dynamoDBTable(t, ddb)))
 	if err != nil {
 		t.Fatal(err)
 	}

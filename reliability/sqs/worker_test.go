@@ -91,7 +91,7 @@ func newWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) (*sqsded
 	if err != nil {
 		return nil, nil, err
 	}
-	store, err := dedup.NewDynamoDBStore(dynamoDBClient(cfg.DynamoDBEndpoint), cfg.Table)
+	store, err := dedup.NewDynamoDBStore(dynamoDBClient(cfg.DynamoDBEndpoint), dedup.WithTable(cfg.Table))
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
