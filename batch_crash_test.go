@@ -66,7 +66,7 @@ func TestBatchCrashLoopSparesTheRestOfTheBatch(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			store, scope := newStore(t), uniqueScope(t)
 			batch := []event{{ID: "crasher", Body: "kills its worker"}, {ID: "next-1", Body: "a"}, {ID: "next-2", Body: "b"}}
-			sink := &dedup.MemorySink{}
+			sink := dedup.NewMemorySink()
 			ran := map[string]int{}
 			const maxAttempts = 3
 			const lease = 100 * time.Millisecond
@@ -125,7 +125,7 @@ func TestAttemptsSpentByDeathsAreACrashLoop(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	require.NoError(t, store.Release(ctx, req.Key, c.Record.Owner)) // the last one gave it back
-	sink := &dedup.MemorySink{}
+	sink := dedup.NewMemorySink()
 	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
 		dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithMaxAttempts(2))
 	require.NoError(t, err)

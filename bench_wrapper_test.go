@@ -25,7 +25,7 @@ func BenchmarkWrapper(b *testing.B) {
 	newWrapper := func(b *testing.B) *dedup.Wrapper[benchEvent] {
 		w, err := dedup.Wrap(dedup.NewMemoryStore(), msgs,
 			func(ctx context.Context, e benchEvent) error { return nil },
-			dedup.WithScope("bench"), dedup.WithSink(&dedup.MemorySink{}))
+			dedup.WithScope("bench"), dedup.WithSink(dedup.NewMemorySink()))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -105,7 +105,7 @@ func TestConcurrentFailingDeliveries(t *testing.T) {
 	}
 	for name, newStore := range concurrencyBackends() {
 		t.Run(name, func(t *testing.T) {
-			store, sink := newStore(t), &dedup.MemorySink{}
+			store, sink := newStore(t), dedup.NewMemorySink()
 			var starts atomic.Int32
 			scope := uniqueScope(t)
 			w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
@@ -120,7 +120,7 @@ func TestConcurrentFailingDeliveries(t *testing.T) {
 	}
 	t.Run("postgres-inbox", func(t *testing.T) {
 		pool := testenv.Postgres(t)
-		store, sink := newPostgresStore(t, pool), &dedup.MemorySink{}
+		store, sink := newPostgresStore(t, pool), dedup.NewMemorySink()
 		ledger := newLedger(t, pool)
 		var starts atomic.Int32
 		scope := uniqueScope(t)
@@ -144,7 +144,7 @@ func TestConcurrentFailingDeliveries(t *testing.T) {
 // record, one effect, and no delivery told that its effect may be doubled.
 func TestConcurrentInboxFailsTwiceThenSucceeds(t *testing.T) {
 	pool := testenv.Postgres(t)
-	store, sink := newPostgresStore(t, pool), &dedup.MemorySink{}
+	store, sink := newPostgresStore(t, pool), dedup.NewMemorySink()
 	ledger := newLedger(t, pool)
 	var starts atomic.Int32
 	scope := uniqueScope(t)
@@ -188,7 +188,7 @@ func TestStaleWorkerWritesNoDeadLetter(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/batch=%v", name, batch), func(t *testing.T) {
 				real := newStore(t)
 				stale := deduptest.NewStallingStore(real)
-				sink := &dedup.MemorySink{}
+				sink := dedup.NewMemorySink()
 				scope := uniqueScope(t)
 				opts := []dedup.Opt{dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithLease(lease)}
 				var starts atomic.Int32
@@ -317,7 +317,7 @@ func TestConcurrentBatches(t *testing.T) {
 	const maxAttempts = 3
 	for name, newStore := range concurrencyBackends() {
 		t.Run(name+"/failing", func(t *testing.T) {
-			store, sink := newStore(t), &dedup.MemorySink{}
+			store, sink := newStore(t), dedup.NewMemorySink()
 			var starts atomic.Int32
 			scope := uniqueScope(t)
 			w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
@@ -357,7 +357,7 @@ func TestConcurrentBatches(t *testing.T) {
 					starts.Add(1)
 				}
 				return nil
-			}, dedup.WithScope(scope), dedup.WithSink(&dedup.MemorySink{}), dedup.WithBatchCompletion(5*time.Millisecond))
+			}, dedup.WithScope(scope), dedup.WithSink(dedup.NewMemorySink()), dedup.WithBatchCompletion(5*time.Millisecond))
 			require.NoError(t, err)
 			outcomes, errs := raceBatches(t, concurrentDeliveries, w, []event{
 				{ID: "e", Body: "x"}, {ID: "f", Body: "y"}, {ID: "e", Body: "x"},
@@ -374,7 +374,7 @@ func TestConcurrentBatches(t *testing.T) {
 	}
 	t.Run("postgres-inbox/failing", func(t *testing.T) {
 		pool := testenv.Postgres(t)
-		store, sink := newPostgresStore(t, pool), &dedup.MemorySink{}
+		store, sink := newPostgresStore(t, pool), dedup.NewMemorySink()
 		var starts atomic.Int32
 		scope := uniqueScope(t)
 		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {

@@ -159,6 +159,16 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 // Scope returns the scope the wrapper's keys live in (before any tenant).
 func (w *Wrapper[M]) Scope() string { return w.cfg.scope }
 
+// Scope returns the scope for one handler of one consumer,
+// "consumer/handler", for [WithScope]: consumer is the consumer group, queue
+// or service, handler names what the handler does. Name both explicitly and
+// keep them stable: a scope that changes makes every event new again. Scope
+// checks nothing; WithScope rejects an invalid result. A scope without a
+// handler part (WithScope("billing")) is accepted, for a consumer that will
+// only ever have one handler; two handlers consuming the same events need
+// distinct scopes, or the second sees every event as a duplicate.
+func Scope(consumer, handler string) string { return consumer + "/" + handler }
+
 // TenantScope returns the scope of a tenant's keys within scope.
 func TenantScope(scope, tenant string) string { return scope + "/tenant=" + tenant }
 

@@ -66,7 +66,7 @@ func TestBatchCompletion(t *testing.T) {
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					ran.Add(1)
 					return nil
-				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+				}, fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute))...)
 				require.NoError(t, err)
 				// Settle two events first, to be duplicates in the batch.
 				for _, id := range []string{"e0", "e1"} {
@@ -102,7 +102,7 @@ func TestBatchCompletion(t *testing.T) {
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					ran.Add(1)
 					return nil
-				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+				}, fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute))...)
 				require.NoError(t, err)
 				batch := []event{{ID: "a", Body: "x"}, {ID: "b", Body: "x"}, {ID: "a", Body: "x"}, {ID: "c", Body: "x"}}
 				var outcomes []dedup.Outcome
@@ -131,7 +131,7 @@ func TestBatchCompletion(t *testing.T) {
 						return err
 					}
 					return store.Fail(ctx, k, rec.Owner, dedup.Failure{Error: "taken", TTL: time.Hour})
-				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+				}, fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute))...)
 				require.NoError(t, err)
 				ctx := context.WithValue(ctx, scopeKey{}, w.Scope())
 				batch := []event{{ID: "s1", Body: "x"}, {ID: "s2", Body: "stolen"}, {ID: "s2", Body: "stolen"}, {ID: "s3", Body: "x"}}
@@ -160,7 +160,7 @@ func TestBatchCompletion(t *testing.T) {
 						return errors.New("try again")
 					}
 					return nil
-				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute), dedup.WithLease(time.Minute))...)
+				}, fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute), dedup.WithLease(time.Minute))...)
 				require.NoError(t, err)
 				batch := []event{{ID: "u1", Body: "x"}, {ID: "u2", Body: "x"}, {ID: "u3", Body: "fail"}, {ID: "u4", Body: "x"}}
 				var outcomes []dedup.Outcome
@@ -188,7 +188,7 @@ func TestBatchCompletion(t *testing.T) {
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					time.Sleep(3 * time.Millisecond)
 					return nil
-				}, fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Millisecond))...)
+				}, fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Millisecond))...)
 				require.NoError(t, err)
 				var batch []event
 				for i := range 5 {
@@ -212,7 +212,7 @@ func TestBatchCompletion(t *testing.T) {
 				for _, afterWrite := range []bool{false, true} {
 					store := &flakyCompleter{Store: newStore(t), failures: 2, afterWrite: afterWrite}
 					w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error { return nil },
-						fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute), dedup.WithLease(10*time.Second))...)
+						fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute), dedup.WithLease(10*time.Second))...)
 					require.NoError(t, err)
 					batch := []event{{ID: "f1", Body: "x"}, {ID: "f2", Body: "x"}}
 					err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
@@ -228,7 +228,7 @@ func TestBatchCompletion(t *testing.T) {
 			t.Run("StoreWithoutBatchCompleter", func(t *testing.T) {
 				counting := &countingStore{Store: newStore(t)}
 				w, err := dedup.Wrap(plainStore{counting}, events, func(ctx context.Context, e event) error { return nil },
-					fastOpts(t, &dedup.MemorySink{}, dedup.WithBatchCompletion(time.Minute))...)
+					fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute))...)
 				require.NoError(t, err)
 				batch := []event{{ID: "p1", Body: "x"}, {ID: "p2", Body: "x"}}
 				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
@@ -251,7 +251,7 @@ func scopeFrom(ctx context.Context) string { return ctx.Value(scopeKey{}).(strin
 func TestBatchCompletionNeedsPositiveWait(t *testing.T) {
 	for _, d := range []time.Duration{0, -time.Second} {
 		_, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error { return nil },
-			dedup.WithScope("s"), dedup.WithSink(&dedup.MemorySink{}), dedup.WithBatchCompletion(d))
+			dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithBatchCompletion(d))
 		require.ErrorIs(t, err, dedup.ErrConfig, "WithBatchCompletion(%v)", d)
 	}
 }

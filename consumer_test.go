@@ -87,7 +87,7 @@ func TestWrapper(t *testing.T) {
 	for name, newStore := range stores() {
 		t.Run(name, func(t *testing.T) {
 			t.Run("FailsTwiceThenSucceeds", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var calls, effects atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					if calls.Add(1) <= 2 {
@@ -116,7 +116,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("AlwaysFailsIsDeadLetteredAfterMaxAttempts", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var calls atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					calls.Add(1)
@@ -153,7 +153,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("PermanentIsDeadLetteredAtFirstAttempt", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					return dedup.Permanent(errors.New("schema v9 unsupported"))
 				}, fastOpts(t, sink)...)
@@ -168,7 +168,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("PanicIsCountedAsFailedAttempt", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var calls atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					if calls.Add(1) == 1 {
@@ -192,7 +192,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("PanicOnLastAttemptIsDeadLetteredAsPanic", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					panic("corrupt state")
 				}, fastOpts(t, sink, dedup.WithMaxAttempts(1))...)
@@ -204,7 +204,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("InvalidIDIsDeadLetteredAndNothingWritten", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var calls atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					calls.Add(1)
@@ -227,7 +227,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("SameIDOtherPayloadIsConflict", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var effects atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					effects.Add(1)
@@ -251,7 +251,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("FailingSinkAcksNothingThenRecovers", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					return dedup.Permanent(errors.New("bad"))
 				}, fastOpts(t, sink)...)
@@ -267,7 +267,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("CrashLoopIsDeadLettered", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var calls atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					calls.Add(1)
@@ -292,7 +292,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("TransportHintCountsTowardMaxAttempts", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					return errors.New("nope")
 				}, fastOpts(t, sink, dedup.WithMaxAttempts(3))...)
@@ -304,7 +304,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("NilAfterCanceledContextIsTrustedAndRecorded", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				ctx, cancel := context.WithCancel(context.Background())
 				var effects atomic.Int32
 				w, err := dedup.Wrap(store, events, func(hctx context.Context, e event) error {
@@ -327,7 +327,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("HeartbeatKeepsLeaseOfSlowHandler", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				started := make(chan struct{})
 				release := make(chan struct{})
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
@@ -351,7 +351,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("LostLeaseCancelsHandlerAndIsReported", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				started := make(chan struct{})
 				var cause error
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
@@ -385,7 +385,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("ConcurrentDeliveriesRunOnce", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var effects atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					effects.Add(1)
@@ -415,7 +415,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("BatchAnswersAsSingles", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var mu sync.Mutex
 				ran := map[string]int{}
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
@@ -442,7 +442,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("BatchStoppedEarlyReleasesUnstartedClaims", func(t *testing.T) {
-				store, sink := newStore(t), &dedup.MemorySink{}
+				store, sink := newStore(t), dedup.NewMemorySink()
 				var calls atomic.Int32
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					calls.Add(1)
@@ -474,7 +474,7 @@ func mustFingerprint(t testing.TB, body string) string {
 }
 
 func TestWrapRejectsBadConfig(t *testing.T) {
-	store, sink := dedup.NewMemoryStore(), &dedup.MemorySink{}
+	store, sink := dedup.NewMemoryStore(), dedup.NewMemorySink()
 	h := func(ctx context.Context, e event) error { return nil }
 	cases := map[string][]dedup.Opt{
 		"no scope":        {dedup.WithSink(sink)},
@@ -499,7 +499,7 @@ func TestWrapRejectsBadConfig(t *testing.T) {
 // ignored returns) is refused where it is given, never a panic at first use.
 func TestTypedNilsAreRefused(t *testing.T) {
 	h := func(ctx context.Context, e event) error { return nil }
-	sink := &dedup.MemorySink{}
+	sink := dedup.NewMemorySink()
 	pg, err := dedup.NewPostgresStore(nil)
 	require.ErrorIs(t, err, dedup.ErrConfig, "NewPostgresStore(nil pool)")
 	require.Nil(t, pg)
@@ -543,7 +543,7 @@ func TestStoreUnreachable(t *testing.T) {
 		w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 			calls.Add(1)
 			return nil
-		}, fastOpts(t, &dedup.MemorySink{})...)
+		}, fastOpts(t, dedup.NewMemorySink())...)
 		require.NoError(t, err)
 		res, err := w.Handle(ctx, event{ID: "u", Body: "x"})
 		require.Error(t, err)
@@ -561,7 +561,7 @@ func TestStoreUnreachable(t *testing.T) {
 		w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 			effects.Add(1)
 			return nil
-		}, fastOpts(t, &dedup.MemorySink{})...)
+		}, fastOpts(t, dedup.NewMemorySink())...)
 		require.NoError(t, err)
 
 		res, err := w.Handle(ctx, event{ID: "before", Body: "x"})
@@ -613,11 +613,19 @@ func TestContextWithLease(t *testing.T) {
 		rec, err := store.Get(ctx, dedup.Key{Scope: "lease", EventID: e.ID})
 		leased = time.Until(rec.LeaseUntil)
 		return err
-	}, dedup.WithScope("lease"), dedup.WithSink(&dedup.MemorySink{}))
+	}, dedup.WithScope("lease"), dedup.WithSink(dedup.NewMemorySink()))
 	require.NoError(t, err)
 	ctx := dedup.ContextWithLease(context.Background(), 7*time.Minute)
 	res, err := w.Handle(ctx, event{ID: "l", Body: "x"})
 	require.NoError(t, err)
 	require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 	require.InDelta(t, (7 * time.Minute).Seconds(), leased.Seconds(), 5)
+}
+
+func TestScope(t *testing.T) {
+	require.Equal(t, "billing/charge-card", dedup.Scope("billing", "charge-card"))
+	// Scope checks nothing itself: WithScope refuses what is not a valid scope.
+	_, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error { return nil },
+		dedup.WithScope(dedup.Scope("billing", "charge\x00")), dedup.WithSink(dedup.NewMemorySink()))
+	require.ErrorIs(t, err, dedup.ErrConfig)
 }

@@ -46,7 +46,7 @@ func TestInbox(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
 			time.Sleep(5 * time.Millisecond) // hold the row lock while others queue on it
 			return err
-		}, fastOpts(t, &dedup.MemorySink{})...)
+		}, fastOpts(t, dedup.NewMemorySink())...)
 		require.NoError(t, err)
 
 		start := make(chan struct{})
@@ -88,7 +88,7 @@ func TestInbox(t *testing.T) {
 				return errors.New("downstream refused after our insert")
 			}
 			return nil
-		}, fastOpts(t, &dedup.MemorySink{})...)
+		}, fastOpts(t, dedup.NewMemorySink())...)
 		require.NoError(t, err)
 
 		res, err := w.Handle(ctx, event{ID: "e", Body: "x"})
@@ -112,7 +112,7 @@ func TestInbox(t *testing.T) {
 
 	t.Run("PoisonIsDeadLetteredWithNoEffect", func(t *testing.T) {
 		ledger := newLedger(t, pool)
-		sink := &dedup.MemorySink{}
+		sink := dedup.NewMemorySink()
 		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
 				return err
@@ -135,7 +135,7 @@ func TestInbox(t *testing.T) {
 	})
 
 	t.Run("FailingSinkKeepsEventRetryable", func(t *testing.T) {
-		sink := &dedup.MemorySink{}
+		sink := dedup.NewMemorySink()
 		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
 			return dedup.Permanent(errors.New("unsupported"))
 		}, fastOpts(t, sink)...)
@@ -152,7 +152,7 @@ func TestInbox(t *testing.T) {
 
 	t.Run("ConflictLeavesOriginalAlone", func(t *testing.T) {
 		ledger := newLedger(t, pool)
-		sink := &dedup.MemorySink{}
+		sink := dedup.NewMemorySink()
 		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
 			return err
@@ -173,7 +173,7 @@ func TestInbox(t *testing.T) {
 		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
 			return err
-		}, fastOpts(t, &dedup.MemorySink{})...)
+		}, fastOpts(t, dedup.NewMemorySink())...)
 		require.NoError(t, err)
 		var got []dedup.Outcome
 		err = w.HandleBatch(ctx, []event{{ID: "a", Body: "1"}, {ID: "a", Body: "1"}, {ID: "b", Body: "1"}},
@@ -199,7 +199,7 @@ func TestInboxHandlerMustNotCommit(t *testing.T) {
 			return err
 		}
 		return tx.Commit(ctx)
-	}, fastOpts(t, &dedup.MemorySink{})...)
+	}, fastOpts(t, dedup.NewMemorySink())...)
 	require.NoError(t, err)
 	res, err := w.Handle(context.Background(), event{ID: "c", Body: "x"})
 	require.ErrorIs(t, err, pgx.ErrTxClosed)
@@ -213,6 +213,6 @@ func TestInboxHandlerMustNotCommit(t *testing.T) {
 
 func TestWrapTxRejectsNil(t *testing.T) {
 	_, err := dedup.WrapTx[event](nil, events, func(context.Context, pgx.Tx, event) error { return nil },
-		dedup.WithScope("s"), dedup.WithSink(&dedup.MemorySink{}))
+		dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()))
 	require.ErrorIs(t, err, dedup.ErrConfig)
 }

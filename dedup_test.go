@@ -34,7 +34,7 @@ func TestKeyStringIsUnambiguous(t *testing.T) {
 // Every error chain names the package once.
 func TestErrorsSayItOnce(t *testing.T) {
 	h := func(context.Context, event) error { return nil }
-	_, err := dedup.Wrap(dedup.NewMemoryStore(), events, h, dedup.WithScope(""), dedup.WithSink(&dedup.MemorySink{}))
+	_, err := dedup.Wrap(dedup.NewMemoryStore(), events, h, dedup.WithScope(""), dedup.WithSink(dedup.NewMemorySink()))
 	require.ErrorIs(t, err, dedup.ErrConfig)
 	require.Equal(t, `dedup: invalid configuration: WithScope(""): scope is empty`, err.Error())
 
@@ -49,7 +49,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	w, err := dedup.Wrap(store, events, h, dedup.WithScope("a/b"), dedup.WithSink(&dedup.MemorySink{}))
+	w, err := dedup.Wrap(store, events, h, dedup.WithScope("a/b"), dedup.WithSink(dedup.NewMemorySink()))
 	require.NoError(t, err)
 	_, err = w.Handle(ctx, event{ID: "e1", Body: "x"})
 	require.Error(t, err)

@@ -155,18 +155,15 @@ type Sink interface {
 	Send(ctx context.Context, dl DeadLetter) error
 }
 
-// SinkFunc adapts a function to a [Sink].
-type SinkFunc func(ctx context.Context, dl DeadLetter) error
-
-// Send calls f.
-func (f SinkFunc) Send(ctx context.Context, dl DeadLetter) error { return f(ctx, dl) }
-
 // MemorySink keeps dead letters in memory, for tests and examples.
 type MemorySink struct {
 	mu      sync.Mutex
 	letters []DeadLetter
 	failing error
 }
+
+// NewMemorySink returns an empty MemorySink.
+func NewMemorySink() *MemorySink { return &MemorySink{} }
 
 // Send appends dl, or returns the error set by FailWith.
 func (s *MemorySink) Send(_ context.Context, dl DeadLetter) error {

@@ -26,7 +26,7 @@ func ExampleWrap() {
 			return nil
 		},
 		dedup.WithScope("billing/charge-card"),
-		dedup.WithSink(&dedup.MemorySink{}),
+		dedup.WithSink(dedup.NewMemorySink()),
 	)
 	if err != nil {
 		panic(err)

@@ -24,7 +24,7 @@ func TestInFlightIsTriedAgainSoon(t *testing.T) {
 	})
 	require.NoError(t, err)
 	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
-		dedup.WithScope(scope), dedup.WithSink(&dedup.MemorySink{}), dedup.WithLease(time.Minute))
+		dedup.WithScope(scope), dedup.WithSink(dedup.NewMemorySink()), dedup.WithLease(time.Minute))
 	require.NoError(t, err)
 	res, err := w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
 	require.NoError(t, err)

@@ -93,9 +93,10 @@ func (c *config) validate() error {
 	return nil
 }
 
-// WithScope sets the namespace event IDs are unique in, normally the consumer
-// group or queue plus a handler name. It is required. Give it explicitly: a
-// scope that changes (say, with a refactor) makes every event new again.
+// WithScope sets the namespace event IDs are unique in, normally built by
+// [Scope] from the consumer group or queue and a handler name. It is
+// required. Give it explicitly: a scope that changes (say, with a refactor)
+// makes every event new again.
 func WithScope(scope string) Opt { return optFunc(func(c *config) { c.scope = scope }) }
 
 // WithFingerprint sets how a payload's business meaning is hashed; the

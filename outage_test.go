@@ -67,7 +67,7 @@ func TestStoreOutageIsLoggedOnceAtError(t *testing.T) {
 	require.NoError(t, err)
 	logs := &logRecords{}
 	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
-		dedup.WithScope("outage"), dedup.WithSink(&dedup.MemorySink{}), dedup.WithLogger(slog.New(logs)),
+		dedup.WithScope("outage"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithLogger(slog.New(logs)),
 		dedup.WithOutageThreshold(300*time.Millisecond))
 	require.NoError(t, err)
 
@@ -85,7 +85,7 @@ func TestStoreOutageIsLoggedOnceAtError(t *testing.T) {
 // A dead-letter sink that fails is an outage too; once it takes letters
 // again the recovery is logged and Outage clears.
 func TestSinkOutageAndRecovery(t *testing.T) {
-	sink, logs := &dedup.MemorySink{}, &logRecords{}
+	sink, logs := dedup.NewMemorySink(), &logRecords{}
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error {
 		return dedup.Permanent(errors.New("unsupported"))
 	}, dedup.WithScope("sink-outage"), dedup.WithSink(sink), dedup.WithLogger(slog.New(logs)),
@@ -112,7 +112,7 @@ func TestLoggerDefaultsToSlogDefault(t *testing.T) {
 	t.Cleanup(func() { slog.SetDefault(prev) })
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error {
 		return dedup.Permanent(errors.New("unsupported"))
-	}, dedup.WithScope("default-logger"), dedup.WithSink(&dedup.MemorySink{}))
+	}, dedup.WithScope("default-logger"), dedup.WithSink(dedup.NewMemorySink()))
 	require.NoError(t, err)
 	res, err := w.Handle(context.Background(), event{ID: "p", Body: "x"})
 	require.NoError(t, err)

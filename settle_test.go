@@ -53,7 +53,7 @@ func TestCompleteIsRetriedWhileTheClaimHolds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			runs := 0
 			w, err := dedup.Wrap(tc.store, events, func(context.Context, event) error { runs++; return nil },
-				dedup.WithScope(uniqueScope(t)), dedup.WithSink(&dedup.MemorySink{}), dedup.WithLease(5*time.Second))
+				dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()), dedup.WithLease(5*time.Second))
 			require.NoError(t, err)
 			res, err := w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
 			require.NoError(t, err)
@@ -71,7 +71,7 @@ func TestCompleteIsRetriedWhileTheClaimHolds(t *testing.T) {
 func TestCompleteRetriesEndWithTheLease(t *testing.T) {
 	store := &blinkingStore{Store: dedup.NewMemoryStore(), failures: 1 << 30}
 	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
-		dedup.WithScope(uniqueScope(t)), dedup.WithSink(&dedup.MemorySink{}), dedup.WithLease(time.Second))
+		dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()), dedup.WithLease(time.Second))
 	require.NoError(t, err)
 	began := time.Now()
 	_, err = w.Handle(context.Background(), event{ID: "e-1", Body: "b"})

@@ -38,7 +38,7 @@ func TestTenantIsolation(t *testing.T) {
 	for name, newStore := range all {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			store, sink := newStore(t), &dedup.MemorySink{}
+			store, sink := newStore(t), dedup.NewMemorySink()
 			var effects atomic.Int32
 			w, err := dedup.Wrap(store, tenantEvents, func(ctx context.Context, e tenantEvent) error {
 				effects.Add(1)

@@ -341,7 +341,7 @@ func startConsumer(t *testing.T, e *env, effects string, handled *atomic.Int64) 
 	w, err := dedup.WrapTx(store, kafkadedup.Messages(), func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
 		_, err := tx.Exec(ctx, "INSERT INTO "+effects+" (event_id) VALUES ($1)", header(r, "event-id"))
 		return err
-	}, dedup.WithScope(kafkadedup.Scope("shipping", "reserve-stock")), dedup.WithLogger(quietLogger()),
+	}, dedup.WithScope(dedup.Scope("shipping", "reserve-stock")), dedup.WithLogger(quietLogger()),
 		dedup.WithSink(sink), dedup.WithObserver(func(_ context.Context, res dedup.Result) {
 			if res.Outcome == dedup.OutcomeDeadLettered {
 				t.Errorf("event %s dead-lettered", res.Key.EventID)

@@ -36,7 +36,7 @@ func Example() {
 		},
 		// The example runs again and again: a scope of its own each time.
 		dedup.WithScope("billing/charge-card/"+dedup.NewOwnerToken()),
-		dedup.WithSink(&dedup.MemorySink{}),
+		dedup.WithSink(dedup.NewMemorySink()),
 	)
 	if err != nil {
 		panic(err)

@@ -52,7 +52,7 @@ func TestRestartLosesWhatWasNotOnDisk(t *testing.T) {
 				defer mu.Unlock()
 				runs[id]++
 				return nil
-			}, dedup.WithScope("restart"), dedup.WithSink(&dedup.MemorySink{}))
+			}, dedup.WithScope("restart"), dedup.WithSink(dedup.NewMemorySink()))
 			require.NoError(t, err)
 
 			deliver := func(from, to int) {

@@ -411,7 +411,7 @@ func reasonsOf(letters []*kgo.Record) []string {
 func testNilRecord(t *testing.T, store dedup.Store) {
 	ctx := context.Background()
 	k := newKafka(t, 1)
-	mem := &dedup.MemorySink{}
+	mem := dedup.NewMemorySink()
 	runs := 0
 	h := func(context.Context, *kgo.Record) error { runs++; return nil }
 	w, err := dedup.Wrap(store, kafkadedup.Messages(), h, dedup.WithScope(badScope(t)), dedup.WithSink(mem))

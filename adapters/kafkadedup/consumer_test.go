@@ -35,7 +35,7 @@ func TestDuplicatesGiveOneEffect(t *testing.T) {
 	recs := c.produce(all...)
 
 	fx := newEffects()
-	w := wrap(t, dedup.NewMemoryStore(), c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, dedup.NewMemoryStore(), c.sink(), dedup.Scope(c.group, "apply"),
 		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil },
 		dedup.WithObserver(fx.observe))
 	run := start(t, newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...)))
@@ -68,7 +68,7 @@ func TestOrderHoldsAcrossRetries(t *testing.T) {
 	flaky := func(id string) bool { n, _ := strconv.Atoi(strings.TrimPrefix(id, "ord-")); return n%7 == 0 }
 
 	fx := newEffects()
-	w := wrap(t, dedup.NewMemoryStore(), c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, dedup.NewMemoryStore(), c.sink(), dedup.Scope(c.group, "apply"),
 		func(_ context.Context, r *kgo.Record) error {
 			if fx.call(r) <= 2 && flaky(eventID(r)) {
 				return errors.New("transient")
@@ -135,7 +135,7 @@ func TestCommitFailuresRedeliverWithoutSecondEffect(t *testing.T) {
 	fx := newEffects()
 	handler := func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil }
 
-	first := start(t, newConsumer(t, wrap(t, store, c.sink(), kafkadedup.Scope(c.group, "apply"), handler),
+	first := start(t, newConsumer(t, wrap(t, store, c.sink(), dedup.Scope(c.group, "apply"), handler),
 		kafkadedup.WithClientOpts(c.clientOpts(c.group)...)))
 	eventually(t, 15*time.Second, func() bool {
 		count, _ := fx.snapshot()
@@ -150,7 +150,7 @@ func TestCommitFailuresRedeliverWithoutSecondEffect(t *testing.T) {
 
 	failing.Store(false)
 	redelivered := newEffects()
-	second := start(t, newConsumer(t, wrap(t, store, c.sink(), kafkadedup.Scope(c.group, "apply"), handler,
+	second := start(t, newConsumer(t, wrap(t, store, c.sink(), dedup.Scope(c.group, "apply"), handler,
 		dedup.WithObserver(redelivered.observe)), kafkadedup.WithClientOpts(c.clientOpts(c.group)...)))
 	want := endOffsets(recs)
 	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
@@ -194,7 +194,7 @@ func TestHandoverMidBatch(t *testing.T) {
 		return nil
 	}
 	consumer := func(obs *effects) *kafkadedup.Consumer {
-		return newConsumer(t, wrap(t, store, c.sink(), kafkadedup.Scope(c.group, "apply"), handler,
+		return newConsumer(t, wrap(t, store, c.sink(), dedup.Scope(c.group, "apply"), handler,
 			dedup.WithObserver(obs.observe)),
 			kafkadedup.WithClientOpts(c.clientOpts(c.group)...), kafkadedup.WithMaxPollRecords(200))
 	}
@@ -260,7 +260,7 @@ func TestStoreOutageHoldsProgress(t *testing.T) {
 	store := &flakyStore{Store: dedup.NewMemoryStore()}
 	store.down.Store(true)
 	fx := newEffects()
-	w := wrap(t, store, c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, store, c.sink(), dedup.Scope(c.group, "apply"),
 		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil })
 	run := start(t, newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
 		kafkadedup.WithErrorBackoff(dedup.ExponentialBackoff(10*time.Millisecond, 50*time.Millisecond))))
@@ -318,7 +318,7 @@ func TestFetchedBatchIsClaimedInOneCall(t *testing.T) {
 	evs := events("bc", 1000, 8)
 	recs := c.produce(evs...)
 	store := &countingStore{Store: dedup.NewMemoryStore()}
-	w := wrap(t, store, c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, store, c.sink(), dedup.Scope(c.group, "apply"),
 		func(context.Context, *kgo.Record) error { return nil })
 	run := start(t, newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...)))
 	want := endOffsets(recs)

@@ -37,7 +37,7 @@ func TestPoisonRecordIsDeadLetteredAndConsumerMovesOn(t *testing.T) {
 	poison := recs[2]
 
 	fx := newEffects()
-	w := wrap(t, dedup.NewMemoryStore(), c.sink(kafkadedup.WithSpringHeaders()), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, dedup.NewMemoryStore(), c.sink(kafkadedup.WithSpringHeaders()), dedup.Scope(c.group, "apply"),
 		func(_ context.Context, r *kgo.Record) error {
 			fx.call(r)
 			if string(r.Value) == "poison" {
@@ -79,7 +79,7 @@ func TestPoisonRecordIsDeadLetteredAndConsumerMovesOn(t *testing.T) {
 		"dedup-reason":                      string(dedup.ReasonHandlerError),
 		"dedup-attempts":                    "3",
 		"dedup-event-id":                    "bad-1",
-		"dedup-scope":                       kafkadedup.Scope(c.group, "apply"),
+		"dedup-scope":                       dedup.Scope(c.group, "apply"),
 		"dedup-cause":                       errPoison.Error(),
 		"dedup-origin-topic":                c.topic,
 		"dedup-origin-partition":            strconv.Itoa(int(poison.Partition)),
@@ -205,7 +205,7 @@ func TestDLQProduceFailureHoldsThePartition(t *testing.T) {
 	var mu sync.Mutex
 	var seenAtA1 int32
 	fx := newEffects()
-	w := wrap(t, dedup.NewMemoryStore(), c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, dedup.NewMemoryStore(), c.sink(), dedup.Scope(c.group, "apply"),
 		func(_ context.Context, r *kgo.Record) error {
 			if string(r.Value) == "poison" {
 				return errPoison

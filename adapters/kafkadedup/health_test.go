@@ -44,7 +44,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	c := newCluster(t, 1)
 	c.produce(events("down", 3, 1)...)
 	fx := newEffects()
-	w := wrap(t, unreachableStore(t), c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, unreachableStore(t), c.sink(), dedup.Scope(c.group, "apply"),
 		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil })
 	logs := &testenv.Logs{}
 	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
@@ -86,7 +86,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 func TestMaxOutageStopsRun(t *testing.T) {
 	c := newCluster(t, 1)
 	c.produce(events("down", 1, 1)...)
-	w := wrap(t, unreachableStore(t), c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, unreachableStore(t), c.sink(), dedup.Scope(c.group, "apply"),
 		func(context.Context, *kgo.Record) error { return nil })
 	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
 		kafkadedup.WithOutageThreshold(200*time.Millisecond), kafkadedup.WithMaxOutage(time.Second),

@@ -7,7 +7,7 @@
 //
 //	sink, _ := kafkadedup.NewSink(producer)
 //	w, _ := dedup.Wrap(store, kafkadedup.Messages(), handle,
-//		dedup.WithScope(kafkadedup.Scope("billing", "charge")), dedup.WithSink(sink))
+//		dedup.WithScope(dedup.Scope("billing", "charge")), dedup.WithSink(sink))
 //	c, _ := kafkadedup.NewConsumer(w, kafkadedup.WithClientOpts(
 //		kgo.SeedBrokers("localhost:9092"), kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("payments")))
 //	err := c.Run(ctx)
@@ -150,8 +150,3 @@ func deadLetter(r *kgo.Record) dedup.DeadLetter {
 		Origin:     dedup.Origin{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp},
 	}
 }
-
-// Scope returns the dedup scope for a handler in a consumer group,
-// "group/handler". Name the handler explicitly and keep the name stable:
-// changing it makes every event new again.
-func Scope(group, handler string) string { return group + "/" + handler }

@@ -76,11 +76,11 @@ func TestDeadLetterOfRecord(t *testing.T) {
 // A nil record and a record without an event ID are dead-lettered as
 // invalid-id, never processed without dedup and never a panic.
 func TestUnusableRecordsAreDeadLettered(t *testing.T) {
-	sink := &dedup.MemorySink{}
+	sink := dedup.NewMemorySink()
 	ran := 0
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), kafkadedup.Messages(),
 		func(context.Context, *kgo.Record) error { ran++; return nil },
-		dedup.WithScope(kafkadedup.Scope("g", "h")), dedup.WithSink(sink))
+		dedup.WithScope(dedup.Scope("g", "h")), dedup.WithSink(sink))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,19 +98,13 @@ func TestUnusableRecordsAreDeadLettered(t *testing.T) {
 	}
 }
 
-func TestScope(t *testing.T) {
-	if got := kafkadedup.Scope("billing", "charge"); got != "billing/charge" {
-		t.Errorf("Scope = %q", got)
-	}
-}
-
 func TestNewConsumerAndSinkRejectBadConfig(t *testing.T) {
 	if _, err := kafkadedup.NewConsumer(nil); !errors.Is(err, dedup.ErrConfig) {
 		t.Errorf("NewConsumer(nil) = %v, want ErrConfig", err)
 	}
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), kafkadedup.Messages(),
 		func(context.Context, *kgo.Record) error { return nil },
-		dedup.WithScope("g/h"), dedup.WithSink(&dedup.MemorySink{}))
+		dedup.WithScope("g/h"), dedup.WithSink(dedup.NewMemorySink()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +121,7 @@ func TestNewConsumerAndSinkRejectBadConfig(t *testing.T) {
 func TestNewConsumerChecksClientOpts(t *testing.T) {
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), kafkadedup.Messages(),
 		func(context.Context, *kgo.Record) error { return nil },
-		dedup.WithScope("g/h"), dedup.WithSink(&dedup.MemorySink{}))
+		dedup.WithScope("g/h"), dedup.WithSink(dedup.NewMemorySink()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func TestPartitionBufferPausesFetching(t *testing.T) {
 	release := make(chan struct{})
 	var order []int
 	fx := newEffects()
-	w := wrap(t, dedup.NewMemoryStore(), c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, dedup.NewMemoryStore(), c.sink(), dedup.Scope(c.group, "apply"),
 		func(ctx context.Context, r *kgo.Record) error {
 			<-release
 			n, _ := strconv.Atoi(string(r.Value))

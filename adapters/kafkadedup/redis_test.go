@@ -32,7 +32,7 @@ func TestRedisStore(t *testing.T) {
 	n := func(id string) int { i, _ := strconv.Atoi(strings.TrimPrefix(id, "rds-")); return i }
 
 	fx := newEffects()
-	w := wrap(t, store, c.sink(), kafkadedup.Scope(c.group+"-"+dedup.NewOwnerToken()[:8], "apply"),
+	w := wrap(t, store, c.sink(), dedup.Scope(c.group+"-"+dedup.NewOwnerToken()[:8], "apply"),
 		func(_ context.Context, r *kgo.Record) error {
 			id := eventID(r)
 			if n(id) == 13 {

@@ -27,7 +27,7 @@ func TestShutdownIsBoundedAndCommitsOnlySettled(t *testing.T) {
 	)
 	stuck := make(chan struct{})
 	fx := newEffects()
-	w := wrap(t, dedup.NewMemoryStore(), c.sink(), kafkadedup.Scope(c.group, "apply"),
+	w := wrap(t, dedup.NewMemoryStore(), c.sink(), dedup.Scope(c.group, "apply"),
 		func(ctx context.Context, r *kgo.Record) error {
 			if string(r.Value) == "stuck" {
 				close(stuck)

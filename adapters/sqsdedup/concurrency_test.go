@@ -32,7 +32,7 @@ const (
 func TestConsumersRaceOnFailingEvent(t *testing.T) {
 	c := client(t)
 	url := queue(t, c)
-	store, sink := dedup.NewMemoryStore(), &dedup.MemorySink{}
+	store, sink := dedup.NewMemoryStore(), dedup.NewMemorySink()
 	var starts atomic.Int32
 	w := wrap(t, store, url, newRecorder(), func(ctx context.Context, m types.Message) error {
 		starts.Add(1)
@@ -74,7 +74,7 @@ func lambdaEvent(arn string, n int) events.SQSEvent {
 // dead-lettered once.
 func TestLambdaInvocationsRaceOnFailingEvent(t *testing.T) {
 	const arn = "arn:aws:sqs:us-east-1:000000000000:orders"
-	store, sink := dedup.NewMemoryStore(), &dedup.MemorySink{}
+	store, sink := dedup.NewMemoryStore(), dedup.NewMemorySink()
 	var starts atomic.Int32
 	w, err := dedup.Wrap(store, sqsdedup.LambdaMessages(), func(ctx context.Context, m events.SQSMessage) error {
 		if *m.MessageAttributes["event-id"].StringValue != "poison" {
@@ -139,7 +139,7 @@ func TestLambdaStaleInvocationWritesNoDeadLetter(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	real := dedup.NewMemoryStore()
 	stale := deduptest.NewStallingStore(real)
-	sink := &dedup.MemorySink{}
+	sink := dedup.NewMemorySink()
 	opts := []dedup.Opt{dedup.WithScope(uniqueScope()), dedup.WithSink(sink), dedup.WithLease(lease)}
 	started, wake := make(chan struct{}), make(chan struct{})
 	a, err := dedup.Wrap(stale, sqsdedup.LambdaMessages(), func(ctx context.Context, m events.SQSMessage) error {

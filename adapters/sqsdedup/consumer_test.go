@@ -192,7 +192,7 @@ func TestReceiveCountCountsAsAttempts(t *testing.T) {
 	c := client(t)
 	url := queue(t, c)
 	rec := newRecorder()
-	sink := &dedup.MemorySink{}
+	sink := dedup.NewMemorySink()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		rec.call(eventID(m))
 		return errors.New("still failing")
@@ -230,7 +230,7 @@ func TestMissingReceiveCountFallsBackToStore(t *testing.T) {
 	c := client(t, stripReceiveCount)
 	url := queue(t, c)
 	rec := newRecorder()
-	sink := &dedup.MemorySink{}
+	sink := dedup.NewMemorySink()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		rec.call(eventID(m))
 		return errors.New("still failing")

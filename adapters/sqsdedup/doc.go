@@ -25,7 +25,7 @@
 //	sink, err := sqsdedup.NewSink(client, dlqURL)
 //	...
 //	w, err := dedup.Wrap(store, sqsdedup.Messages(queueURL), handle,
-//		dedup.WithScope("orders/charge"),
+//		dedup.WithScope(dedup.Scope("orders", "charge")),
 //		dedup.WithSink(sink)) // the lease follows the queue's visibility timeout
 //	...
 //	consumer, err := sqsdedup.NewConsumer(client, queueURL, w, sqsdedup.WithWorkers(20))

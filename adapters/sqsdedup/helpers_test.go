@@ -204,7 +204,7 @@ func wrap(t *testing.T, store dedup.Store, url string, rec *recorder, h dedup.Ha
 	t.Helper()
 	base := []dedup.Opt{
 		dedup.WithScope(uniqueScope()),
-		dedup.WithSink(&dedup.MemorySink{}),
+		dedup.WithSink(dedup.NewMemorySink()),
 		dedup.WithLease(2 * time.Second),
 		dedup.WithBackoff(func(int) time.Duration { return 0 }),
 		dedup.WithObserver(rec.observe),

@@ -37,7 +37,7 @@ func lambdaWrapper(t *testing.T, rec *recorder, failing ...string) *dedup.Wrappe
 			}
 			rec.effect(id)
 			return nil
-		}, dedup.WithScope(uniqueScope()), dedup.WithSink(&dedup.MemorySink{}))
+		}, dedup.WithScope(uniqueScope()), dedup.WithSink(dedup.NewMemorySink()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func runNaive(ctx context.Context, cfg config, m *meter) error {
 	}
 	defer closeStore()
 	w, err := dedup.Wrap(store, kafkadedup.Messages(), noop,
-		dedup.WithScope("dedupbench/naive"), dedup.WithSink(&dedup.MemorySink{}))
+		dedup.WithScope("dedupbench/naive"), dedup.WithSink(dedup.NewMemorySink()))
 	if err != nil {
 		return err
 	}

@@ -150,7 +150,7 @@ func messages(m *meter) dedup.Messages[*kgo.Record] {
 func wrapperOpts(name string, m *meter, extra ...dedup.Opt) []dedup.Opt {
 	return append([]dedup.Opt{
 		dedup.WithScope("dedupbench/" + name),
-		dedup.WithSink(&dedup.MemorySink{}),
+		dedup.WithSink(dedup.NewMemorySink()),
 		dedup.WithObserver(m.observe),
 	}, extra...)
 }

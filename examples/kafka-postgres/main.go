@@ -137,7 +137,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	var st stats
 	w, err := dedup.WrapTx(store, kafkadedup.Messages(), applyPayment,
-		dedup.WithScope(kafkadedup.Scope(cfg.group, handlerName)),
+		dedup.WithScope(dedup.Scope(cfg.group, handlerName)),
 		dedup.WithSink(sink),
 		dedup.WithMaxAttempts(cfg.maxAttempts),
 		dedup.WithObserver(st.observe),

@@ -195,7 +195,7 @@ func shippingConsumer(pool *pgxpool.Pool, brokers []string, log *slog.Logger, du
 	w, err := dedup.WrapTx(store, kafkadedup.Messages(), func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
 		_, err := tx.Exec(ctx, "INSERT INTO example_shipments (order_key) VALUES ($1)", string(r.Key))
 		return err
-	}, dedup.WithScope(kafkadedup.Scope("shipping", "ship-order")), dedup.WithSink(sink), dedup.WithLogger(log),
+	}, dedup.WithScope(dedup.Scope("shipping", "ship-order")), dedup.WithSink(sink), dedup.WithLogger(log),
 		dedup.WithObserver(func(_ context.Context, res dedup.Result) {
 			if res.Outcome == dedup.OutcomeDuplicate {
 				duplicates.Add(1)

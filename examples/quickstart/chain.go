@@ -259,7 +259,7 @@ func shippingConsumer(store *dedup.PostgresStore, producer *kgo.Client, brokers 
 		return err
 	}
 	w, err := dedup.WrapTx(store, kafkadedup.Messages(), ship,
-		dedup.WithScope(kafkadedup.Scope("shipping", "ship-order")),
+		dedup.WithScope(dedup.Scope("shipping", "ship-order")),
 		dedup.WithSink(sink),
 		dedup.WithLogger(logger),
 		dedup.WithObserver(func(_ context.Context, res dedup.Result) {

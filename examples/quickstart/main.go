@@ -197,7 +197,7 @@ func chainDatabase(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 // openStore returns the dedup store: Redis when redisAddr is set, PostgreSQL
 // when dsn is, else memory.
 func openStore(ctx context.Context, dsn, redisAddr string) (dedup.Store, string, func(), error) {
-	scope := kafkadedup.Scope(group, "apply-order")
+	scope := dedup.Scope(group, "apply-order")
 	// A fresh scope per run: the cluster is new each time, so are its events.
 	fresh := scope + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if redisAddr != "" {

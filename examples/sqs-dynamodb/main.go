@@ -90,7 +90,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		return err
 	}
 	w, err := dedup.Wrap(store, sqsdedup.Messages(queueURL), charge(log),
-		dedup.WithScope("orders/charge"),
+		dedup.WithScope(dedup.Scope("orders", "charge")),
 		dedup.WithSink(sink),
 		dedup.WithMaxAttempts(o.maxAttempts),
 		dedup.WithLogger(log),

@@ -327,7 +327,7 @@ func TestBadInputNilAfterCancel(t *testing.T) {
 		<-ctx.Done()
 		applied++ // the handler finishes its work regardless
 		return nil
-	}, dedup.WithScope(scope), dedup.WithSink(&dedup.MemorySink{}), dedup.WithLogger(logs.logger()))
+	}, dedup.WithScope(scope), dedup.WithSink(dedup.NewMemorySink()), dedup.WithLogger(logs.logger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +401,7 @@ func TestBadInputLambda(t *testing.T) {
 	}
 
 	t.Run("bad records settle as dead letters", func(t *testing.T) {
-		sink := &dedup.MemorySink{}
+		sink := dedup.NewMemorySink()
 		h := sqsdedup.LambdaHandler(wrapper(t, newDynamoDBStore(t, ddb, table), sink, handler))
 		resp, err := h(context.Background(), events.SQSEvent{Records: []events.SQSMessage{
 			rec("m-missing", nil, "x"),
@@ -434,7 +434,7 @@ func TestBadInputLambda(t *testing.T) {
 	})
 
 	t.Run("store unreachable fails every record", func(t *testing.T) {
-		h := sqsdedup.LambdaHandler(wrapper(t, newDynamoDBStore(t, closedDynamoDB(t), table), &dedup.MemorySink{}, handler))
+		h := sqsdedup.LambdaHandler(wrapper(t, newDynamoDBStore(t, closedDynamoDB(t), table), dedup.NewMemorySink(), handler))
 		resp, _ := h(context.Background(), events.SQSEvent{Records: []events.SQSMessage{
 			rec("m1", ptr("evt-1"), "a"), rec("m2", ptr("evt-2"), "b"),
 		}})
@@ -463,7 +463,7 @@ func TestBadInputLambda(t *testing.T) {
 
 	t.Run("nil after the deadline is trusted", func(t *testing.T) {
 		clear(applied)
-		h := sqsdedup.LambdaHandler(wrapper(t, newDynamoDBStore(t, ddb, table), &dedup.MemorySink{},
+		h := sqsdedup.LambdaHandler(wrapper(t, newDynamoDBStore(t, ddb, table), dedup.NewMemorySink(),
 			func(ctx context.Context, m events.SQSMessage) error {
 				<-ctx.Done()
 				applied[m.MessageId]++
