@@ -114,7 +114,7 @@ func TestBatchCrashLoopSparesTheRestOfTheBatch(t *testing.T) {
 func TestAttemptsSpentByDeathsAreACrashLoop(t *testing.T) {
 	ctx := context.Background()
 	store, scope := dedup.NewMemoryStore(), uniqueScope(t)
-	fp, err := dedup.SHA256Fingerprint([]byte("b"))
+	fp, err := dedup.SHA256Fingerprint()([]byte("b"))
 	require.NoError(t, err)
 	req := dedup.ClaimRequest{Key: dedup.Key{Scope: scope, EventID: "e-1"}, Fingerprint: fp, Lease: time.Millisecond, TTL: time.Hour}
 	var c dedup.Claim

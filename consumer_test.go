@@ -468,7 +468,7 @@ func TestWrapper(t *testing.T) {
 }
 
 func mustFingerprint(t testing.TB, body string) string {
-	fp, err := dedup.SHA256Fingerprint([]byte(body))
+	fp, err := dedup.SHA256Fingerprint()([]byte(body))
 	require.NoError(t, err)
 	return fp
 }

@@ -22,9 +22,11 @@ var ErrInvalidPayload = errors.New("dedup: invalid payload")
 // event ID is reused for a different event.
 type FingerprintFunc func(payload []byte) (string, error)
 
-// SHA256Fingerprint is the default fingerprint: the hex SHA-256 of the
-// payload bytes.
-func SHA256Fingerprint(payload []byte) (string, error) {
+// SHA256Fingerprint returns the default fingerprint: the hex SHA-256 of the
+// payload bytes. It never fails.
+func SHA256Fingerprint() FingerprintFunc { return sha256Fingerprint }
+
+func sha256Fingerprint(payload []byte) (string, error) {
 	sum := sha256.Sum256(payload)
 	var buf [2 * sha256.Size]byte
 	hex.Encode(buf[:], sum[:])

@@ -17,7 +17,7 @@ import (
 // its original: found by the DynamoDB outage campaign in reliability/.)
 func TestInFlightIsTriedAgainSoon(t *testing.T) {
 	store, scope := dedup.NewMemoryStore(), uniqueScope(t)
-	fp, err := dedup.SHA256Fingerprint([]byte("b"))
+	fp, err := dedup.SHA256Fingerprint()([]byte("b"))
 	require.NoError(t, err)
 	_, err = store.Claim(context.Background(), dedup.ClaimRequest{
 		Key: dedup.Key{Scope: scope, EventID: "e-1"}, Fingerprint: fp, Lease: time.Minute, TTL: time.Hour,

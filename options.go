@@ -44,7 +44,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		fingerprint:     SHA256Fingerprint,
+		fingerprint:     SHA256Fingerprint(),
 		maxAttempts:     DefaultMaxAttempts,
 		backoff:         ExponentialBackoff(200*time.Millisecond, 30*time.Second),
 		ttl:             DefaultTTL,

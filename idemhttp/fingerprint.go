@@ -53,7 +53,7 @@ func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem)
 		}
 		kind, bodyFP = "json", fp
 	} else {
-		bodyFP, _ = dedup.SHA256Fingerprint(body) // never fails
+		bodyFP, _ = dedup.SHA256Fingerprint()(body) // never fails
 	}
 	h := sha256.New()
 	for _, part := range []string{"idemhttp/1", c.policy, r.Method, c.route(r), kind, bodyFP} {
