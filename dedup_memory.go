@@ -3,8 +3,6 @@ package dedup
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"sync"
 	"time"
@@ -18,15 +16,7 @@ type MemoryStore struct {
 	// map stores inline, so by-value storage would allocate per insert anyway,
 	// and a pointer lets updates happen in place with one lookup.
 	records map[Key]*Record
-	// Claims take their records from slab and their owner tokens from
-	// tokens, each refilled 64 at a time, so that a claim of a new key
-	// costs a fraction of an allocation instead of two.
-	slab   []Record
-	tokens string
 }
-
-// memoryChunk is how many records or tokens a refill makes.
-const memoryChunk = 64
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
@@ -74,7 +64,7 @@ func (s *MemoryStore) claim(req ClaimRequest, now time.Time) Claim {
 		if ok {
 			*rec = Record{}
 		} else {
-			rec = s.newRecord()
+			rec = new(Record)
 			s.records[req.Key] = rec
 		}
 		rec.Key = req.Key
@@ -96,34 +86,10 @@ func (s *MemoryStore) claim(req ClaimRequest, now time.Time) Claim {
 func (s *MemoryStore) acquire(rec *Record, req ClaimRequest, now time.Time) {
 	rec.Status = StatusProcessing
 	rec.Attempts++
-	rec.Owner = s.newToken()
+	rec.Owner = NewOwnerToken()
 	rec.LeaseUntil = now.Add(req.Lease)
 	rec.UpdatedAt = now
 	rec.ExpiresAt = now.Add(req.TTL)
-}
-
-// newRecord returns a zero record; s.mu must be held.
-func (s *MemoryStore) newRecord() *Record {
-	if len(s.slab) == 0 {
-		s.slab = make([]Record, memoryChunk)
-	}
-	rec := &s.slab[0]
-	s.slab = s.slab[1:]
-	return rec
-}
-
-// newToken returns a new owner token, as NewOwnerToken does; s.mu must be
-// held.
-func (s *MemoryStore) newToken() string {
-	const size = 32 // NewOwnerToken's length
-	if len(s.tokens) == 0 {
-		random := make([]byte, memoryChunk*size/2)
-		_, _ = rand.Read(random) // crypto/rand.Read never returns an error.
-		s.tokens = hex.EncodeToString(random)
-	}
-	t := s.tokens[:size]
-	s.tokens = s.tokens[size:]
-	return t
 }
 
 // Complete marks the record succeeded with result if owner still holds it.

@@ -3,8 +3,6 @@ package dedup
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -56,21 +54,7 @@ func (l *pgList) addMicros(d time.Duration) {
 // would read as an empty list.
 func listable(s string) bool { return s != "" && strings.IndexByte(s, pgListSep) < 0 }
 
-// ownerTokens returns n new owner tokens as one list string; token w is
-// tokens[w*33 : w*33+32], a substring that costs no allocation.
-func ownerTokens(n int) string {
-	random := make([]byte, 16*n)
-	_, _ = rand.Read(random) // crypto/rand.Read never returns an error.
-	buf := make([]byte, 33*n-1)
-	for w := range n {
-		hex.Encode(buf[33*w:33*w+32], random[16*w:16*w+16])
-		if w < n-1 {
-			buf[33*w+32] = pgListSep
-		}
-	}
-	return string(buf)
-}
-
+// ownerToken returns token w of a string made by ownerTokens.
 func ownerToken(tokens string, w int) string { return tokens[33*w : 33*w+32] }
 
 // ClaimBatch claims several distinct keys with one upsert round trip for
@@ -149,8 +133,8 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 			break
 		}
 	}
-	tokens := ownerTokens(n)
-	byOwner := make(map[string]int, n) // owner token -> position in wave
+	tokens := ownerTokens(n, pgListSep) // a list of n tokens
+	byOwner := make(map[string]int, n)  // owner token -> position in wave
 	for w, i := range wave {
 		req := &b.reqs[i]
 		scopes.add(req.Key.Scope)

@@ -120,16 +120,6 @@ func WithBackoff(b Backoff) Opt { return optFunc(func(c *config) { c.backoff = b
 // too long delays recovery after a crash.
 func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease = d }) }
 
-// leaseKey is the context key of [ContextWithLease].
-type leaseKey struct{}
-
-// ContextWithLease returns ctx carrying the lease a transport suggests for
-// the deliveries handled with it, such as the SQS visibility timeout. A
-// wrapper without WithLease uses it.
-func ContextWithLease(ctx context.Context, lease time.Duration) context.Context {
-	return context.WithValue(ctx, leaseKey{}, lease)
-}
-
 // WithTTL sets how long records are kept (default 7 days). It must cover the
 // transport's whole redelivery horizon, replays and DLQ redrives included.
 func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }) }

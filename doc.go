@@ -1,0 +1,32 @@
+// Package dedup makes event consumers safe under at-least-once delivery.
+//
+// A [Wrapper] sits between a transport (Kafka, SQS, ...) and a handler. For
+// every delivery it claims the event's key in a [Store] with one atomic
+// operation, runs the handler only when the claim was won, and records the
+// outcome, so that one logical event has one business effect however often it
+// arrives. A message that keeps failing is parked in a dead-letter [Sink]
+// after a bounded number of attempts instead of looping forever.
+//
+// # Using it
+//
+// Pick a store ([NewPostgresStore], [NewDynamoDBStore], [NewMemoryStore] for
+// tests; the redisstore package for Redis), then wrap a handler with [Wrap]
+// (or [WrapTx], to run the handler in the PostgreSQL transaction that
+// records it). [WithScope], built with [Scope], and [WithSink] are required;
+// the other [Opt] values have defaults. The adapters/kafkadedup and
+// adapters/sqsdedup packages run the poll loop and provide the [Messages]
+// and the [Sink] for their transport. Each delivery's [Result] carries an
+// [Outcome] (OutcomeProcessed, OutcomeDuplicate, ...) that says whether the
+// transport may acknowledge it; [Wrapper.Outage] tells a readiness probe
+// whether the store or the sink keeps failing.
+//
+// # Writing a store
+//
+// A new backend implements [Store] (and, to complete a batch in one write,
+// [BatchCompleter]); the deduptest package checks it against the contract.
+// What only a store or transport author needs is in storekit.go:
+// [ClaimRequest], [Claim] and its [ClaimStatus], [Failure], [Completion],
+// [Classify] to answer a refused claim from the blocking record,
+// [ValidateBatch], [NewOwnerToken], and [ContextWithLease] for a transport
+// that knows its redelivery deadline.
+package dedup
