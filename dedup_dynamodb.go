@@ -205,8 +205,8 @@ func (s *DynamoDBStore) create(ctx context.Context, req ClaimRequest, now int64)
 		TableName:                           aws.String(s.table),
 		Item:                                encodeRecord(rec),
 		ConditionExpression:                 aws.String("attribute_not_exists(#pk) OR #expires_ms <= :now"),
-		ExpressionAttributeNames:            names(ddbPK, ddbExpiresMs),
-		ExpressionAttributeValues:           map[string]types.AttributeValue{":now": num(now)},
+		ExpressionAttributeNames:            ddbNames(ddbPK, ddbExpiresMs),
+		ExpressionAttributeValues:           map[string]types.AttributeValue{":now": ddbNum(now)},
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	if err == nil {
@@ -230,18 +230,18 @@ func (s *DynamoDBStore) takeOver(ctx context.Context, req ClaimRequest, now int6
 			"(#status = :retryable OR (#status = :processing AND #lease_until_ms <= :now))"),
 		UpdateExpression: aws.String("SET #status = :processing, #attempts = #attempts + :one, #owner = :owner, " +
 			"#lease_until_ms = :lease, #updated_ms = :now, #expires_ms = :expires_ms, #expires_at = :expires_at"),
-		ExpressionAttributeNames: names(ddbExpiresMs, ddbFingerprint, ddbStatus, ddbLeaseUntil, ddbAttempts,
+		ExpressionAttributeNames: ddbNames(ddbExpiresMs, ddbFingerprint, ddbStatus, ddbLeaseUntil, ddbAttempts,
 			ddbOwner, ddbUpdated, ddbExpiresAt),
 		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":now":        num(now),
-			":fp":         str(req.Fingerprint),
-			":retryable":  str(string(StatusFailedRetryable)),
-			":processing": str(string(StatusProcessing)),
-			":one":        num(1),
-			":owner":      str(owner),
-			":lease":      num(lease),
-			":expires_ms": num(expires),
-			":expires_at": num(ttlSeconds(expires)),
+			":now":        ddbNum(now),
+			":fp":         ddbStr(req.Fingerprint),
+			":retryable":  ddbStr(string(StatusFailedRetryable)),
+			":processing": ddbStr(string(StatusProcessing)),
+			":one":        ddbNum(1),
+			":owner":      ddbStr(owner),
+			":lease":      ddbNum(lease),
+			":expires_ms": ddbNum(expires),
+			":expires_at": ddbNum(ttlSeconds(expires)),
 		},
 		ReturnValues:                        types.ReturnValueAllOld,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
@@ -312,7 +312,7 @@ func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 	}
 	claims := make([]Claim, len(reqs))
 	errs := make([]error, len(reqs))
-	err := forEachLimit(ctx, len(reqs), func(ctx context.Context, i int) error {
+	err := ddbForEach(ctx, len(reqs), func(ctx context.Context, i int) error {
 		// The other claims go on rather than being canceled: a claim
 		// canceled in flight may have been applied unseen, and only a
 		// claim that is seen can be given back.
@@ -337,7 +337,7 @@ func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 func (s *DynamoDBStore) giveBack(ctx context.Context, claims []Claim) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	_ = forEachLimit(ctx, len(claims), func(ctx context.Context, i int) error {
+	_ = ddbForEach(ctx, len(claims), func(ctx context.Context, i int) error {
 		if c := claims[i]; c.Status == ClaimAcquired {
 			_ = s.Release(ctx, c.Record.Key, c.Record.Owner) // best effort: the lease frees it otherwise
 		}
@@ -351,9 +351,9 @@ func (s *DynamoDBStore) Complete(ctx context.Context, key Key, owner string, res
 	expires := now + ttl.Milliseconds()
 	update := "SET #status = :succeeded, #updated_ms = :now, #expires_ms = :expires_ms, #expires_at = :expires_at"
 	values := map[string]types.AttributeValue{
-		":succeeded":  str(string(StatusSucceeded)),
-		":expires_ms": num(expires),
-		":expires_at": num(ttlSeconds(expires)),
+		":succeeded":  ddbStr(string(StatusSucceeded)),
+		":expires_ms": ddbNum(expires),
+		":expires_at": ddbNum(ttlSeconds(expires)),
 	}
 	if len(result) > 0 {
 		update += ", #result = :result"
@@ -372,7 +372,7 @@ func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 		return nil, err
 	}
 	errs := make([]error, len(cs))
-	err := forEachLimit(ctx, len(cs), func(ctx context.Context, i int) error {
+	err := ddbForEach(ctx, len(cs), func(ctx context.Context, i int) error {
 		c := &cs[i]
 		errs[i] = s.Complete(ctx, c.Key, c.Owner, c.Result, c.TTL)
 		return nil
@@ -394,10 +394,10 @@ func (s *DynamoDBStore) Fail(ctx context.Context, key Key, owner string, f Failu
 	update := "SET #status = :failed, #last_error = :error, #first_failure_ms = if_not_exists(#first_failure_ms, :now), " +
 		"#last_failure_ms = :now, #updated_ms = :now, #expires_ms = :expires_ms, #expires_at = :expires_at"
 	values := map[string]types.AttributeValue{
-		":failed":     str(string(status)),
-		":error":      str(f.Error),
-		":expires_ms": num(expires),
-		":expires_at": num(ttlSeconds(expires)),
+		":failed":     ddbStr(string(status)),
+		":error":      ddbStr(f.Error),
+		":expires_ms": ddbNum(expires),
+		":expires_at": ddbNum(ttlSeconds(expires)),
 	}
 	return s.fenced(ctx, "fail", key, owner, now, update, values,
 		ddbStatus, ddbLastError, ddbFirstFailure, ddbLastFailure, ddbUpdated, ddbExpiresMs, ddbExpiresAt)
@@ -406,7 +406,7 @@ func (s *DynamoDBStore) Fail(ctx context.Context, key Key, owner string, f Failu
 // Extend pushes the lease of a held record to lease from now.
 func (s *DynamoDBStore) Extend(ctx context.Context, key Key, owner string, lease time.Duration) error {
 	now := time.Now().UnixMilli()
-	values := map[string]types.AttributeValue{":lease": num(now + lease.Milliseconds())}
+	values := map[string]types.AttributeValue{":lease": ddbNum(now + lease.Milliseconds())}
 	return s.fenced(ctx, "extend", key, owner, now, "SET #lease_until_ms = :lease, #updated_ms = :now", values,
 		ddbLeaseUntil, ddbUpdated)
 }
@@ -416,8 +416,8 @@ func (s *DynamoDBStore) Extend(ctx context.Context, key Key, owner string, lease
 func (s *DynamoDBStore) Release(ctx context.Context, key Key, owner string) error {
 	now := time.Now().UnixMilli()
 	values := map[string]types.AttributeValue{
-		":retryable": str(string(StatusFailedRetryable)),
-		":one":       num(1),
+		":retryable": ddbStr(string(StatusFailedRetryable)),
+		":one":       ddbNum(1),
 	}
 	return s.fenced(ctx, "release", key, owner, now,
 		"SET #status = :retryable, #attempts = #attempts - :one, #lease_until_ms = :now, #updated_ms = :now", values,
@@ -432,15 +432,15 @@ func (s *DynamoDBStore) fenced(ctx context.Context, op string, key Key, owner st
 	if err := key.Validate(); err != nil {
 		return err
 	}
-	values[":now"] = num(now)
-	values[":owner"] = str(owner)
-	values[":processing"] = str(string(StatusProcessing))
+	values[":now"] = ddbNum(now)
+	values[":owner"] = ddbStr(owner)
+	values[":processing"] = ddbStr(string(StatusProcessing))
 	_, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 aws.String(s.table),
 		Key:                       itemKey(key),
 		ConditionExpression:       aws.String("#owner = :owner AND #status = :processing AND #expires_ms > :now"),
 		UpdateExpression:          aws.String(update),
-		ExpressionAttributeNames:  names(append(attrs, ddbOwner, ddbStatus, ddbExpiresMs)...),
+		ExpressionAttributeNames:  ddbNames(append(attrs, ddbOwner, ddbStatus, ddbExpiresMs)...),
 		ExpressionAttributeValues: values,
 	})
 	var ccf *types.ConditionalCheckFailedException
@@ -494,21 +494,21 @@ func (s *DynamoDBStore) Purge(ctx context.Context) (int, error) {
 		ConsistentRead:            aws.Bool(true),
 		FilterExpression:          aws.String("#expires_ms <= :now"),
 		ProjectionExpression:      aws.String("#pk"),
-		ExpressionAttributeNames:  names(ddbPK, ddbExpiresMs),
-		ExpressionAttributeValues: map[string]types.AttributeValue{":now": num(now)},
+		ExpressionAttributeNames:  ddbNames(ddbPK, ddbExpiresMs),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":now": ddbNum(now)},
 	})
 	for pages.HasMorePages() {
 		page, err := pages.NextPage(ctx)
 		if err != nil {
 			return int(deleted.Load()), fmt.Errorf("dedup: dynamodb purge %s: %w", s.table, err)
 		}
-		err = forEachLimit(ctx, len(page.Items), func(ctx context.Context, i int) error {
+		err = ddbForEach(ctx, len(page.Items), func(ctx context.Context, i int) error {
 			_, err := s.client.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 				TableName:                 aws.String(s.table),
 				Key:                       map[string]types.AttributeValue{ddbPK: page.Items[i][ddbPK]},
 				ConditionExpression:       aws.String("#expires_ms <= :now"),
-				ExpressionAttributeNames:  names(ddbExpiresMs),
-				ExpressionAttributeValues: map[string]types.AttributeValue{":now": num(now)},
+				ExpressionAttributeNames:  ddbNames(ddbExpiresMs),
+				ExpressionAttributeValues: map[string]types.AttributeValue{":now": ddbNum(now)},
 			})
 			var ccf *types.ConditionalCheckFailedException
 			switch {
@@ -527,10 +527,10 @@ func (s *DynamoDBStore) Purge(ctx context.Context) (int, error) {
 	return int(deleted.Load()), nil
 }
 
-// forEachLimit calls fn for 0..n-1 with at most ddbConcurrency calls running,
+// ddbForEach calls fn for 0..n-1 with at most ddbConcurrency calls running,
 // and returns the first error; after it, calls not yet started are skipped and
 // the context of running ones is cancelled.
-func forEachLimit(ctx context.Context, n int, fn func(ctx context.Context, i int) error) error {
+func ddbForEach(ctx context.Context, n int, fn func(ctx context.Context, i int) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -570,25 +570,25 @@ func dynamoDBPK(k Key) string {
 }
 
 func itemKey(k Key) map[string]types.AttributeValue {
-	return map[string]types.AttributeValue{ddbPK: str(dynamoDBPK(k))}
+	return map[string]types.AttributeValue{ddbPK: ddbStr(dynamoDBPK(k))}
 }
 
 // encodeRecord returns the item for a freshly created record.
 func encodeRecord(r Record) map[string]types.AttributeValue {
 	expires := r.ExpiresAt.UnixMilli()
 	return map[string]types.AttributeValue{
-		ddbPK:          str(dynamoDBPK(r.Key)),
-		ddbScope:       str(r.Key.Scope),
-		ddbEventID:     str(r.Key.EventID),
-		ddbStatus:      str(string(r.Status)),
-		ddbFingerprint: str(r.Fingerprint),
-		ddbAttempts:    num(int64(r.Attempts)),
-		ddbOwner:       str(r.Owner),
-		ddbLeaseUntil:  num(r.LeaseUntil.UnixMilli()),
-		ddbCreated:     num(r.CreatedAt.UnixMilli()),
-		ddbUpdated:     num(r.UpdatedAt.UnixMilli()),
-		ddbExpiresMs:   num(expires),
-		ddbExpiresAt:   num(ttlSeconds(expires)),
+		ddbPK:          ddbStr(dynamoDBPK(r.Key)),
+		ddbScope:       ddbStr(r.Key.Scope),
+		ddbEventID:     ddbStr(r.Key.EventID),
+		ddbStatus:      ddbStr(string(r.Status)),
+		ddbFingerprint: ddbStr(r.Fingerprint),
+		ddbAttempts:    ddbNum(int64(r.Attempts)),
+		ddbOwner:       ddbStr(r.Owner),
+		ddbLeaseUntil:  ddbNum(r.LeaseUntil.UnixMilli()),
+		ddbCreated:     ddbNum(r.CreatedAt.UnixMilli()),
+		ddbUpdated:     ddbNum(r.UpdatedAt.UnixMilli()),
+		ddbExpiresMs:   ddbNum(expires),
+		ddbExpiresAt:   ddbNum(ttlSeconds(expires)),
 	}
 }
 
@@ -690,9 +690,9 @@ func ttlSeconds(ms int64) int64 {
 	return (ms + 999) / 1000
 }
 
-// names returns expression attribute names mapping "#a" to a for each a;
+// ddbNames returns expression attribute names mapping "#a" to a for each a;
 // aliasing every attribute avoids DynamoDB's reserved words (status, owner...).
-func names(attrs ...string) map[string]string {
+func ddbNames(attrs ...string) map[string]string {
 	m := make(map[string]string, len(attrs))
 	for _, a := range attrs {
 		m["#"+a] = a
@@ -700,8 +700,8 @@ func names(attrs ...string) map[string]string {
 	return m
 }
 
-func str(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }
+func ddbStr(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }
 
-func num(n int64) types.AttributeValue {
+func ddbNum(n int64) types.AttributeValue {
 	return &types.AttributeValueMemberN{Value: strconv.FormatInt(n, 10)}
 }
