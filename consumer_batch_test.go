@@ -225,20 +225,13 @@ func TestBatchCompletion(t *testing.T) {
 				}
 			})
 
+			// Batch completion on a store that cannot batch is a
+			// configuration error, not a silent fallback to one write each.
 			t.Run("StoreWithoutBatchCompleter", func(t *testing.T) {
-				counting := &countingStore{Store: newStore(t)}
-				w, err := dedup.Wrap(plainStore{counting}, events, func(ctx context.Context, e event) error { return nil },
+				_, err := dedup.Wrap(plainStore{newStore(t)}, events, func(ctx context.Context, e event) error { return nil },
 					fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute))...)
-				require.NoError(t, err)
-				batch := []event{{ID: "p1", Body: "x"}, {ID: "p2", Body: "x"}}
-				err = w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
-					require.NoError(t, err)
-					require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
-					return true
-				})
-				require.NoError(t, err)
-				require.EqualValues(t, 2, counting.completes.Load())
-				require.EqualValues(t, 0, counting.batches.Load())
+				require.ErrorIs(t, err, dedup.ErrConfig)
+				require.ErrorContains(t, err, "WithBatchCompletion")
 			})
 		})
 	}
