@@ -25,7 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/awsfault"
+	"github.com/dedupkit/dedup/internal/awsfault"
 	"github.com/dedupkit/dedup/outbox"
 	"github.com/dedupkit/dedup/outbox/kafkaoutbox"
 	"github.com/dedupkit/dedup/outbox/sqsoutbox"

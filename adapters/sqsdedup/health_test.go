@@ -13,7 +13,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
-	"github.com/dedupkit/dedup/awsfault"
+	"github.com/dedupkit/dedup/internal/awsfault"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 

@@ -8,7 +8,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/dedupkit/dedup/awsfault"
+	"github.com/dedupkit/dedup/internal/awsfault"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
