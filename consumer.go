@@ -75,17 +75,18 @@ type Result struct {
 	Key     Key
 	// Attempts is the event's attempt count as of this delivery.
 	Attempts int
-	// Reason is set for DeadLettered and Conflict.
+	// Reason is set for OutcomeDeadLettered and OutcomeConflict.
 	Reason Reason
-	// Err is the handler's error for Retry and DeadLettered.
+	// Err is the handler's error for OutcomeRetry and OutcomeDeadLettered.
 	Err error
-	// RetryAfter is how long to wait before the next delivery, for Retry and
-	// InFlight.
+	// RetryAfter is how long to wait before the next delivery, for
+	// OutcomeRetry and OutcomeInFlight.
 	RetryAfter time.Duration
 }
 
 // Settled reports whether the transport may acknowledge the message: true for
-// Processed, Duplicate, DeadLettered and Conflict.
+// OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered and
+// OutcomeConflict.
 func (r Result) Settled() bool {
 	switch r.Outcome {
 	case OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered, OutcomeConflict:

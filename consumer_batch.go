@@ -17,9 +17,10 @@ import (
 // only when the batch claim itself fails.
 //
 // A key the batch holds more than once is sent to the store once: a later
-// copy gets its answer from the first copy's outcome (Duplicate once that is
-// settled, the same Retry or InFlight otherwise), or, when its payload
-// differs, from a claim of its own made after the first copy settled.
+// copy gets its answer from the first copy's outcome (OutcomeDuplicate once
+// that is settled, the same OutcomeRetry or OutcomeInFlight otherwise), or,
+// when its payload differs, from a claim of its own made after the first
+// copy settled.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
 	b := &batch[M]{w: w, ds: make([]delivery[M], len(msgs)), claims: make([]*Claim, len(msgs)),
 		first: make([]int, len(msgs)), outcomes: make([]pendingResult, len(msgs)), yield: yield}
@@ -166,7 +167,7 @@ func (b *batch[M]) copyOf(i int) pendingResult {
 	case OutcomeProcessed, OutcomeDeadLettered, OutcomeDuplicate, OutcomeConflict:
 		p.res = Result{Outcome: OutcomeDuplicate, Key: f.res.Key, Attempts: f.res.Attempts}
 		p.comp, p.dup = f.comp, f.comp >= 0
-	default: // Retry or InFlight: this copy comes back too; or an error
+	default: // OutcomeRetry or OutcomeInFlight: this copy comes back too; or an error
 		p.res = f.res
 	}
 	return p

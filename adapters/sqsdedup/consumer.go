@@ -25,11 +25,12 @@ const cancelGrace = 15 * time.Second
 // Consumer receives messages from one SQS queue and runs each through a
 // dedup.Wrapper, then acts on the outcome:
 //
-//   - Processed, Duplicate, DeadLettered, Conflict: the message is deleted,
-//     in batches (DeleteMessageBatch, retrying entries reported as failed).
-//   - Retry: the message's visibility is set to Result.RetryAfter, so it
-//     comes back after the backoff.
-//   - InFlight (the event is being handled elsewhere): the message becomes
+//   - OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered,
+//     OutcomeConflict: the message is deleted, in batches
+//     (DeleteMessageBatch, retrying entries reported as failed).
+//   - OutcomeRetry: the message's visibility is set to Result.RetryAfter,
+//     so it comes back after the backoff.
+//   - OutcomeInFlight (the event is being handled elsewhere): the message becomes
 //     visible again after a short delay ([WithInFlightDelay]); it is never
 //     deleted nor kept invisible by the heartbeat.
 //   - An error (store or DLQ unreachable): nothing; the message comes back

@@ -40,8 +40,9 @@ func LambdaMessages(opts ...MessagesOpt) dedup.Messages[events.SQSMessage] {
 
 // LambdaHandler returns a Lambda handler for SQS events (pass it to
 // lambda.Start) that runs the records through w in order and reports those
-// that did not settle (Retry, InFlight, or an error) as batch item failures,
-// so that Lambda deletes the others and only those come back, after their
+// that did not settle (OutcomeRetry, OutcomeInFlight, or an error) as batch
+// item failures, so that Lambda deletes the others and only those come back,
+// after their
 // visibility timeout. The event source mapping must have
 // ReportBatchItemFailures enabled, or Lambda deletes the whole batch. On a
 // FIFO queue, a record that does not settle also fails the records after it
