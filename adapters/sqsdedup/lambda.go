@@ -42,8 +42,7 @@ func LambdaMessages(opts ...MessagesOpt) dedup.Messages[events.SQSMessage] {
 // lambda.Start) that runs the records through w in order and reports those
 // that did not settle (OutcomeRetry, OutcomeInFlight, or an error) as batch
 // item failures, so that Lambda deletes the others and only those come back,
-// after their
-// visibility timeout. The event source mapping must have
+// after their visibility timeout. The event source mapping must have
 // ReportBatchItemFailures enabled, or Lambda deletes the whole batch. On a
 // FIFO queue, a record that does not settle also fails the records after it
 // in its message group, which are not run, so the group keeps its order. The
