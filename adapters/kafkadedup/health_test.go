@@ -44,9 +44,10 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	c := newCluster(t, 1)
 	c.produce(events("down", 3, 1)...)
 	fx := newEffects()
-	w := wrap(t, unreachableStore(t), c.sink(), dedup.Scope(c.group, "apply"),
-		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil })
 	logs := &testenv.Logs{}
+	w := wrap(t, unreachableStore(t), c.sink(), dedup.Scope(c.group, "apply"),
+		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil },
+		dedup.WithLogger(slog.New(logs)), dedup.WithOutageThreshold(500*time.Millisecond))
 	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
 		kafkadedup.WithLogger(slog.New(logs)), kafkadedup.WithOutageThreshold(500*time.Millisecond),
 		kafkadedup.WithErrorBackoff(func(int) time.Duration { return 20 * time.Millisecond }))
@@ -60,6 +61,10 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	eventually(t, 20*time.Second, func() bool {
 		return logs.Count(slog.LevelError, "kafkadedup: store or dead-letter sink still failing") >= 1 && failures() >= 20
 	}, "no outage reminded at ERROR after many failures; logs:\n%s", logs)
+	// The wrapper logs the outage's start, the consumer only its reminders.
+	if n := logs.Count(slog.LevelError, "dedup: the store or dead-letter sink has been failing"); n != 1 {
+		t.Errorf("%d ERROR records of the outage's start, want 1 (from the wrapper)", n)
+	}
 	if errs, n := logs.Count(slog.LevelError, ""), failures(); errs >= n/2 {
 		t.Errorf("%d ERROR records for %d failures, want the outage reported, not each retry", errs, n)
 	}
