@@ -41,6 +41,9 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
+	if w.cfg.batchCompletion {
+		return nil, fmt.Errorf("%w: WithBatchCompletion: WrapTx records each event in its handler's transaction", ErrConfig)
+	}
 	w.steps = inboxSteps[M]{store: store, handler: h, ttl: w.cfg.ttl}
 	return w, nil
 }

@@ -216,3 +216,13 @@ func TestWrapTxRejectsNil(t *testing.T) {
 		dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()))
 	require.ErrorIs(t, err, dedup.ErrConfig)
 }
+
+// WrapTx records each event in its handler's transaction: batch completion
+// is an option it cannot honour, refused rather than ignored.
+func TestWrapTxRejectsBatchCompletion(t *testing.T) {
+	store := newPostgresStore(t, testenv.Postgres(t))
+	_, err := dedup.WrapTx(store, events, func(context.Context, pgx.Tx, event) error { return nil },
+		dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithBatchCompletion(time.Second))
+	require.ErrorIs(t, err, dedup.ErrConfig)
+	require.ErrorContains(t, err, "WithBatchCompletion")
+}

@@ -151,7 +151,9 @@ func WithObserver(f func(context.Context, Result)) Opt {
 
 // WithBatchCompletion makes HandleBatch record the successes of a batch
 // together, in one store write, instead of one write per event. The store
-// must be a [BatchCompleter]; [Wrap] refuses any other with [ErrConfig]. No result is given back before its
+// must be a [BatchCompleter]; [Wrap] refuses any other with [ErrConfig], and
+// [WrapTx], which records each event in its handler's transaction, refuses
+// the option. No result is given back before its
 // completion is durable, so a transport never acknowledges early, and a
 // completion waits at most maxWait (and a third of the lease) for the others,
 // plus the run of the handler in progress.
