@@ -77,13 +77,15 @@ func NewDynamoDBStore(client *dynamodb.Client, opts ...StoreOpt) (*DynamoDBStore
 	return &DynamoDBStore{client: client, table: table}, nil
 }
 
-// CreateDynamoDBTable creates the table a [DynamoDBStore] needs, with
-// on-demand billing and TTL on expires_at, and waits until it is active. It
-// succeeds when the table already exists.
-func CreateDynamoDBTable(ctx context.Context, client *dynamodb.Client, table string) error {
+// CreateDynamoDBTable creates the table a [DynamoDBStore] needs, the one
+// [WithTable] names or else [DefaultTable], with on-demand billing and TTL on
+// expires_at, and waits until it is active. It succeeds when the table
+// already exists.
+func CreateDynamoDBTable(ctx context.Context, client *dynamodb.Client, opts ...StoreOpt) error {
 	if client == nil {
-		return errors.New("dedup: dynamodb: nil client")
+		return fmt.Errorf("%w: dynamodb create table: nil client", ErrConfig)
 	}
+	table := storeTable(opts)
 	if err := validateDynamoDBTable(table); err != nil {
 		return err
 	}

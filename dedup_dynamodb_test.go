@@ -23,7 +23,7 @@ func newDynamoDBTable(t testing.TB, client *dynamodb.Client) string {
 	t.Helper()
 	table := "dedup-test-" + dedup.NewOwnerToken()[:12]
 	ctx := context.Background()
-	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(ctx, client, dedup.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -56,7 +56,7 @@ func TestCreateDynamoDBTableIsIdempotent(t *testing.T) {
 	client := testenv.DynamoDB(t)
 	table := newDynamoDBTable(t, client)
 	ctx := context.Background()
-	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(ctx, client, dedup.WithTable(table)); err != nil {
 		t.Fatalf("second create: %v", err)
 	}
 	ttl, err := client.DescribeTimeToLive(ctx, &dynamodb.DescribeTimeToLiveInput{TableName: aws.String(table)})
@@ -81,7 +81,7 @@ func TestDynamoDBRejectsInvalidTableNames(t *testing.T) {
 		if _, err := dedup.NewDynamoDBStore(client, dedup.WithTable(name)); err == nil {
 			t.Errorf("NewDynamoDBStore(%q) succeeded, want an error", name)
 		}
-		if err := dedup.CreateDynamoDBTable(context.Background(), client, name); err == nil {
+		if err := dedup.CreateDynamoDBTable(context.Background(), client, dedup.WithTable(name)); err == nil {
 			t.Errorf("CreateDynamoDBTable(%q) succeeded, want an error", name)
 		}
 	}

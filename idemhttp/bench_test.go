@@ -236,7 +236,7 @@ func (c *countingDoer) Do(r *http.Request) (*http.Response, error) {
 func benchDynamoDB(b *testing.B) (dedup.Store, *atomic.Int64) {
 	base := testenv.DynamoDB(b)
 	table := uniqueName("idemhttp-bench-")
-	if err := dedup.CreateDynamoDBTable(context.Background(), base, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(context.Background(), base, dedup.WithTable(table)); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _, _ = base.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: &table}) })

@@ -60,7 +60,7 @@ func dynamoStore(t *testing.T) dedup.Store {
 	t.Helper()
 	client := testenv.DynamoDB(t)
 	table := uniqueName("idemhttp-")
-	if err := dedup.CreateDynamoDBTable(context.Background(), client, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(context.Background(), client, dedup.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

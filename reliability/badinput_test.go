@@ -170,7 +170,7 @@ func TestKafkaBadInput(t *testing.T) {
 			env: func(t *testing.T, k *kafka, e *badEnv) {
 				client := testenv.DynamoDB(t)
 				table := "rel-malformed-" + runID()
-				if err := dedup.CreateDynamoDBTable(context.Background(), client, table); err != nil {
+				if err := dedup.CreateDynamoDBTable(context.Background(), client, dedup.WithTable(table)); err != nil {
 					t.Fatal(err)
 				}
 				store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))

@@ -108,7 +108,7 @@ func TestDynamoDBOutage(t *testing.T) {
 	client := srv.Client()
 	table := "rel-" + runID()
 	ctx := context.Background()
-	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(ctx, client, dedup.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))

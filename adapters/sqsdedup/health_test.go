@@ -23,7 +23,7 @@ func failingStore(t *testing.T) (dedup.Store, *awsfault.Fault) {
 	t.Helper()
 	plain := testenv.DynamoDB(t)
 	table := tableName("sqsdedup-outage-")
-	if err := dedup.CreateDynamoDBTable(context.Background(), plain, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(context.Background(), plain, dedup.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

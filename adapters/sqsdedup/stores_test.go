@@ -54,7 +54,7 @@ func postgresStore(t *testing.T) dedup.Store {
 func dynamoDBStore(t *testing.T) dedup.Store {
 	client := testenv.DynamoDB(t)
 	table := tableName("sqsdedup-test-")
-	if err := dedup.CreateDynamoDBTable(context.Background(), client, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(context.Background(), client, dedup.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -221,7 +221,7 @@ func openDynamoDBStore(ctx context.Context, cfg config, m *meter) (*dedup.Dynamo
 		APIOptions: []func(*middleware.Stack) error{m.store.apiOption},
 	})
 	table := "dedupbench-" + dedup.NewOwnerToken()[:12]
-	if err := dedup.CreateDynamoDBTable(ctx, client, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(ctx, client, dedup.WithTable(table)); err != nil {
 		return nil, nil, fmt.Errorf("%w (run `make services`)", err)
 	}
 	drop := func() {

@@ -126,7 +126,7 @@ func setupTable(ctx context.Context, c *dynamodb.Client, table string, log *slog
 	case !errors.As(err, &missing):
 		return fmt.Errorf("describe table %s: %w", table, err)
 	}
-	if err := dedup.CreateDynamoDBTable(ctx, c, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(ctx, c, dedup.WithTable(table)); err != nil {
 		return err
 	}
 	log.Info("setup: created table (on-demand billing, TTL on expires_at)", slog.String("table", table))

@@ -234,7 +234,7 @@ func countEffects(t *testing.T, pool *pgxpool.Pool, table string) int {
 func dynamoDBTable(t *testing.T, client *dynamodb.Client) string {
 	t.Helper()
 	table := "sqsrel-" + runID()
-	if err := dedup.CreateDynamoDBTable(context.Background(), client, table); err != nil {
+	if err := dedup.CreateDynamoDBTable(context.Background(), client, dedup.WithTable(table)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
