@@ -164,7 +164,9 @@ func TestDynamoDBOutage(t *testing.T) {
 
 	// An effect is applied twice when the outage refused the Complete that
 	// followed it: the record stayed PROCESSING, and the message came back.
-	refusedComplete := logs.keys(notAcked, func(err error) bool { return strings.Contains(err.Error(), "dedup: complete ") })
+	// The store names the step and the key in its error ("dedup: dynamodb
+	// complete <key>: ...").
+	refusedComplete := logs.keys(notAcked, func(err error) bool { return strings.Contains(err.Error(), " complete "+scope+"/") })
 	for _, e := range p.events {
 		if _, applied := eff.of(e.id); applied > 1 {
 			if refusedComplete[scope+"/"+e.id] {
