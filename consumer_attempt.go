@@ -254,11 +254,10 @@ func (w *Wrapper[M]) retryHeld(ctx context.Context, lease time.Duration, write f
 	wait := settleRetryMin
 	for tries := 1; ; tries++ {
 		err := write(ctx, tries > 1)
-		var final unrepeatable
 		switch {
 		case err == nil:
 			return nil
-		case errors.Is(err, ErrLeaseLost) || errors.As(err, &final):
+		case errors.Is(err, ErrLeaseLost) || isUnrepeatable(err):
 			return err
 		case ctx.Err() != nil || time.Now().Add(wait).After(deadline):
 			return err
@@ -272,6 +271,14 @@ func (w *Wrapper[M]) retryHeld(ctx context.Context, lease time.Duration, write f
 		}
 		wait = min(2*wait, settleRetryMax)
 	}
+}
+
+// isUnrepeatable reports whether err says that trying its write again
+// cannot succeed. Kept out of retryHeld's loop so that the target of
+// errors.As escapes to the heap only when a write failed.
+func isUnrepeatable(err error) bool {
+	var final unrepeatable
+	return errors.As(err, &final)
 }
 
 // landed reports whether the record of key was settled by owner: still its
