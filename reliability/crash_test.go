@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -72,7 +73,7 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 	}
 	effects := effectsTable(t, pool)
 	group := "crash-" + mode + "-" + runID()
-	f := newFleet(t, workerConfig{
+	cfg := workerConfig{
 		Mode:         mode,
 		Brokers:      k.addrs,
 		Group:        group,
@@ -83,7 +84,12 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 		Scope:        group + "/apply",
 		MaxAttempts:  dedup.DefaultMaxAttempts,
 		Lease:        2 * time.Second,
-	}, 3)
+	}
+	f := crashtest.NewFleet(t, workerEnv, 3, func(slot int, name string) any {
+		c := cfg
+		c.Slot, c.Name = slot, name
+		return c
+	})
 
 	produced := k.produceOver(p.records, size.produceFor)
 	producing := true
@@ -101,11 +107,13 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 		}
 		return k.caughtUp(group)
 	}, k.progress(group, nil))
-	f.stop()
-	f.checkLogs()
+	for _, name := range f.Stop() {
+		t.Logf("worker %s: Consumer.Run returned an error (see its log)", name)
+	}
+	f.CheckLogs()
 
 	fig, twice := count(p, effectRows(t, pool, effects), k.readAll(k.dlq))
-	fig.kills, fig.restarts, fig.rebalances, fig.crashes, fig.elapsed = f.kills, f.restarts(), late, crashes, time.Since(began)
+	fig.kills, fig.restarts, fig.rebalances, fig.crashes, fig.elapsed = f.Kills(), f.Restarts(), late, crashes, time.Since(began)
 	t.Logf("%s campaign: %v", mode, fig)
 	if fig.kills == 0 {
 		t.Error("no worker was killed")
@@ -133,14 +141,14 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 // that the group first moves their partitions to the others. It fails t if
 // done is not true within timeout, and returns how many restarts were late
 // and how many workers died on their own.
-func supervise(t *testing.T, f *fleet, rng *rand.Rand, chaosFor, timeout time.Duration, done func() bool, progress func() string) (late, crashes int) {
+func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, timeout time.Duration, done func() bool, progress func() string) (late, crashes int) {
 	t.Helper()
 	down := map[int]time.Time{} // slot: when to start it again
 	began := time.Now()
 	next := began.Add(time.Second)
 	for ; ; time.Sleep(100 * time.Millisecond) {
 		now := time.Now()
-		for slot, err := range f.reap() {
+		for slot, err := range f.Reap() {
 			t.Logf("worker slot %d died on its own: %v", slot+1, err)
 			crashes++
 			down[slot] = now.Add(100 * time.Millisecond)
@@ -150,7 +158,7 @@ func supervise(t *testing.T, f *fleet, rng *rand.Rand, chaosFor, timeout time.Du
 		}
 		for slot, at := range down {
 			if now.After(at) {
-				f.start(slot)
+				f.Start(slot)
 				delete(down, slot)
 			}
 		}
@@ -161,11 +169,11 @@ func supervise(t *testing.T, f *fleet, rng *rand.Rand, chaosFor, timeout time.Du
 			continue
 		}
 		next = now.Add(1500*time.Millisecond + rand.N(2500*time.Millisecond))
-		slot := rng.IntN(len(f.procs))
+		slot := rng.IntN(f.Slots())
 		if _, isDown := down[slot]; isDown {
 			continue
 		}
-		f.kill(slot)
+		f.Kill(slot)
 		delay := rand.N(500 * time.Millisecond)
 		if rng.IntN(4) == 0 {
 			delay = sessionTimeout + time.Second

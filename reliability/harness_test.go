@@ -13,21 +13,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 )
 
 // soak reports whether the long versions of the campaigns were asked for.
-func soak() bool { return testenv.Env("DEDUP_SOAK", "") == "1" }
+func soak() bool { return crashtest.Soak() }
 
 // runID returns a short identifier unique to this run, for table names,
 // topics and scopes.
-func runID() string { return strconv.FormatInt(time.Now().UnixNano(), 36) + dedup.NewOwnerToken()[:4] }
+func runID() string { return crashtest.RunID() }
 
 // kafka is an in-process Kafka cluster listening on loopback TCP, so that
 // worker processes reach it too, with one topic and its dead-letter topic.

@@ -15,6 +15,7 @@ import (
 	ddbtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -82,7 +83,11 @@ func TestSQSCrashCampaign(t *testing.T) {
 	p := newPlan("evt", size.events, 0.3, 0.02, rng)
 
 	start := time.Now()
-	f := newFleet(t, cfg, size.procs)
+	f := crashtest.NewFleet(t, workerEnv, size.procs, func(_ int, name string) any {
+		c := cfg
+		c.Name = name
+		return c
+	})
 	produced := produceOver(c, url, p.messages, size.produce)
 	var produceErr error
 	producing := true
@@ -107,12 +112,12 @@ func TestSQSCrashCampaign(t *testing.T) {
 	for !done() && time.Since(start) < size.chaos {
 		time.Sleep(300*time.Millisecond + randDuration(rng, 900*time.Millisecond))
 		i := rng.IntN(size.procs)
-		f.kill(i)
+		f.Kill(i)
 		time.Sleep(randDuration(rng, 500*time.Millisecond))
-		f.start(i)
+		f.Start(i)
 		if time.Since(lastReport) > 10*time.Second {
 			lastReport = time.Now()
-			t.Logf("%v: kills=%d effects=%d/%d queue=%d", time.Since(start).Round(time.Second), f.kills(),
+			t.Logf("%v: kills=%d effects=%d/%d queue=%d", time.Since(start).Round(time.Second), f.Kills(),
 				countEffects(t, pool, cfg.EffectsTable), p.good(), queueTotal(t, c, url))
 		}
 	}
@@ -121,9 +126,14 @@ func TestSQSCrashCampaign(t *testing.T) {
 		return fmt.Sprintf("every event settled after the chaos (effects %d/%d, queue %d)",
 			countEffects(t, pool, cfg.EffectsTable), p.good(), queueTotal(t, c, url))
 	})
-	f.stop()
+	for _, name := range f.Stop() {
+		t.Errorf("worker %s: Consumer.Run returned an error (see its log)", name)
+	}
 	elapsed := time.Since(start)
-	f.checkLogs()
+	for _, c := range f.Crashed() {
+		t.Errorf("worker exited without being killed or stopped: %s", c)
+	}
+	f.CheckLogs()
 
 	fig := crashFigures(p, f, cfg.Scope, readRows(t, pool, cfg.EffectsTable), letters(t, drainDLQ(t, c, dlq)))
 	fig.elapsed, fig.chaos = elapsed, chaosEnded
@@ -207,10 +217,10 @@ func (c crashCounts) String() string {
 		c.chaos.Round(time.Second), c.elapsed.Round(time.Second))
 }
 
-func crashFigures(p *plan, f *fleet, scope string, rows map[string][]row, dl map[string][]map[string]string) crashCounts {
+func crashFigures(p *plan, f *crashtest.Fleet, scope string, rows map[string][]row, dl map[string][]map[string]string) crashCounts {
 	c := crashCounts{events: len(p.events), messages: len(p.messages), dups: p.dups, poison: p.poison,
-		kills: f.kills(), restarts: f.restarts(), reasons: map[string]int{}}
-	leaseLost := f.leaseLost()
+		kills: f.Kills(), restarts: f.Restarts(), reasons: map[string]int{}}
+	leaseLost := leaseLost(f)
 	for _, e := range p.events {
 		var effects []string
 		runs := 0
@@ -257,7 +267,7 @@ func crashFigures(p *plan, f *fleet, scope string, rows map[string][]row, dl map
 		}
 		c.reruns += max(runs-1, 0)
 		for w := range open {
-			if f.wasKilled(w) {
+			if f.WasKilled(w) {
 				c.cutBefore++
 			}
 		}
@@ -265,7 +275,7 @@ func crashFigures(p *plan, f *fleet, scope string, rows map[string][]row, dl map
 			c.appliedTwice++
 			explained := true
 			for _, w := range effects[:len(effects)-1] {
-				explained = explained && f.wasKilled(w)
+				explained = explained && f.WasKilled(w)
 			}
 			switch {
 			case explained:

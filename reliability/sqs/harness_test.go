@@ -18,15 +18,15 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
-	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/dedupkit/dedup/internal/crashtest"
 )
 
 // soak reports whether DEDUP_SOAK=1 asks for the long campaigns.
-func soak() bool { return testenv.Env("DEDUP_SOAK", "") == "1" }
+func soak() bool { return crashtest.Soak() }
 
 // runID returns a short identifier unique to one run, for table, queue and
 // scope names.
-func runID() string { return strconv.FormatInt(time.Now().UnixNano(), 36) + dedup.NewOwnerToken()[:4] }
+func runID() string { return crashtest.RunID() }
 
 // event is one logical event of a campaign.
 type event struct {
