@@ -262,6 +262,10 @@ func (w *Wrapper[M]) retryHeld(ctx context.Context, lease time.Duration, write f
 		case ctx.Err() != nil || time.Now().Add(wait).After(deadline):
 			return err
 		}
+		if tries == 1 {
+			w.cfg.logger.Warn("dedup: outcome not recorded; retrying it while the claim is held",
+				slog.Duration("for_up_to", time.Until(deadline).Round(time.Millisecond)), slog.Any("error", err))
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
