@@ -115,17 +115,35 @@ func validIdentifier(s string) bool {
 }
 
 // Migrate creates the outbox table and its indexes if they do not exist. It
-// is safe to run from several processes at once.
+// is safe to run from several processes at once. db is usually a pool; the
+// migration runs in a transaction of its own (a savepoint when db is a
+// transaction).
 func (o *Outbox) Migrate(ctx context.Context, db DB) error {
 	if isNil(db) {
 		return fmt.Errorf("%w: nil DB", errConfig)
 	}
 	// The advisory lock makes concurrent migrations wait for each other
-	// instead of racing on CREATE ... IF NOT EXISTS, which is not atomic.
-	for _, stmt := range []string{o.sql.migrateLock, o.sql.createTable, o.sql.createPending, o.sql.createKeyHead, o.sql.createSent, o.sql.createBackoff} {
-		if _, err := db.Exec(ctx, stmt); err != nil {
-			return fmt.Errorf("outbox: migrate %s: %w", o.table, err)
+	// instead of racing on CREATE ... IF NOT EXISTS, which is not atomic. It
+	// is a transaction's lock: on a pool, outside a transaction, it would be
+	// released as soon as taken.
+	migrate := func(db DB) error {
+		for _, stmt := range []string{o.sql.migrateLock, o.sql.createTable, o.sql.createPending, o.sql.createKeyHead, o.sql.createSent, o.sql.createBackoff} {
+			if _, err := db.Exec(ctx, stmt); err != nil {
+				return err
+			}
 		}
+		return nil
+	}
+	var err error
+	if b, ok := db.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}); ok {
+		err = pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error { return migrate(tx) })
+	} else {
+		err = migrate(db)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: migrate %s: %w", o.table, err)
 	}
 	return nil
 }

@@ -255,3 +255,20 @@ func TestWithoutNotifyRelaysFindEventsByPolling(t *testing.T) {
 	require.Len(t, recs, 1)
 	require.Equal(t, ids[0], header(recs[0], "event-id"))
 }
+
+// Services starting together each migrate the same table: the migrations
+// take turns and every one succeeds.
+func TestConcurrentMigrate(t *testing.T) {
+	pool := testenv.Postgres(t)
+	for round := range 5 {
+		ob, err := outbox.New(outbox.WithTable(fmt.Sprintf("migrate_%s_%d", runID(), round)))
+		require.NoError(t, err)
+		errs := make(chan error, 10)
+		for range cap(errs) {
+			go func() { errs <- ob.Migrate(context.Background(), pool) }()
+		}
+		for range cap(errs) {
+			require.NoError(t, <-errs)
+		}
+	}
+}
