@@ -125,6 +125,7 @@ func TestSQSUndeliverableEventsFail(t *testing.T) {
 		"11 attributes":   {Destination: std, Payload: []byte("p"), Headers: manyHeaders},
 		"bad header name": {Destination: std, Payload: []byte("p"), Headers: []outbox.Header{{Key: "AWS.x", Value: []byte("v")}}},
 		"bad FIFO group":  {Destination: fifo, Key: []byte("has space"), Payload: []byte("p")},
+		"empty header":    {Destination: std, Payload: []byte("p"), Headers: []outbox.Header{{Key: "h", Value: nil}}},
 	}
 	reasons := map[string]string{}
 	for name, ev := range bad {

@@ -207,7 +207,7 @@ func (p *Publisher) entry(e *outbox.Event, fifo bool) (pendingEntry, error) {
 	size := len(e.Payload)
 	add := func(name string, value []byte) {
 		v := types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(string(value))}
-		if !validText(value) || len(value) == 0 {
+		if !validText(value) {
 			v = types.MessageAttributeValue{DataType: aws.String("Binary"), BinaryValue: value}
 		}
 		attrs[name] = v
@@ -219,6 +219,11 @@ func (p *Publisher) entry(e *outbox.Event, fifo bool) (pendingEntry, error) {
 		}
 		if !validAttributeName(h.Key) {
 			return pendingEntry{}, fmt.Errorf("header %q is not a valid SQS message attribute name", h.Key)
+		}
+		if len(h.Value) == 0 {
+			// SQS refuses an empty attribute value, and with it the
+			// whole batch call: the event fails alone instead.
+			return pendingEntry{}, fmt.Errorf("header %q has an empty value, which SQS refuses as a message attribute", h.Key)
 		}
 		add(h.Key, h.Value)
 	}
