@@ -272,3 +272,25 @@ func TestConcurrentMigrate(t *testing.T) {
 		}
 	}
 }
+
+// A row whose headers are not the outbox's (written by hand, or by a
+// future version) fails alone with its reason; the rest are published.
+func TestUnreadableRowFailsAlone(t *testing.T) {
+	e := newEnv(t, 1)
+	bad := e.add(true, e.event("k", "bad"))[0]
+	_, err := e.pool.Exec(context.Background(), "UPDATE "+e.table+` SET headers = '{"not": "a list"}' WHERE event_id = $1`, bad)
+	require.NoError(t, err)
+	good := e.add(true, e.event("", "good"))[0]
+	e.start(e.relay())
+
+	recs := e.consume(1, 10*time.Second)
+	require.Len(t, recs, 1, "the good event is published past the unreadable one")
+	require.Equal(t, good, header(recs[0], "event-id"))
+	waitFor(t, 10*time.Second, "the unreadable row failed", func() bool { return e.statuses()["failed"] == 1 })
+	failed, err := e.ob.Failed(context.Background(), e.pool, 10)
+	require.NoError(t, err)
+	require.Len(t, failed, 1)
+	require.Equal(t, bad, failed[0].ID)
+	require.Contains(t, failed[0].LastError, "unreadable headers")
+	require.Equal(t, map[string]int{"sent": 1, "failed": 1}, e.statuses())
+}

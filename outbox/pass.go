@@ -30,14 +30,18 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	seqs, events, err := r.claim(ctx, tx)
-	if err != nil || len(events) == 0 {
+	var f failures // the publish failures, and the rows that cannot be read
+	seqs, events, err := r.claim(ctx, tx, &f)
+	if err != nil || len(events)+len(f.seqs) == 0 {
 		return 0, err
 	}
 
-	pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
-	errs := r.pub.Publish(pctx, events)
-	cancel()
+	var errs []error
+	if len(events) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
+		errs = r.pub.Publish(pctx, events)
+		cancel()
+	}
 	if len(errs) != len(events) {
 		err := fmt.Errorf("outbox: publisher returned %d results for %d events", len(errs), len(events))
 		errs = make([]error, len(events))
@@ -47,7 +51,6 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	}
 
 	var sent []int64
-	var f failures
 	for i, perr := range errs {
 		switch {
 		case perr == nil:
@@ -85,7 +88,10 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	return len(sent) + len(f.seqs), nil
 }
 
-func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]int64, []Event, error) {
+// claim locks a batch of due events and reads them. A row that cannot be
+// read as an event is added to f, failed for good, rather than failing the
+// pass: it would otherwise fail every pass and hold the relay up.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx, f *failures) ([]int64, []Event, error) {
 	rows, err := tx.Query(ctx, r.ob.sql.claim, r.cfg.batch, r.ob.relays)
 	if err != nil {
 		return nil, nil, r.ob.notMigrated(fmt.Errorf("outbox: claim: %w", err))
@@ -113,7 +119,8 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) ([]int64, []Event, error) 
 		}
 		if headers != nil {
 			if err := json.Unmarshal(headers, &e.Headers); err != nil {
-				return nil, nil, fmt.Errorf("outbox: event %s: headers: %w", e.ID, err)
+				f.add(seq, &e, dedup.Permanent(fmt.Errorf("outbox: event %s: unreadable headers: %w", e.ID, err)), 0)
+				continue
 			}
 		}
 		if tenant != nil {
