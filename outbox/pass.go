@@ -23,8 +23,14 @@ const maxErrorText = 1000
 // pending. It returns how many events it settled: sent, or failed and
 // backed off; events left unattempted do not count, so that a batch of them
 // never makes the relay loop at once.
+// beginPass begins a pass's transaction exempt from the database's
+// idle_in_transaction_session_timeout: the transaction is idle while the
+// broker works, and a session ended then would have the batch published
+// again. Sent with BEGIN, it costs no round trip.
+const beginPass = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0"
+
 func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
-	tx, err := pool.Begin(ctx)
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginPass})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: begin: %w", err)
 	}

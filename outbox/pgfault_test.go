@@ -56,3 +56,33 @@ func TestPostgresGoneMidPassLosesNothing(t *testing.T) {
 		require.Equal(t, 2, count[id], "event %s: published, unrecorded, published again", id)
 	}
 }
+
+// A database whose idle_in_transaction_session_timeout is shorter than a
+// slow broker's answer does not end the relay's pass: the pass is exempt,
+// and each event is published once.
+func TestIdleInTransactionTimeoutDoesNotEndAPass(t *testing.T) {
+	e := newEnv(t, 1)
+	e.kafka.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		e.kafka.DropControl()
+		time.Sleep(time.Second)
+		return nil, nil, false // then handled as usual
+	})
+	ids := e.add(true, e.event("a", "1"), e.event("a", "2"), e.event("b", "3"))
+	cfg := e.pool.Config()
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "200ms"
+	pub, err := kafkaoutbox.NewPublisher(e.producer())
+	require.NoError(t, err)
+	r, err := outbox.NewRelay(e.ob, cfg, pub, outbox.WithPollInterval(50*time.Millisecond), outbox.WithLogger(quietLogger()))
+	require.NoError(t, err)
+	e.start(r)
+
+	waitFor(t, 15*time.Second, "all sent", func() bool { return e.statuses()["sent"] == 3 })
+	recs := e.consume(len(ids)+1, 3*time.Second) // all of them, second copies included
+	count := map[string]int{}
+	for _, r := range recs {
+		count[header(r, "event-id")]++
+	}
+	for _, id := range ids {
+		require.Equal(t, 1, count[id], "event %s published once", id)
+	}
+}
