@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Handler handles one message of a transport's native type M (*kgo.Record,
@@ -35,6 +37,10 @@ type Messages[M any] struct {
 	// ApproximateReceiveCount), counted beside the store's attempts when
 	// deciding whether a failed event has had its last attempt.
 	Attempts func(M) int
+	// TraceCarrier optionally returns the message's headers, from which a
+	// W3C trace context propagated by the producer is read: the delivery's
+	// span (see [WithTracerProvider]) is then its child.
+	TraceCarrier func(M) propagation.TextMapCarrier
 }
 
 // Outcome is what the wrapper decided for one delivery.
@@ -121,6 +127,7 @@ type Wrapper[M any] struct {
 	batchClaims bool
 	heartbeats  sync.Pool // of *heartbeat
 	outage      outage
+	tel         *telemetry // nil: no spans, no metrics
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -155,9 +162,21 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
 		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
 	}
-	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg}
+	tel, err := newTelemetry(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: OpenTelemetry instruments: %w", ErrConfig, err)
+	}
+	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg, tel: tel}
 	w.heartbeats.New = func() any { return &heartbeat{store: store, logger: cfg.logger} }
 	return w, nil
+}
+
+// carrier returns msg's trace carrier, if the transport gives one.
+func (w *Wrapper[M]) carrier(msg M) propagation.TextMapCarrier {
+	if w.msgs.TraceCarrier == nil {
+		return nil
+	}
+	return w.msgs.TraceCarrier(msg)
 }
 
 // Scope returns the scope the wrapper's keys live in (before any tenant).
@@ -191,10 +210,16 @@ type delivery[M any] struct {
 	owner    string
 	attempts int
 	tx       pgx.Tx
+
+	span trace.Span // nil unless the wrapper traces
 }
 
-func (w *Wrapper[M]) prepare(ctx context.Context, msg M) delivery[M] {
-	d := delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx)}
+// prepare reads what the wrapper needs of msg, and starts its span.
+func (w *Wrapper[M]) prepare(ctx context.Context, msg M) (d delivery[M]) {
+	d = delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx)}
+	if w.tel != nil {
+		defer func() { d.span = w.tel.start(ctx, w.carrier(msg), deliveryInfo{w.cfg.scope, d.key.EventID}) }()
+	}
 	id, err := w.msgs.EventID(msg)
 	if err != nil {
 		d.bad, d.badErr = ReasonInvalidID, err
@@ -249,14 +274,18 @@ func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {
 func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
 	d := w.prepare(ctx, msg)
 	res, err := w.process(ctx, &d)
-	w.observe(ctx, res, err)
+	w.observe(ctx, &d, res, err)
 	return res, err
 }
 
-// observe reports one delivery's result to the observer and the outage
-// tracker.
-func (w *Wrapper[M]) observe(ctx context.Context, res Result, err error) {
+// observe reports one delivery's result to the observer, the outage tracker
+// and the telemetry, ending its span.
+func (w *Wrapper[M]) observe(ctx context.Context, d *delivery[M], res Result, err error) {
 	w.outage.observe(ctx, w.cfg.logger, w.cfg.outageThreshold, err)
+	if w.tel != nil {
+		w.tel.end(ctx, d.span, res, err)
+		d.span = nil
+	}
 	if err == nil && w.cfg.observer != nil {
 		w.cfg.observer(ctx, res)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // steps carries out the steps of one attempt: claim, run, complete, fail.
@@ -144,6 +146,12 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 // run runs the handler of a held claim, extending a lease meanwhile and
 // turning a panic into a *PanicError. A lost lease cancels the handler.
 func (w *Wrapper[M]) run(ctx context.Context, d *delivery[M]) error {
+	if w.tel != nil {
+		if d.span != nil {
+			ctx = trace.ContextWithSpan(ctx, d.span)
+		}
+		defer w.tel.handled(ctx, time.Now())
+	}
 	if !w.steps.leased() {
 		return callHandler(ctx, w.steps.run, d)
 	}
@@ -300,6 +308,9 @@ func (w *Wrapper[M]) landed(ctx context.Context, key Key, owner string) bool {
 // applied says whether the attempt's effect stays applied (it succeeded):
 // then a lost claim means that another worker will apply it again.
 func (w *Wrapper[M]) settleError(op string, key Key, err error, applied bool) error {
+	if errors.Is(err, ErrLeaseLost) {
+		w.tel.leaseLost(context.Background())
+	}
 	switch {
 	case !errors.Is(err, ErrLeaseLost):
 	case applied:

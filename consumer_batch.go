@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
 )
 
 // HandleBatch processes msgs in order, claiming all their keys in one store
@@ -24,6 +26,9 @@ import (
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
 	b := &batch[M]{w: w, ds: make([]delivery[M], len(msgs)), claims: make([]*Claim, len(msgs)),
 		first: make([]int, len(msgs)), outcomes: make([]pendingResult, len(msgs)), yield: yield}
+	if w.tel != nil {
+		defer b.endSpans()
+	}
 	var firsts map[Key]int
 	for i, m := range msgs {
 		b.ds[i] = w.prepare(ctx, m)
@@ -50,6 +55,18 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 	}
 	b.run(ctx)
 	return nil
+}
+
+// endSpans ends the spans of the deliveries given no result: the batch
+// stopped before them (a failed claim, a cancelled context, yield asking to
+// stop), and they come back.
+func (b *batch[M]) endSpans() {
+	for i := range b.ds {
+		if span := b.ds[i].span; span != nil {
+			span.SetAttributes(attribute.String("dedup.outcome", "unsettled"))
+			span.End()
+		}
+	}
 }
 
 // batch is the progress of one HandleBatch.
@@ -232,7 +249,7 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 			p.comp = -1
 			b.outcomes[p.i] = p
 		}
-		w.observe(ctx, p.res, p.err)
+		w.observe(ctx, &b.ds[p.i], p.res, p.err)
 		if !b.yield(p.i, p.res, p.err) {
 			return false
 		}

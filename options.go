@@ -8,6 +8,9 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults applied by [Wrap] when an option is not given.
@@ -40,6 +43,9 @@ type config struct {
 	// batchWait (WithBatchCompletion).
 	batchCompletion bool
 	batchWait       time.Duration
+	// tracerProvider and meterProvider are OpenTelemetry's; nil: none.
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
 }
 
 func defaultConfig() config {

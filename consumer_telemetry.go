@@ -1,0 +1,155 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// instrumentation is the name under which the wrapper's spans and metrics are
+// reported.
+const instrumentation = "github.com/dedupkit/dedup"
+
+// WithTracerProvider makes the wrapper trace each delivery with a span of
+// kind consumer, parented by the trace context the message carries (see
+// [Messages.TraceCarrier]), else by the context's span. The handler's
+// context carries the span. Without it the wrapper creates no spans; pass
+// otel.GetTracerProvider() to use the global provider.
+func WithTracerProvider(tp trace.TracerProvider) Opt {
+	return optFunc(func(c *config) { c.tracerProvider = tp })
+}
+
+// WithMeterProvider makes the wrapper record metrics: deliveries by scope
+// and outcome (dedup.deliveries), handler durations
+// (messaging.process.duration) and leases lost (dedup.leases_lost). Without
+// it the wrapper records none; pass otel.GetMeterProvider() to use the
+// global provider.
+func WithMeterProvider(mp metric.MeterProvider) Opt {
+	return optFunc(func(c *config) { c.meterProvider = mp })
+}
+
+// telemetry is a wrapper's OpenTelemetry instruments. A nil *telemetry
+// records nothing and costs nothing: the default.
+type telemetry struct {
+	scope      attribute.KeyValue
+	tracer     trace.Tracer // nil: no spans
+	propagator propagation.TextMapPropagator
+	meter      bool // the instruments below are set
+	deliveries metric.Int64Counter
+	handling   metric.Float64Histogram
+	leasesLost metric.Int64Counter
+	// byOutcome are the deliveries' attribute sets, by Outcome, with
+	// "error" last; byScope the others'. Built once: building them per
+	// delivery would allocate.
+	byOutcome [len(outcomeNames) + 1]metric.MeasurementOption
+	byScope   metric.MeasurementOption
+}
+
+func newTelemetry(cfg *config) (*telemetry, error) {
+	if cfg.tracerProvider == nil && cfg.meterProvider == nil {
+		return nil, nil
+	}
+	t := &telemetry{scope: attribute.String("dedup.scope", cfg.scope), propagator: propagation.TraceContext{}}
+	if cfg.tracerProvider != nil {
+		t.tracer = cfg.tracerProvider.Tracer(instrumentation)
+	}
+	if cfg.meterProvider == nil {
+		return t, nil
+	}
+	m := cfg.meterProvider.Meter(instrumentation)
+	var errs [3]error
+	t.deliveries, errs[0] = m.Int64Counter("dedup.deliveries", metric.WithUnit("{delivery}"),
+		metric.WithDescription("Deliveries handled, by scope and outcome; outcome \"error\" when the outcome could not be made durable."))
+	t.handling, errs[1] = m.Float64Histogram("messaging.process.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of the handler's runs."))
+	t.leasesLost, errs[2] = m.Int64Counter("dedup.leases_lost", metric.WithUnit("{lease}"),
+		metric.WithDescription("Attempts whose claim another worker took over before they settled."))
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	for o := range outcomeNames {
+		t.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", Outcome(o).String())))
+	}
+	t.byOutcome[len(outcomeNames)] = metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", "error")))
+	t.byScope = metric.WithAttributeSet(attribute.NewSet(t.scope))
+	t.meter = true
+	return t, nil
+}
+
+// start begins the span of a delivery, parented by the message's trace
+// context when it carries one.
+func (t *telemetry) start(ctx context.Context, carrier propagation.TextMapCarrier, d deliveryInfo) trace.Span {
+	if t == nil || t.tracer == nil {
+		return nil
+	}
+	if carrier != nil {
+		ctx = t.propagator.Extract(ctx, carrier)
+	}
+	attrs := []attribute.KeyValue{t.scope, attribute.String("messaging.operation.type", "process")}
+	if d.eventID != "" {
+		attrs = append(attrs, attribute.String("messaging.message.id", d.eventID))
+	}
+	_, span := t.tracer.Start(ctx, "process "+d.scope, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return span
+}
+
+// deliveryInfo is what a span is named and labelled by.
+type deliveryInfo struct{ scope, eventID string }
+
+// end ends a delivery's span with its outcome and counts the outcome.
+func (t *telemetry) end(ctx context.Context, span trace.Span, res Result, err error) {
+	if t == nil {
+		return
+	}
+	o := int(res.Outcome)
+	if err != nil || o < 0 || o >= len(outcomeNames) {
+		o = len(outcomeNames) // "error"
+	}
+	if t.meter {
+		t.deliveries.Add(ctx, 1, t.byOutcome[o])
+	}
+	if span == nil {
+		return
+	}
+	outcome := "error"
+	if o < len(outcomeNames) {
+		outcome = Outcome(o).String()
+	}
+	span.SetAttributes(attribute.String("dedup.outcome", outcome), attribute.Int("dedup.attempts", res.Attempts))
+	if res.Reason != "" {
+		span.SetAttributes(attribute.String("dedup.reason", string(res.Reason)))
+	}
+	if res.Outcome == OutcomeConflict {
+		span.SetAttributes(attribute.Bool("dedup.fingerprint_conflict", true))
+	}
+	switch {
+	case err != nil:
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	case res.Err != nil:
+		span.RecordError(res.Err)
+	}
+	span.End()
+}
+
+// handled records one run of the handler.
+func (t *telemetry) handled(ctx context.Context, began time.Time) {
+	if t == nil || !t.meter {
+		return
+	}
+	t.handling.Record(ctx, time.Since(began).Seconds(), t.byScope)
+}
+
+// leaseLost counts an attempt whose claim was taken over.
+func (t *telemetry) leaseLost(ctx context.Context) {
+	if t == nil || !t.meter {
+		return
+	}
+	t.leasesLost.Add(ctx, 1, t.byScope)
+}
