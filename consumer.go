@@ -338,6 +338,9 @@ func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, ca
 	dl.Scope = orDefault(d.key.Scope, w.cfg.scope)
 	dl.FirstFailure = orNow(rec.FirstFailure, now)
 	dl.LastFailure = now
+	if d.span != nil {
+		dl.Headers = withTraceContext(trace.ContextWithSpan(ctx, d.span), dl.Headers)
+	}
 	if err := w.cfg.sink.Send(ctx, dl); err != nil {
 		return fmt.Errorf("dedup: dead-letter %s (%s): %w", d.key, reason, err)
 	}

@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -136,6 +137,40 @@ func (t *telemetry) end(ctx context.Context, span trace.Span, res Result, err er
 		span.RecordError(res.Err)
 	}
 	span.End()
+}
+
+// withTraceContext returns headers with the W3C trace context of ctx's span
+// in place of any they held: a dead letter continues its delivery's trace.
+func withTraceContext(ctx context.Context, headers []Header) []Header {
+	c := headerCarrier{headers: slices.DeleteFunc(slices.Clone(headers), func(h Header) bool {
+		return h.Key == "traceparent" || h.Key == "tracestate"
+	})}
+	propagation.TraceContext{}.Inject(ctx, &c)
+	return c.headers
+}
+
+// headerCarrier writes a trace context into headers.
+type headerCarrier struct{ headers []Header }
+
+func (c *headerCarrier) Get(key string) string {
+	for _, h := range c.headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func (c *headerCarrier) Set(key, value string) {
+	c.headers = append(c.headers, Header{Key: key, Value: []byte(value)})
+}
+
+func (c *headerCarrier) Keys() []string {
+	keys := make([]string, len(c.headers))
+	for i, h := range c.headers {
+		keys[i] = h.Key
+	}
+	return keys
 }
 
 // handled records one run of the handler.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Add writes events in tx, the caller's transaction (begun on a *pgx.Conn or
@@ -26,6 +27,10 @@ import (
 // across several calls may deadlock, which PostgreSQL detects and breaks by
 // failing one of them. Add also queues a notification, sent when tx commits,
 // that wakes the relays, unless [WithNotify] turned that off.
+//
+// When ctx carries an OpenTelemetry span, each event without a traceparent
+// header gets its W3C trace context as headers, so that the consumer's span
+// continues the trace of the request that wrote it.
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, events ...Event) ([]string, error) {
 	if isNil(tx) {
 		return nil, fmt.Errorf("%w: nil transaction", errConfig)
@@ -41,6 +46,7 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, events ...Event) ([]string,
 	payloads := make([][]byte, n)
 	tenants := make([]*string, n)
 	var locks []int64
+	traced := trace.SpanContextFromContext(ctx).IsValid()
 	for i := range events {
 		e := events[i]
 		if e.ID == "" {
@@ -53,6 +59,9 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, events ...Event) ([]string,
 		if len(e.Key) > 0 {
 			keys[i] = e.Key
 			locks = append(locks, keyLock(e.Destination, e.Key))
+		}
+		if traced {
+			e.Headers = withTraceContext(ctx, e.Headers)
 		}
 		if len(e.Headers) > 0 {
 			headers[i], _ = json.Marshal(e.Headers) // []Header always marshals

@@ -18,8 +18,11 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/dedupkit/dedup"
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dedupkit/dedup"
 )
 
 // Header names the event ID is read from by default.
@@ -80,7 +83,8 @@ func WithOffsetFallback() MessagesOpt {
 
 // Messages returns how the dedup wrapper reads a *kgo.Record: the event ID
 // from the "event-id" (or "ce_id") header unless configured otherwise, the
-// record value as the fingerprinted payload, and the record as a dead letter.
+// record value as the fingerprinted payload, the record as a dead letter,
+// and the W3C trace context its producer propagated from its headers.
 func Messages(opts ...MessagesOpt) dedup.Messages[*kgo.Record] {
 	cfg := messagesConfig{header: DefaultIDHeader}
 	for _, o := range opts {
@@ -102,7 +106,8 @@ func Messages(opts ...MessagesOpt) dedup.Messages[*kgo.Record] {
 			}
 			return r.Value
 		},
-		DeadLetter: deadLetter,
+		DeadLetter:   deadLetter,
+		TraceCarrier: func(r *kgo.Record) propagation.TextMapCarrier { return recordCarrier{r} },
 	}
 }
 

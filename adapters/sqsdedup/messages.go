@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -85,6 +87,9 @@ func (s idSource) eventID(messageID string, attr func(name string) (string, bool
 //
 // The consumer requests every message attribute and system attribute these
 // need; a caller receiving messages itself must request them too.
+//
+// A W3C trace context in the message attributes (traceparent, as the
+// outbox's SQS publisher writes it) parents the delivery's span.
 func Messages(queueURL string, opts ...MessagesOpt) dedup.Messages[types.Message] {
 	src := newIDSource(opts)
 	return dedup.Messages[types.Message]{
@@ -104,6 +109,7 @@ func Messages(queueURL string, opts ...MessagesOpt) dedup.Messages[types.Message
 			return deadLetter(aws.ToString(m.Body), headers, m.Attributes,
 				dedup.Origin{QueueURL: queueURL, MessageID: aws.ToString(m.MessageId)})
 		},
+		TraceCarrier: func(m types.Message) propagation.TextMapCarrier { return attributeCarrier(m.MessageAttributes) },
 	}
 }
 
