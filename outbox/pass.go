@@ -17,19 +17,19 @@ import (
 // maxErrorText bounds the error text kept in a row.
 const maxErrorText = 1000
 
-// pass publishes one batch of due events in one transaction: its row locks
-// keep other relays off the batch until the broker's acknowledgements are
-// recorded, and a relay dying at any point rolls it back, leaving the rows
-// pending. It returns how many events it settled: sent, or failed and
-// backed off; events left unattempted do not count, so that a batch of them
-// never makes the relay loop at once.
 // beginPass begins a pass's transaction exempt from the database's
 // idle_in_transaction_session_timeout: the transaction is idle while the
 // broker works, and a session ended then would have the batch published
 // again. Sent with BEGIN, it costs no round trip.
 const beginPass = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0"
 
-func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+// pass publishes one batch of due events in one transaction: its row locks
+// keep other relays off the batch until the broker's acknowledgements are
+// recorded, and a relay dying at any point rolls it back, leaving the rows
+// pending. It returns how many events it settled: sent, or failed and
+// backed off; events left unattempted do not count, so that a batch of them
+// never makes the relay loop at once.
+func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (_ int, err error) {
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginPass})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: begin: %w", err)
@@ -41,12 +41,17 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	if err != nil || len(events)+len(f.seqs) == 0 {
 		return 0, err
 	}
+	ctx, span := r.tel.startPass(ctx, events)
+	defer func() { r.tel.endPass(span, err) }()
 
 	var errs []error
+	var sent []int64
 	if len(events) > 0 {
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.publishTimeout)
+		pctx, pspan := r.tel.startPublish(ctx, events)
+		pctx, cancel := context.WithTimeout(pctx, r.cfg.publishTimeout)
 		errs = r.pub.Publish(pctx, events)
 		cancel()
+		defer func() { r.tel.endPublish(ctx, pspan, len(sent), &f) }()
 	}
 	if len(errs) != len(events) {
 		err := fmt.Errorf("outbox: publisher returned %d results for %d events", len(errs), len(events))
@@ -56,7 +61,6 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 		}
 	}
 
-	var sent []int64
 	for i, perr := range errs {
 		switch {
 		case perr == nil:
@@ -90,7 +94,7 @@ func (r *Relay) pass(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	if err := tx.Commit(sctx); err != nil {
 		return 0, fmt.Errorf("outbox: commit pass: %w", err)
 	}
-	r.logFailures(&f)
+	r.tel.failedForGood(ctx, r.logFailures(&f))
 	return len(sent) + len(f.seqs), nil
 }
 
@@ -171,11 +175,12 @@ func (f *failures) add(seq int64, e *Event, err error, delay time.Duration) {
 }
 
 // logFailures logs each event that is now failed, and the retried ones as
-// one line.
-func (r *Relay) logFailures(f *failures) {
+// one line. It returns how many are failed.
+func (r *Relay) logFailures(f *failures) (failed int) {
 	var retried int
 	for i, e := range f.events {
 		if f.permanent[i] || e.Attempts+1 >= r.cfg.maxAttempts {
+			failed++
 			r.log.Warn("outbox event failed; requeue it once the cause is fixed",
 				slog.String("event_id", e.ID), slog.String("destination", e.Destination),
 				slog.Int("attempts", e.Attempts+1), slog.String("reason", f.texts[i]))
@@ -187,4 +192,5 @@ func (r *Relay) logFailures(f *failures) {
 			}()
 		}
 	}
+	return failed
 }

@@ -24,6 +24,7 @@ type Relay struct {
 	cfg  relayConfig
 	log  *slog.Logger
 	purg time.Duration
+	tel  *relayTelemetry // nil: no spans, no metrics
 }
 
 // DefaultApplicationName is the application_name of a relay's connections
@@ -33,7 +34,8 @@ const DefaultApplicationName = "dedup-outbox-relay"
 // NewRelay returns a relay of ob that publishes with pub. The relay opens its
 // own connections with pg, at most two while it runs: one listening for
 // notifications, and one holding each pass's transaction open while the broker
-// acknowledges, which is why it never borrows the application's pool.
+// acknowledges, which is why it never borrows the application's pool (a
+// third reads the backlog's metrics when [WithMeterProvider] is given).
 func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (*Relay, error) {
 	switch {
 	case ob == nil:
@@ -54,12 +56,19 @@ func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (
 	if log == nil {
 		log = slog.Default()
 	}
+	tel, err := newRelayTelemetry(&cfg, ob.table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: OpenTelemetry instruments: %w", errConfig, err)
+	}
 	pg = pg.Copy()
 	pg.MaxConns, pg.MinConns = 1, 0
+	if tel != nil && tel.meter != nil {
+		pg.MaxConns = 2 // the backlog's reads never wait for a pass
+	}
 	if pg.ConnConfig.RuntimeParams["application_name"] == "" {
 		pg.ConnConfig.RuntimeParams["application_name"] = DefaultApplicationName
 	}
-	return &Relay{ob: ob, pg: pg, pub: pub, cfg: cfg, log: log.With(slog.String("outbox", ob.table)),
+	return &Relay{ob: ob, pg: pg, pub: pub, cfg: cfg, tel: tel, log: log.With(slog.String("outbox", ob.table)),
 		purg: min(max(cfg.retention/2, 10*time.Millisecond), time.Minute)}, nil
 }
 
@@ -84,6 +93,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("outbox: relay pool: %w", err)
 	}
 	defer pool.Close()
+	defer r.tel.observeBacklog(pool, r.ob.sql.backlog)()
 
 	wake := make(chan struct{}, 1)
 	lctx, stopListening := context.WithCancel(ctx)

@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/dedupkit/dedup"
 )
 
@@ -24,6 +27,8 @@ type relayConfig struct {
 	deleteSent     bool
 	retention      time.Duration
 	logger         *slog.Logger
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
 }
 
 func defaultRelayConfig() relayConfig {

@@ -9,6 +9,7 @@ type statements struct {
 	lockKeys, insert, notify                                           string
 	claim, read, markSent, deleteSent, markFailed                      string
 	requeue, failed, purge                                             string
+	backlog                                                            string
 }
 
 func buildStatements(table, bare string) statements {
@@ -98,6 +99,8 @@ func buildStatements(table, bare string) statements {
 			WHERE status = 'failed' AND event_id = ANY($1)`,
 		failed: `SELECT event_id, destination, key, attempts, COALESCE(last_error, ''), created_at, due_at
 			FROM ` + table + ` WHERE status = 'failed' ORDER BY seq LIMIT $1`,
+		backlog: `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+			FROM ` + table + ` WHERE status = 'pending'`,
 		purge: `DELETE FROM ` + table + ` WHERE seq IN (
 				SELECT seq FROM ` + table + ` WHERE status = 'sent' AND sent_at < now() - $1 * interval '1 millisecond'
 				LIMIT $2 FOR UPDATE SKIP LOCKED)`,

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -114,7 +116,7 @@ func TestTraceChainKafka(t *testing.T) {
 	e := newEnv(t, 1)
 	c := newTraceChain(t)
 	c.order(e, e.topic)
-	e.start(e.relay())
+	e.start(e.relay(outbox.WithTracerProvider(c.tp)))
 
 	_, err := kgoCreateTopic(e.producer(), e.topic+".dlq")
 	require.NoError(t, err)
@@ -144,6 +146,32 @@ func TestTraceChainKafka(t *testing.T) {
 		letter[h.Key] = string(h.Value)
 	}
 	c.check(letter)
+	c.checkRelay()
+}
+
+// checkRelay asserts that the relay's publish span is linked to the trace
+// of the request that wrote the events, inside a span of its pass.
+func (c *traceChain) checkRelay() {
+	var publish, pass sdktrace.ReadOnlySpan
+	// The consumer may have its messages before the pass that sent them
+	// ended.
+	waitFor(c.t, 10*time.Second, "the relay's pass and publish spans", func() bool {
+		for _, s := range c.spans.GetSpans().Snapshots() {
+			switch s.Name() {
+			case "publish":
+				publish = s
+			case "outbox relay pass":
+				pass = s
+			}
+		}
+		return publish != nil && pass != nil
+	})
+	require.Equal(c.t, trace.SpanKindProducer, publish.SpanKind())
+	require.Equal(c.t, pass.SpanContext().SpanID(), publish.Parent().SpanID())
+	require.Len(c.t, publish.Links(), 2, "one link per event")
+	for _, l := range publish.Links() {
+		require.Equal(c.t, c.request.SpanID(), l.SpanContext.SpanID(), "linked to the request that wrote the event")
+	}
 }
 
 // The same chain through SQS: the outbox's SQS publisher, a real fauxqs,
@@ -155,7 +183,7 @@ func TestTraceChainSQS(t *testing.T) {
 	dlq := testenv.SQSQueue(t, client, nil)
 	c := newTraceChain(t)
 	c.order(e, queue)
-	e.start(sqsRelay(t, e, client, nil))
+	e.start(sqsRelay(t, e, client, nil, outbox.WithTracerProvider(c.tp)))
 
 	sink, err := sqsdedup.NewSink(client, dlq)
 	require.NoError(t, err)
@@ -177,6 +205,7 @@ func TestTraceChainSQS(t *testing.T) {
 		letter[name] = aws.ToString(v.StringValue)
 	}
 	c.check(letter)
+	c.checkRelay()
 }
 
 // readTopic reads topic from the start until want records arrived, for up
@@ -194,4 +223,55 @@ func readTopic(t *testing.T, e *env, topic string, want int) []*kgo.Record {
 		cancel()
 	}
 	return recs
+}
+
+// The relay's metrics: while the broker refuses every produce the events
+// wait, counted as pending with the age of the oldest, and each attempt is
+// a publish failure; once it accepts, they are published and none wait.
+func TestRelayMetrics(t *testing.T) {
+	e := newEnv(t, 1)
+	refusing := refuseProduce(e.kafka)
+	refusing.Store(true)
+	e.add(true, e.event("a", "1"), e.event("b", "2"), e.event("", "3"))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	e.start(e.relay(outbox.WithMeterProvider(mp), outbox.WithPublishTimeout(300*time.Millisecond), outbox.WithMaxAttempts(1000)))
+
+	metrics := func() map[string]float64 {
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(context.Background(), &rm))
+		out := map[string]float64{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				switch d := m.Data.(type) {
+				case metricdata.Sum[int64]:
+					for _, p := range d.DataPoints {
+						out[m.Name] += float64(p.Value)
+					}
+				case metricdata.Gauge[int64]:
+					for _, p := range d.DataPoints {
+						out[m.Name] = float64(p.Value)
+					}
+				case metricdata.Gauge[float64]:
+					for _, p := range d.DataPoints {
+						out[m.Name] = p.Value
+					}
+				}
+			}
+		}
+		return out
+	}
+	waitFor(t, 10*time.Second, "publish failures counted", func() bool { return metrics()["outbox.publish.failures"] >= 3 })
+	m := metrics()
+	require.Equal(t, 3.0, m["outbox.pending"])
+	require.Positive(t, m["outbox.pending.age"])
+	require.Zero(t, m["outbox.events.published"])
+
+	refusing.Store(false)
+	waitFor(t, 10*time.Second, "all published", func() bool { return metrics()["outbox.events.published"] == 3 })
+	m = metrics()
+	require.Equal(t, 0.0, m["outbox.pending"])
+	require.Equal(t, 0.0, m["outbox.pending.age"])
+	require.Zero(t, m["outbox.events.failed"])
 }
