@@ -14,6 +14,7 @@ import (
 // answering every claim but an acquired one.
 type front struct {
 	cfg config
+	tel *httpTelemetry // nil: no spans, no metrics
 }
 
 func newFront(opts []Opt) (front, error) {
@@ -27,7 +28,11 @@ func newFront(opts []Opt) (front, error) {
 	if err := cfg.validate(); err != nil {
 		return front{}, err
 	}
-	return front{cfg: cfg}, nil
+	tel, err := newHTTPTelemetry(&cfg)
+	if err != nil {
+		return front{}, fmt.Errorf("%w: idemhttp: OpenTelemetry instruments: %w", dedup.ErrConfig, err)
+	}
+	return front{cfg: cfg, tel: tel}, nil
 }
 
 // prepared is a request ready to claim its key.

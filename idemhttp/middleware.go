@@ -53,7 +53,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	if next == nil {
 		panic("idemhttp: Wrap(nil)")
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return m.tel.instrument(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := m.prepare(w, r)
 		switch {
 		case !ok:
@@ -72,7 +72,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		m.run(w, r, next, p, c.Record.Owner)
-	})
+	}))
 }
 
 // run runs the handler for an acquired claim and settles the key.

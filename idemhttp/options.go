@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/dedupkit/dedup"
 )
 
@@ -54,6 +57,8 @@ type config struct {
 	problemBase    string
 	logger         *slog.Logger
 	jsonFP         dedup.FingerprintFunc
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
 }
 
 func defaultConfig() config {

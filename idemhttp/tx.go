@@ -71,13 +71,13 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 	if h == nil {
 		panic("idemhttp: Wrap(nil)")
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return m.tel.instrument(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ok := m.prepare(w, r)
 		if !ok {
 			return
 		}
 		m.serveTx(w, r, h, p)
-	})
+	}))
 }
 
 func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandlerFunc, p *prepared) {
