@@ -68,7 +68,8 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	t.deliveries, errs[0] = m.Int64Counter("dedup.deliveries", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries handled, by scope and outcome; outcome \"error\" when the outcome could not be made durable."))
 	t.handling, errs[1] = m.Float64Histogram("messaging.process.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of the handler's runs."))
+		metric.WithDescription("Duration of the handler's runs."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
 	t.leasesLost, errs[2] = m.Int64Counter("dedup.leases_lost", metric.WithUnit("{lease}"),
 		metric.WithDescription("Attempts whose claim another worker took over before they settled."))
 	if err := errors.Join(errs[:]...); err != nil {

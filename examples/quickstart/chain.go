@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -43,7 +45,7 @@ const (
 //     transaction (the outbox); a relay publishes the event, and publishes
 //     it again, as a relay killed before marking it sent would;
 //  3. the shipping consumer gets the event twice and ships once.
-func runChain(ctx context.Context, pool *pgxpool.Pool, brokers []string, logger *slog.Logger) error {
+func runChain(ctx context.Context, pool *pgxpool.Pool, brokers []string, logger *slog.Logger, mp metric.MeterProvider) error {
 	fmt.Println("\nthe whole chain: a retried request, its outbox event, a redelivered message")
 	ob, err := outbox.New(outbox.WithTable(chainOutbox))
 	if err != nil {
@@ -62,7 +64,7 @@ func runChain(ctx context.Context, pool *pgxpool.Pool, brokers []string, logger 
 	}
 
 	// 1. The request side: the order and its event commit with the stored answer.
-	mw, err := idemhttp.NewTx(keys, pool, idemhttp.WithScope("quickstart/orders"), idemhttp.WithLogger(logger))
+	mw, err := idemhttp.NewTx(keys, pool, idemhttp.WithScope("quickstart/orders"), idemhttp.WithLogger(logger), idemhttp.WithMeterProvider(mp))
 	if err != nil {
 		return err
 	}
@@ -101,12 +103,12 @@ func runChain(ctx context.Context, pool *pgxpool.Pool, brokers []string, logger 
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewRelay(ob, pool.Config(), pub, outbox.WithLogger(logger), outbox.WithPollInterval(100*time.Millisecond))
+	relay, err := outbox.NewRelay(ob, pool.Config(), pub, outbox.WithLogger(logger), outbox.WithPollInterval(100*time.Millisecond), outbox.WithMeterProvider(mp))
 	if err != nil {
 		return err
 	}
 	var deliveries, duplicates atomic.Int64
-	consumer, err := shippingConsumer(inbox, producer, brokers, logger, &deliveries, &duplicates)
+	consumer, err := shippingConsumer(inbox, producer, brokers, logger, mp, &deliveries, &duplicates)
 	if err != nil {
 		return err
 	}
@@ -243,7 +245,7 @@ func retriedRequest(ctx context.Context, url string) (lost, got answer, err erro
 	}
 }
 
-func shippingConsumer(store *dedup.PostgresStore, producer *kgo.Client, brokers []string, logger *slog.Logger, deliveries, duplicates *atomic.Int64) (*kafkadedup.Consumer, error) {
+func shippingConsumer(store *dedup.PostgresStore, producer *kgo.Client, brokers []string, logger *slog.Logger, mp metric.MeterProvider, deliveries, duplicates *atomic.Int64) (*kafkadedup.Consumer, error) {
 	sink, err := kafkadedup.NewSink(producer)
 	if err != nil {
 		return nil, err
@@ -262,6 +264,7 @@ func shippingConsumer(store *dedup.PostgresStore, producer *kgo.Client, brokers 
 		dedup.WithScope(dedup.Scope("shipping", "ship-order")),
 		dedup.WithSink(sink),
 		dedup.WithLogger(logger),
+		dedup.WithMeterProvider(mp),
 		dedup.WithObserver(func(_ context.Context, res dedup.Result) {
 			if res.Settled() {
 				deliveries.Add(1)

@@ -29,6 +29,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
 	"github.com/dedupkit/dedup/redisstore"
@@ -59,17 +61,34 @@ func main() {
 	dsn := flag.String("postgres", os.Getenv("DEDUP_POSTGRES_DSN"), "keep dedup records in this PostgreSQL database instead of memory")
 	redisAddr := flag.String("redis", "", "keep dedup records in the Redis at this host:port or redis:// URL instead")
 	verbose := flag.Bool("v", false, "log the wrapper's and consumer's warnings")
+	metricsAddr := flag.String("metrics", "", "serve the run's OpenTelemetry metrics in Prometheus format at this host:port, until Ctrl-C")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *total, *dupShare, *poison, int32(*partitions), *dsn, *redisAddr, *verbose); err != nil {
+	var mp metric.MeterProvider
+	if *metricsAddr != "" {
+		provider, url, stopMetrics, err := serveMetrics(*metricsAddr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "quickstart:", err)
+			os.Exit(1)
+		}
+		defer stopMetrics()
+		fmt.Println("metrics:", url)
+		mp = provider
+	}
+	if err := run(ctx, *total, *dupShare, *poison, int32(*partitions), *dsn, *redisAddr, *verbose, mp); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
+	if mp != nil {
+		fmt.Println("\nserving the metrics until Ctrl-C")
+		<-ctx.Done()
+	}
 }
 
-func run(ctx context.Context, total int, dupShare float64, nPoison int, partitions int32, dsn, redisAddr string, verbose bool) error {
+// run runs the quickstart; mp, when not nil, records its metrics.
+func run(ctx context.Context, total int, dupShare float64, nPoison int, partitions int32, dsn, redisAddr string, verbose bool, mp metric.MeterProvider) error {
 	unique := int(float64(total) * (1 - dupShare))
 	if unique < nPoison || unique < 1 || total < unique {
 		return fmt.Errorf("-events %d with -duplicates %.2f leaves %d unique events for %d poison", total, dupShare, unique, nPoison)
@@ -117,6 +136,7 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 		dedup.WithBackoff(dedup.ExponentialBackoff(5*time.Millisecond, 50*time.Millisecond)),
 		dedup.WithObserver(st.observe),
 		dedup.WithLogger(logger),
+		dedup.WithMeterProvider(mp),
 	)
 	if err != nil {
 		return err
@@ -159,7 +179,7 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 		return err
 	}
 	defer pool.Close()
-	return runChain(ctx, pool, brokers, logger)
+	return runChain(ctx, pool, brokers, logger, mp)
 }
 
 // localPostgres is where the chain looks for PostgreSQL when none is given.
