@@ -528,3 +528,63 @@ func TestServerDeadlineBeforeAnswer(t *testing.T) {
 		t.Errorf("retry: %d replayed=%v, want a second run", a.status, a.replayed())
 	}
 }
+
+// TestClientGoneMidHandlerKeepsTheLease: a client that disconnects while a
+// handler outlasting several leases runs does not end the heartbeat. A retry
+// during the handler gets 409, not a second charge; once the handler answers
+// 201 (to nobody), that answer is stored and the retry replays it.
+func TestClientGoneMidHandlerKeepsTheLease(t *testing.T) {
+	for _, sc := range allStores {
+		t.Run(sc.name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			pay := &payments{}
+			var runs atomic.Int64
+			entered, gone, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if runs.Add(1) == 1 {
+					close(entered)
+					<-r.Context().Done() // the client went away
+					close(gone)
+					<-release // the charge goes on regardless
+				}
+				pay.ServeHTTP(w, r)
+			})
+			srv := serve(t, newMiddleware(t, sc.store(t), idemhttp.WithLease(lease)).Wrap(h))
+			url, key := srv.URL+"/payments", newKey()
+
+			ctx, disconnect := context.WithCancel(context.Background())
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(order))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", `"`+key+`"`)
+			first := make(chan error, 1)
+			go func() { _, err := do(http.DefaultClient, req); first <- err }()
+			<-entered
+			disconnect()
+			<-gone
+			if err := <-first; err == nil {
+				t.Fatal("the disconnected client got an answer")
+			}
+			time.Sleep(3 * lease) // the lease would have lapsed without a heartbeat
+			if a := mustPost(t, url, key, order); a.status != http.StatusConflict || a.problemType() != problem(idemhttp.ProblemInFlight) {
+				t.Errorf("retry during the handler: %d %q, want 409 in-flight", a.status, a.body)
+			}
+			close(release)
+			var a answer
+			for range 100 { // until the handler has answered and settled
+				if a = mustPost(t, url, key, order); a.status != http.StatusConflict {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if a.status != http.StatusCreated || !a.replayed() || a.body != pay.firstBody() {
+				t.Errorf("retry after the handler: %d replayed=%v %q, want the stored %q", a.status, a.replayed(), a.body, pay.firstBody())
+			}
+			if n := pay.charges.Load(); n != 1 {
+				t.Errorf("%d charges, want 1", n)
+			}
+		})
+	}
+}
