@@ -114,6 +114,11 @@ func TestKafkaBadInput(t *testing.T) {
 			env: func(t *testing.T, k *kafka, e *badEnv) {
 				e.opts = append(e.opts, dedup.WithFingerprint(dedup.JSONFingerprint("v1", "id", "n")))
 			}, reason: dedup.ReasonInvalidPayload, wantErr: is(dedup.ErrInvalidPayload)},
+		{name: "payload with a number past the JSON fingerprint's bounds", bad: func() []*kgo.Record {
+			return []*kgo.Record{rec("huge-number", `{"id":"huge-number","n":1e999999999}`)}
+		}, env: func(t *testing.T, k *kafka, e *badEnv) {
+			e.opts = append(e.opts, dedup.WithFingerprint(dedup.JSONFingerprint("v1", "id", "n")))
+		}, reason: dedup.ReasonInvalidPayload, wantErr: is(dedup.ErrInvalidPayload)},
 		{name: "same event ID, other payload", bad: func() []*kgo.Record {
 			return []*kgo.Record{rec("reused", `{"id":"reused","n":1}`), rec("reused", `{"id":"reused","n":2}`)}
 		}, reason: dedup.ReasonConflict, wantErr: is(dedup.ErrFingerprintConflict), applied: []string{"reused"}},
