@@ -10,7 +10,7 @@
 // once, stores its status, chosen headers and body, and answers every retry
 // with that same response, marked with the [ReplayHeader]. A retry that
 // arrives while the first request runs gets 409 with Retry-After; a key
-// reused for another request (method, route or body) gets 422; a missing or
+// reused for another request (method, route, query or body) gets 422; a missing or
 // bad key gets 400. Errors are RFC 9457 problem documents whose type names
 // the case (see [Problem]). The README's "HTTP: Idempotency-Key" section
 // has the full table.

@@ -110,7 +110,7 @@ func (f *front) answerClaim(w http.ResponseWriter, r *http.Request, p *prepared,
 			"a request with this key has not finished; retry later", f.cfg.retryAfter)
 	case dedup.ClaimConflict:
 		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
-			"this key was used for a request with another method, route or body", 0)
+			"this key was used for a request with another method, route, query or body", 0)
 	default: // ClaimFinal: another writer parked the key for good
 		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
 			"this key was settled as failed for good", 0)

@@ -588,3 +588,45 @@ func TestClientGoneMidHandlerKeepsTheLease(t *testing.T) {
 		})
 	}
 }
+
+// TestQueryIsInTheFingerprint: the same key sent with another query is
+// another request (422, never the first answer); the same parameters in
+// another order or encoding are the same request (a replay).
+func TestQueryIsInTheFingerprint(t *testing.T) {
+	pay := &payments{}
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore()).Wrap(pay))
+	key := newKey()
+	first := mustPost(t, srv.URL+"/payments?amount=1&currency=EUR", key, order)
+	if first.status != http.StatusCreated || first.replayed() {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	if a := mustPost(t, srv.URL+"/payments?amount=2&currency=EUR", key, order); a.status != http.StatusUnprocessableEntity ||
+		a.problemType() != problem(idemhttp.ProblemKeyReused) || strings.Contains(a.body, "ch_") {
+		t.Errorf("other query: %d %q, want 422 key-reused", a.status, a.body)
+	}
+	if a := mustPost(t, srv.URL+"/payments", key, order); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("no query: %d %q, want 422", a.status, a.body)
+	}
+	if a := mustPost(t, srv.URL+"/payments?currency=%45UR&amount=1", key, order); !a.replayed() || a.body != first.body {
+		t.Errorf("same query, other order and encoding: %d replayed=%v, want the replay", a.status, a.replayed())
+	}
+	if n := pay.charges.Load(); n != 1 {
+		t.Errorf("%d charges, want 1", n)
+	}
+}
+
+// TestFingerprintWithoutQueryUnchanged pins the fingerprint of a request
+// without a query: keys stored before the query counted must replay after.
+func TestFingerprintWithoutQueryUnchanged(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	srv := serve(t, newMiddleware(t, store).Wrap(&payments{}))
+	key := newKey()
+	mustPost(t, srv.URL+"/payments", key, order)
+	rec, err := store.Get(context.Background(), dedup.Key{Scope: "payments-api", EventID: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "5d523bf03629ba792831bca9c36546dd2d09b82731574bb51ce376ef5b306744"; rec.Fingerprint != want {
+		t.Errorf("fingerprint %s, want %s", rec.Fingerprint, want)
+	}
+}
