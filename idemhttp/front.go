@@ -139,13 +139,17 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 	_, _ = w.Write(s.body)
 }
 
+// keyName names p's key in logs.
+func keyName(p *prepared) string {
+	if p == nil {
+		return "(none)"
+	}
+	return p.key.String()
+}
+
 // storeError answers a request the store could not serve.
 func (f *front) storeError(w http.ResponseWriter, p *prepared, op string, err error) {
-	key := "(none)"
-	if p != nil {
-		key = p.key.String()
-	}
-	f.cfg.logger.Warn("idemhttp: store "+op+" failed", slog.String("key", key), slog.Any("error", err))
+	f.cfg.logger.Warn("idemhttp: store "+op+" failed", slog.String("key", keyName(p)), slog.Any("error", err))
 	f.cfg.writeProblem(w, ProblemStore, http.StatusServiceUnavailable,
 		"the idempotency store is unavailable; retry with the same key", f.cfg.retryAfter)
 }

@@ -37,6 +37,7 @@ const (
 	ProblemLeaseLost       Problem = "lease-lost"
 	ProblemAbandoned       Problem = "request-abandoned"
 	ProblemTooLarge        Problem = "response-too-large"
+	ProblemTxEnded         Problem = "handler-ended-transaction"
 )
 
 var problemTitles = map[Problem]string{
@@ -56,6 +57,7 @@ var problemTitles = map[Problem]string{
 	ProblemLeaseLost:       "The request's claim on its Idempotency-Key was taken over",
 	ProblemAbandoned:       "The request ended before the handler answered",
 	ProblemTooLarge:        "Response too large to be stored for replay",
+	ProblemTxEnded:         "The handler ended the transaction the middleware commits",
 }
 
 // problemDoc is an RFC 9457 problem details object.

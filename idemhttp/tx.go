@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/dedupkit/dedup"
 	"github.com/jackc/pgx/v5"
@@ -15,7 +16,36 @@ import (
 // TxHandlerFunc handles a request inside the PostgreSQL transaction that
 // holds its key: what it writes through tx commits together with its stored
 // response, or not at all.
+//
+// The middleware ends tx, so the handler must neither commit nor roll it
+// back: both return [ErrTxOwned] and change nothing, and the request is then
+// answered 500 handler-ended-transaction, nothing applied, the key left
+// retryable. To undo part of its own work, a handler nests a transaction
+// (tx.Begin, a savepoint), as under dedup.WrapTx.
 type TxHandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx)
+
+// ErrTxOwned is returned to a [TxHandlerFunc] that commits or rolls back its
+// transaction: the middleware commits it with the stored response.
+var ErrTxOwned = errors.New("idemhttp: the handler must neither commit nor roll back its transaction; the middleware commits it with the stored response")
+
+// handlerTx is the transaction a TxHandlerFunc gets: the middleware's own,
+// which the handler may use but not end.
+type handlerTx struct {
+	pgx.Tx
+	ended atomic.Bool // the handler called Commit or Rollback
+}
+
+// Commit refuses: see [TxHandlerFunc].
+func (t *handlerTx) Commit(context.Context) error {
+	t.ended.Store(true)
+	return ErrTxOwned
+}
+
+// Rollback refuses: see [TxHandlerFunc].
+func (t *handlerTx) Rollback(context.Context) error {
+	t.ended.Store(true)
+	return ErrTxOwned
+}
 
 // TxBeginner begins transactions; *pgxpool.Pool is one. It must reach the
 // database of the store's table.
@@ -110,8 +140,9 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		}
 		owner = c.Record.Owner
 	}
+	htx := &handlerTx{Tx: tx}
 	rec := newRecorder(w, m.cfg.maxSnapshot, false)
-	panicked, value := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(w, r, tx) }), rec, r)
+	panicked, value := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(w, r, htx) }), rec, r)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.lease)
 	defer cancel()
 	switch {
@@ -124,6 +155,13 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 			slog.Int("limit", m.cfg.maxSnapshot))
 		m.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
 			"the answer is too large to be stored, so the operation was not applied", 0)
+		return
+	case htx.ended.Load():
+		_ = tx.Rollback(sctx)
+		m.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back, not stored",
+			slog.String("key", keyName(p)))
+		m.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
+			"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
 		return
 	case p == nil || !m.storable(ctx, rec):
 		if p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil) {

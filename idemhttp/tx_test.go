@@ -3,9 +3,11 @@ package idemhttp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/dedupkit/dedup"
@@ -257,5 +259,68 @@ func TestTxKeyless(t *testing.T) {
 	}
 	if n := countRows(t, pool, charges); n != 1 {
 		t.Errorf("%d rows, want 1 (the 503's rolled back)", n)
+	}
+}
+
+// txServer serves h in transactional mode on a fresh records table.
+func txServer(t *testing.T, h func(charges string) idemhttp.TxHandlerFunc, opts ...idemhttp.Opt) (url string, pool *pgxpool.Pool, charges string) {
+	t.Helper()
+	store, pool := postgresStore(t)
+	charges = chargesTable(t, pool)
+	m, err := idemhttp.NewTx(store, pool, append([]idemhttp.Opt{idemhttp.WithScope("payments-api"),
+		idemhttp.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serve(t, m.Wrap(h(charges))).URL, pool, charges
+}
+
+// TestTxHandlerCannotEndItsTx: a handler that commits or rolls back the tx
+// it was given gets ErrTxOwned and changes nothing; its request is answered
+// 500 handler-ended-transaction with nothing applied, whatever it answered,
+// and the key stays retryable (it used to commit the claim without its
+// answer: the key stuck, every retry a 500, until its TTL).
+func TestTxHandlerCannotEndItsTx(t *testing.T) {
+	var mode atomic.Value // "commit", "rollback" or "ok"
+	var runs atomic.Int64
+	url, pool, charges := txServer(t, func(charges string) idemhttp.TxHandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+			runs.Add(1)
+			if _, err := tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (4200)"); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			var err error
+			switch mode.Load() {
+			case "commit":
+				err = tx.Commit(r.Context())
+			case "rollback":
+				err = tx.Rollback(r.Context())
+			}
+			if mode.Load() != "ok" && !errors.Is(err, idemhttp.ErrTxOwned) {
+				t.Errorf("%s: %v, want ErrTxOwned", mode.Load(), err)
+			}
+			w.WriteHeader(http.StatusCreated) // the error ignored
+			fmt.Fprintf(w, "run %d", runs.Load())
+		}
+	})
+	key := newKey()
+	for _, m := range []string{"commit", "rollback"} {
+		mode.Store(m)
+		if a := mustPost(t, url, key, order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemTxEnded) {
+			t.Errorf("%s by the handler: %d %q, want 500 handler-ended-transaction", m, a.status, a.body)
+		}
+		if n := countRows(t, pool, charges); n != 0 {
+			t.Errorf("%s by the handler: %d rows, want 0", m, n)
+		}
+	}
+	mode.Store("ok")
+	first := mustPost(t, url, key, order)
+	again := mustPost(t, url, key, order)
+	if first.status != http.StatusCreated || first.body != "run 3" || !again.replayed() || again.body != first.body {
+		t.Errorf("retry %d %q, then %d replayed=%v %q", first.status, first.body, again.status, again.replayed(), again.body)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1", n)
 	}
 }
