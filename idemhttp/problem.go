@@ -38,6 +38,7 @@ const (
 	ProblemAbandoned       Problem = "request-abandoned"
 	ProblemTooLarge        Problem = "response-too-large"
 	ProblemTxEnded         Problem = "handler-ended-transaction"
+	ProblemTxAborted       Problem = "transaction-aborted"
 )
 
 var problemTitles = map[Problem]string{
@@ -58,6 +59,7 @@ var problemTitles = map[Problem]string{
 	ProblemAbandoned:       "The request ended before the handler answered",
 	ProblemTooLarge:        "Response too large to be stored for replay",
 	ProblemTxEnded:         "The handler ended the transaction the middleware commits",
+	ProblemTxAborted:       "The handler's transaction failed",
 }
 
 // problemDoc is an RFC 9457 problem details object.

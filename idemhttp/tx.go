@@ -56,6 +56,14 @@ type TxBeginner interface {
 // lockNotAvailable is PostgreSQL's SQLSTATE for a lock_timeout that ran out.
 const lockNotAvailable = "55P03"
 
+// aborted reports whether a statement that failed has aborted tx, so that
+// only a rollback (to a savepoint) can follow. It reads the status of the
+// connection's last ReadyForQuery: no round trip.
+func aborted(tx pgx.Tx) bool {
+	conn := tx.Conn()
+	return conn != nil && conn.PgConn().TxStatus() == 'E'
+}
+
 // TxMiddleware is the transactional mode on PostgreSQL: for each request
 // with a key it begins a transaction, claims the key in it, runs the handler
 // with it, stores the response in it and commits. The handler's rows and the
@@ -73,6 +81,12 @@ const lockNotAvailable = "55P03"
 // response over the snapshot limit cannot be stored, so it rolls back too and
 // the client gets a 500 problem instead. Streaming is not possible: the
 // answer is sent after the commit.
+//
+// A statement of the handler that fails aborts the transaction. A final 4xx
+// answered after that is stored all the same, without the handler's writes
+// (rolled back to just after the claim); a 2xx is not, as the writes it
+// reports cannot commit: the transaction rolls back and the client gets a
+// 500 transaction-aborted problem, the key left retryable.
 type TxMiddleware struct {
 	front
 	store *dedup.PostgresStore
@@ -163,8 +177,23 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		m.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
 			"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
 		return
-	case p == nil || !m.storable(ctx, rec):
-		if p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil) {
+	}
+	store := p != nil && m.storable(ctx, rec)
+	commit := store || (p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil))
+	if commit && aborted(tx) {
+		// A statement of the handler failed: none of its writes can
+		// commit. A final 4xx stands without them; a success does not.
+		if !store || rec.status < 400 || m.store.RollbackToClaimTx(sctx, tx) != nil {
+			_ = tx.Rollback(sctx)
+			m.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back, not stored",
+				slog.String("key", keyName(p)), slog.Int("status", rec.status))
+			m.cfg.writeProblem(w, ProblemTxAborted, http.StatusInternalServerError,
+				"a statement of the handler failed, so the operation was not applied; retry with the same key", 0)
+			return
+		}
+	}
+	if !store {
+		if commit {
 			if err := tx.Commit(sctx); err != nil {
 				m.storeError(w, p, "commit", err)
 				return
