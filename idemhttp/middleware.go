@@ -113,8 +113,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		m.answer(ctx, w, rec)
 		return
 	}
-	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
-	err := m.complete(sctx, p.key, owner, snap)
+	snap, err := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
+	if err != nil {
+		fail("response not storable")
+		m.cfg.logger.Warn("idemhttp: response answered but not stored (its headers could not be replayed); a retry runs the handler again",
+			slog.String("key", p.key.String()), slog.Any("error", err))
+		rec.flush()
+		return
+	}
+	err = m.complete(sctx, p.key, owner, snap)
 	switch {
 	case errors.Is(err, dedup.ErrLeaseLost):
 		m.cfg.logger.Error("idemhttp: handler outlived its lease; its response was not stored and another request may have run it again",

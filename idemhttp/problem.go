@@ -39,6 +39,7 @@ const (
 	ProblemTooLarge        Problem = "response-too-large"
 	ProblemTxEnded         Problem = "handler-ended-transaction"
 	ProblemTxAborted       Problem = "transaction-aborted"
+	ProblemUnstorable      Problem = "response-unstorable"
 )
 
 var problemTitles = map[Problem]string{
@@ -60,6 +61,7 @@ var problemTitles = map[Problem]string{
 	ProblemTooLarge:        "Response too large to be stored for replay",
 	ProblemTxEnded:         "The handler ended the transaction the middleware commits",
 	ProblemTxAborted:       "The handler's transaction failed",
+	ProblemUnstorable:      "Response headers cannot be stored for replay",
 }
 
 // problemDoc is an RFC 9457 problem details object.

@@ -203,7 +203,15 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		m.answer(ctx, w, rec)
 		return
 	}
-	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
+	snap, err := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
+	if err != nil {
+		_ = tx.Rollback(sctx)
+		m.cfg.logger.Warn("idemhttp: response's headers could not be replayed; transaction rolled back",
+			slog.String("key", p.key.String()), slog.Any("error", err))
+		m.cfg.writeProblem(w, ProblemUnstorable, http.StatusInternalServerError,
+			"the answer's headers cannot be stored for replay, so the operation was not applied", 0)
+		return
+	}
 	if err := m.store.CompleteTx(sctx, tx, p.key, owner, snap); err != nil {
 		m.storeError(w, p, "complete", err)
 		return

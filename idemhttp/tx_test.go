@@ -404,3 +404,35 @@ func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
 		t.Errorf("%d rows, want 1", n)
 	}
 }
+
+// TestTxUnreplayableHeadersRollBack: an answer whose stored headers could
+// not be replayed (a control character) is not committed; the client gets
+// a 500 problem and its retry runs afresh.
+func TestTxUnreplayableHeadersRollBack(t *testing.T) {
+	var runs atomic.Int64
+	url, pool, charges := txServer(t, func(charges string) idemhttp.TxHandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+			if _, err := tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (4200)"); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if runs.Add(1) == 1 {
+				w.Header().Set("Location", "/payments/\x01")
+			}
+			w.WriteHeader(http.StatusCreated)
+		}
+	})
+	key := newKey()
+	if a := mustPost(t, url, key, order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemUnstorable) {
+		t.Errorf("unreplayable headers: %d %q, want 500 response-unstorable", a.status, a.body)
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Errorf("%d rows, want 0", n)
+	}
+	if a := mustPost(t, url, key, order); a.status != http.StatusCreated || a.replayed() {
+		t.Errorf("retry: %d replayed=%v, want a second run", a.status, a.replayed())
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1", n)
+	}
+}
