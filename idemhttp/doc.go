@@ -16,7 +16,11 @@
 // has the full table.
 //
 // Keys are bound to the caller with [WithTenant]. The response is buffered
-// until it is stored, so handlers cannot stream. On PostgreSQL, [NewTx]
-// runs the handler in the transaction that holds the key and stores the
-// response, so the handler's rows and the stored answer commit together.
+// until it is stored, so handlers cannot stream: Flush does nothing until
+// the response outgrows the snapshot limit (and is then streamed, not
+// stored); http.ResponseController's deadlines reach the connection.
+//
+// On PostgreSQL, [NewTx] runs the handler in the transaction that holds the
+// key and stores the response, so the handler's rows and the stored answer
+// commit together.
 package idemhttp

@@ -651,3 +651,65 @@ func TestFingerprintWithoutQueryUnchanged(t *testing.T) {
 		t.Errorf("fingerprint %s, want %s", rec.Fingerprint, want)
 	}
 }
+
+// TestResponseControllerThroughTheRecorder: http.ResponseController works
+// on the middleware's writer. While the answer is held to be stored, Flush
+// does nothing and the answer is stored whole; deadlines reach the
+// connection; Hijack is refused. Past the snapshot limit, Flush sends what
+// streamed to the client while the handler still runs.
+func TestResponseControllerThroughTheRecorder(t *testing.T) {
+	received := make(chan struct{})
+	handlerErrs := make(chan error, 10)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if r.URL.Query().Has("stream") {
+			w.Write(bytes.Repeat([]byte("x"), 2048))
+			handlerErrs <- rc.Flush()
+			select {
+			case <-received: // the client read the flushed bytes
+			case <-time.After(10 * time.Second):
+				handlerErrs <- errors.New("the flushed bytes never reached the client")
+			}
+			io.WriteString(w, "end")
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+		handlerErrs <- rc.Flush()
+		handlerErrs <- rc.SetWriteDeadline(time.Now().Add(time.Minute))
+		if _, _, err := rc.Hijack(); !errors.Is(err, http.ErrNotSupported) {
+			handlerErrs <- fmt.Errorf("hijack: %v, want ErrNotSupported", err)
+		}
+		io.WriteString(w, " once")
+	})
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithMaxSnapshotBytes(1024)).Wrap(h))
+	key := newKey()
+	first := mustPost(t, srv.URL, key, order)
+	again := mustPost(t, srv.URL, key, order)
+	if first.status != http.StatusCreated || first.body != "charged once" || !again.replayed() || again.body != first.body {
+		t.Errorf("flushed answer %d %q, then %d replayed=%v %q", first.status, first.body, again.status, again.replayed(), again.body)
+	}
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"?stream", strings.NewReader(order))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"`+newKey()+`"`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	head := make([]byte, 2048)
+	if _, err := io.ReadFull(resp.Body, head); err != nil {
+		t.Fatal(err)
+	}
+	close(received)
+	if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "end" {
+		t.Errorf("rest of the stream %q %v", rest, err)
+	}
+	close(handlerErrs)
+	for err := range handlerErrs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
