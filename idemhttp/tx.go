@@ -96,6 +96,14 @@ type TxMiddleware struct {
 // NewTx returns a TxMiddleware over store, beginning its transactions on db.
 // Its options are those of [New]; WithLease does not apply (the row lock is
 // the lease).
+//
+// Every request holds one of db's connections from its claim until its
+// answer commits, the handler's whole run included, and a retry waiting on
+// its key holds another: size the pool (pgxpool.Config.MaxConns) for the
+// requests served at once. The handler should query through the tx it is
+// given only: one that takes a second connection from the same pool while
+// holding the first can exhaust the pool, every request then waiting for a
+// connection held by another.
 func NewTx(store *dedup.PostgresStore, db TxBeginner, opts ...Opt) (*TxMiddleware, error) {
 	if isNil(store) || isNil(db) {
 		return nil, fmt.Errorf("%w: idemhttp: nil store or database", dedup.ErrConfig)
