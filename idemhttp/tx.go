@@ -8,9 +8,10 @@ import (
 	"net/http"
 	"sync/atomic"
 
-	"github.com/dedupkit/dedup"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dedupkit/dedup"
 )
 
 // TxHandlerFunc handles a request inside the PostgreSQL transaction that

@@ -11,11 +11,12 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/idemhttp"
 	"github.com/dedupkit/dedup/internal/testenv"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // chargesTable creates a table of charges, the business rows of the

@@ -17,14 +17,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/adapters/kafkadedup"
-	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // badInput is one row of TestKafkaBadInput: a record sent between two good

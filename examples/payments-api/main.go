@@ -30,10 +30,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/idemhttp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/idemhttp"
 )
 
 // gateway is a fake card processor: every call is a real charge.
