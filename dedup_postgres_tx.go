@@ -16,7 +16,9 @@ import (
 // req.Lease is unused: the transaction's row lock is the lease.
 //
 // Only an acquired claim belongs to tx; the caller then runs its work in tx,
-// may store a result with [PostgresStore.CompleteTx], and commits.
+// may store a result with [PostgresStore.CompleteTx], and commits. An
+// acquired claim is followed by a savepoint, taken in the same round trip,
+// which [PostgresStore.RollbackToClaimTx] returns to.
 func (s *PostgresStore) ClaimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (Claim, error) {
 	if tx == nil {
 		return Claim{}, fmt.Errorf("%w: postgres claim in tx: nil transaction", ErrConfig)
@@ -43,6 +45,20 @@ WHERE scope = $1 AND event_id = $2 AND owner = $3 AND status = 'SUCCEEDED'`,
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("dedup: postgres complete in tx %s: %w", key, ErrLeaseLost)
+	}
+	return nil
+}
+
+// RollbackToClaimTx undoes what tx wrote after a ClaimTx in it acquired its
+// claim, keeping the claim, and ends the aborted state a failed statement
+// leaves tx in: the caller may then store a result with CompleteTx and
+// commit. Savepoints taken after the claim go with what they held.
+func (s *PostgresStore) RollbackToClaimTx(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return fmt.Errorf("%w: postgres rollback to claim in tx: nil transaction", ErrConfig)
+	}
+	if _, err := tx.Exec(ctx, s.sql.rollbackToSavepoint); err != nil {
+		return s.opError("rollback to claim in tx", err)
 	}
 	return nil
 }

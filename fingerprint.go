@@ -10,6 +10,8 @@ import (
 	"io"
 	"math/big"
 	"sort"
+	"strconv"
+	"strings"
 )
 
 // ErrInvalidPayload means a payload could not be read to compute its
@@ -37,6 +39,9 @@ func sha256Fingerprint(payload []byte) (string, error) {
 // top-level fields of a JSON object payload, prefixed with a policy version.
 // Key order and whitespace do not change it; values do. With no fields, the
 // whole document is used. Bump version when the meaning of the fields changes.
+// A number of more than 800 digits or with an exponent past ±400 makes the
+// payload invalid ([ErrInvalidPayload]): its exact value would cost seconds
+// and megabytes to compute.
 func JSONFingerprint(version string, fields ...string) FingerprintFunc {
 	fields = append([]string(nil), fields...)
 	return func(payload []byte) (string, error) {
@@ -65,15 +70,29 @@ func JSONFingerprint(version string, fields ...string) FingerprintFunc {
 		h := sha256.New()
 		io.WriteString(h, version)
 		h.Write([]byte{0})
-		writeCanonical(h, doc)
+		if err := writeCanonical(h, doc); err != nil {
+			return "", err
+		}
 		return hex.EncodeToString(h.Sum(nil)), nil
 	}
 }
 
+// Bounds of the numbers a JSON fingerprint accepts. Each number is made an
+// exact rational, whose size grows with its exponent: 1e999999 alone takes
+// 100 ms and a megabyte. These bounds hold every float64 (at most 17
+// significant digits, exponents -324 to 308), written shortest or in full
+// (at most 767 significant digits), and integers of up to 800 digits; a
+// number past them makes the payload invalid.
+const (
+	maxNumberDigits   = 800
+	maxNumberExponent = 400
+)
+
 // writeCanonical writes v as JSON with object keys sorted and no whitespace.
 // Numbers are written as exact rationals, so 1, 1.0 and 1e0 are equal while
-// integers beyond float64 precision stay distinct.
-func writeCanonical(w io.Writer, v any) {
+// integers beyond float64 precision stay distinct. A number out of bounds is
+// an error matching ErrInvalidPayload.
+func writeCanonical(w io.Writer, v any) error {
 	switch v := v.(type) {
 	case map[string]any:
 		keys := make([]string, 0, len(v))
@@ -88,7 +107,9 @@ func writeCanonical(w io.Writer, v any) {
 			}
 			writeString(w, k)
 			io.WriteString(w, ":")
-			writeCanonical(w, v[k])
+			if err := writeCanonical(w, v[k]); err != nil {
+				return err
+			}
 		}
 		io.WriteString(w, "}")
 	case []any:
@@ -97,17 +118,22 @@ func writeCanonical(w io.Writer, v any) {
 			if i > 0 {
 				io.WriteString(w, ",")
 			}
-			writeCanonical(w, e)
+			if err := writeCanonical(w, e); err != nil {
+				return err
+			}
 		}
 		io.WriteString(w, "]")
 	case string:
 		writeString(w, v)
 	case json.Number:
-		if r, ok := new(big.Rat).SetString(v.String()); ok {
-			io.WriteString(w, r.RatString())
-		} else {
-			io.WriteString(w, v.String())
+		if err := checkNumber(v.String()); err != nil {
+			return err
 		}
+		r, ok := new(big.Rat).SetString(v.String())
+		if !ok {
+			return fmt.Errorf("%w: number %q", ErrInvalidPayload, v)
+		}
+		io.WriteString(w, r.RatString())
 	case bool:
 		if v {
 			io.WriteString(w, "true")
@@ -117,6 +143,20 @@ func writeCanonical(w io.Writer, v any) {
 	default: // nil
 		io.WriteString(w, "null")
 	}
+	return nil
+}
+
+// checkNumber refuses a JSON number literal with more than maxNumberDigits
+// digits before its exponent or an exponent beyond ±maxNumberExponent.
+func checkNumber(num string) error {
+	mant, exp, _ := strings.Cut(strings.ToLower(num), "e")
+	digits := len(mant) - strings.Count(mant, "-") - strings.Count(mant, ".")
+	exp = strings.TrimLeft(strings.TrimLeft(exp, "+-"), "0")
+	if e, err := strconv.Atoi(exp); digits > maxNumberDigits || len(exp) > 4 || (err == nil && e > maxNumberExponent) {
+		return fmt.Errorf("%w: number %.24q is out of bounds (at most %d digits, exponent within ±%d)",
+			ErrInvalidPayload, num, maxNumberDigits, maxNumberExponent)
+	}
+	return nil
 }
 
 func writeString(w io.Writer, s string) {

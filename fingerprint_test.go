@@ -3,7 +3,9 @@ package dedup_test
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -50,12 +52,59 @@ func TestJSONFingerprint(t *testing.T) {
 	}
 }
 
+// TestJSONFingerprintUnchanged pins fingerprints computed before numbers
+// were bounded: no ordinary document's fingerprint may change, or stored
+// keys would conflict with their own retries after an upgrade.
+func TestJSONFingerprintUnchanged(t *testing.T) {
+	for doc, want := range map[string]string{
+		`{"amount": 4200, "currency": "EUR"}`:                           "5c9659d0221977302d4dc01999eeb09cbb6b9dddf18c36f35077fd74d67bc808",
+		`{"b": [1, 2.50, {"z": null, "a": true}], "a": "x", "c": -0.0}`: "56651736cf3c4c857d0fb03e9ab33f2fd13c818ec17a4d01d539ae9f4a5686f6",
+		`{"n": 1e400, "m": -1e-400}`:                                    "3cfea80ae792fa1299b77cd419f5666d3a61ced953b77eb51b5c67c8903d2935",
+		`[1e2, 1E-2, -3.25e+10, 18017000000000001, 5e-324, ` +
+			`1.7976931348623157e308, 0.1, 123456789012345678901234567890]`: "6be86b314506bae155fb80dc19306c3d51f223dfc9b8a4bd257c7019057181b7",
+	} {
+		got, err := dedup.JSONFingerprint("v1")([]byte(doc))
+		require.NoError(t, err)
+		require.Equal(t, want, got, doc)
+	}
+}
+
+// TestJSONFingerprintBoundsNumbers: a number whose exact value would take
+// seconds and megabytes (1e999999) is refused as an invalid payload, at
+// once, even a megabyte of them; numbers within the bounds are accepted.
+func TestJSONFingerprintBoundsNumbers(t *testing.T) {
+	fp := dedup.JSONFingerprint("v1")
+	for _, doc := range []string{
+		`{"a":1e999999999}`, `{"a":1e999999}`, `{"a":1E+401}`, `[-1e-401]`, `[0e100000000000000000000]`,
+		`[` + strings.Repeat("9", 801) + `]`, `[0.` + strings.Repeat("0", 800) + `1]`,
+	} {
+		_, err := fp([]byte(doc))
+		require.ErrorIs(t, err, dedup.ErrInvalidPayload, "%.40s", doc)
+	}
+	for _, doc := range []string{
+		`[1e400, -1e-400, 1e0000000000000000000400]`, `[` + strings.Repeat("9", 800) + `]`, `[5e-324]`,
+	} {
+		_, err := fp([]byte(doc))
+		require.NoError(t, err, "%.40s", doc)
+	}
+	flood := []byte("[" + strings.Repeat("1e999999,", 100_000) + "1]") // hours of work unbounded
+	done := make(chan error, 1)
+	go func() { _, err := fp(flood); done <- err }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, dedup.ErrInvalidPayload)
+	case <-time.After(30 * time.Second):
+		t.Fatal("a megabyte of huge numbers still being fingerprinted after 30 s")
+	}
+}
+
 // FuzzJSONFingerprint checks that re-encoding a JSON document (another key
 // order and spacing) keeps its fingerprint.
 func FuzzJSONFingerprint(f *testing.F) {
 	f.Add(`{"b": [1, 2.50, {"z": null, "a": true}], "a": "x"}`)
 	f.Add(`{"amount": 10, "account": "A-1"}`)
 	f.Add(`[]`)
+	f.Add(`{"a":1e999999999}`)
 	fp := dedup.JSONFingerprint("v1")
 	f.Fuzz(func(t *testing.T, doc string) {
 		want, err := fp([]byte(doc))

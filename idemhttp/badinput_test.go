@@ -70,6 +70,7 @@ func TestBadInput(t *testing.T) {
 		{"body over the limit", rawPost(`Idempotency-Key: "`+good+"\"\r\n", `{"amount":1,"pad":"`+strings.Repeat("x", 2000)+`"}`), 413, idemhttp.ProblemBodyTooLarge},
 		{"invalid JSON", rawPost(`Idempotency-Key: "`+good+"\"\r\n", `{"amount": 42`), 400, idemhttp.ProblemInvalidJSON},
 		{"trailing JSON", rawPost(`Idempotency-Key: "`+good+"\"\r\n", `{"amount": 42} {}`), 400, idemhttp.ProblemInvalidJSON},
+		{"huge JSON number", rawPost(`Idempotency-Key: "`+good+"\"\r\n", `{"amount": 1e999999999}`), 400, idemhttp.ProblemInvalidJSON},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := rawRequest(t, addr, tc.req)

@@ -16,12 +16,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/idemhttp"
-	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/idemhttp"
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // benchClients is the number of concurrent client goroutines of the load

@@ -14,11 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/idemhttp"
 	"github.com/dedupkit/dedup/internal/testenv"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // crashEnv, when set, makes the test binary a server process that charges

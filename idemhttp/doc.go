@@ -10,13 +10,17 @@
 // once, stores its status, chosen headers and body, and answers every retry
 // with that same response, marked with the [ReplayHeader]. A retry that
 // arrives while the first request runs gets 409 with Retry-After; a key
-// reused for another request (method, route or body) gets 422; a missing or
+// reused for another request (method, route, query or body) gets 422; a missing or
 // bad key gets 400. Errors are RFC 9457 problem documents whose type names
 // the case (see [Problem]). The README's "HTTP: Idempotency-Key" section
 // has the full table.
 //
 // Keys are bound to the caller with [WithTenant]. The response is buffered
-// until it is stored, so handlers cannot stream. On PostgreSQL, [NewTx]
-// runs the handler in the transaction that holds the key and stores the
-// response, so the handler's rows and the stored answer commit together.
+// until it is stored, so handlers cannot stream: Flush does nothing until
+// the response outgrows the snapshot limit (and is then streamed, not
+// stored); http.ResponseController's deadlines reach the connection.
+//
+// On PostgreSQL, [NewTx] runs the handler in the transaction that holds the
+// key and stores the response, so the handler's rows and the stored answer
+// commit together.
 package idemhttp

@@ -8,10 +8,11 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/idemhttp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/idemhttp"
 )
 
 func ExampleNew() {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/dedupkit/dedup"
@@ -41,9 +42,12 @@ func isJSON(contentType string) bool {
 }
 
 // fingerprint returns the request's fingerprint: a hash of the policy
-// version, method, route and body. A JSON body counts by its canonical form
-// (dedup.JSONFingerprint), so key order and whitespace do not matter; a
-// JSON content type with a body that is not JSON is refused.
+// version, method, route, query and body. A JSON body counts by its
+// canonical form (dedup.JSONFingerprint), so key order and whitespace do not
+// matter; a JSON content type with a body that is not JSON is refused. The
+// query counts with its parameters sorted by name (the order of one name's
+// values kept); a request without one hashes as it did before queries
+// counted, so keys stored then still replay.
 func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem) {
 	kind, bodyFP := "raw", ""
 	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
@@ -60,5 +64,20 @@ func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem)
 		io.WriteString(h, part)
 		h.Write([]byte{0})
 	}
+	if r.URL.RawQuery != "" {
+		io.WriteString(h, "?"+canonicalQuery(r.URL.RawQuery))
+		h.Write([]byte{0})
+	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// canonicalQuery returns raw with its parameters sorted by name and encoded
+// alike, so ?b=2&a=1 and ?a=1&b=%32 are one query. A query that does not
+// parse counts as it is written.
+func canonicalQuery(raw string) string {
+	q, err := url.ParseQuery(raw)
+	if err != nil {
+		return raw
+	}
+	return q.Encode()
 }

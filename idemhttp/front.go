@@ -115,7 +115,7 @@ func (f *front) answerClaim(w http.ResponseWriter, r *http.Request, p *prepared,
 			"a request with this key has not finished; retry later", f.cfg.retryAfter)
 	case dedup.ClaimConflict:
 		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
-			"this key was used for a request with another method, route or body", 0)
+			"this key was used for a request with another method, route, query or body", 0)
 	default: // ClaimFinal: another writer parked the key for good
 		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
 			"this key was settled as failed for good", 0)
@@ -144,13 +144,17 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 	_, _ = w.Write(s.body)
 }
 
+// keyName names p's key in logs.
+func keyName(p *prepared) string {
+	if p == nil {
+		return "(none)"
+	}
+	return p.key.String()
+}
+
 // storeError answers a request the store could not serve.
 func (f *front) storeError(w http.ResponseWriter, p *prepared, op string, err error) {
-	key := "(none)"
-	if p != nil {
-		key = p.key.String()
-	}
-	f.cfg.logger.Warn("idemhttp: store "+op+" failed", slog.String("key", key), slog.Any("error", err))
+	f.cfg.logger.Warn("idemhttp: store "+op+" failed", slog.String("key", keyName(p)), slog.Any("error", err))
 	f.cfg.writeProblem(w, ProblemStore, http.StatusServiceUnavailable,
 		"the idempotency store is unavailable; retry with the same key", f.cfg.retryAfter)
 }

@@ -76,13 +76,19 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 }
 
 // run runs the handler for an acquired claim and settles the key.
+//
+// The handler sees the request's context, cancelled when the client goes
+// away; the heartbeat and the settling writes do not: the claim is held for
+// as long as the handler runs, whether anyone waits for its answer or not,
+// so a retry never runs the operation beside it.
 func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, p *prepared, owner string) {
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	stopBeat := m.heartbeat(ctx, cancel, p.key, owner)
+	stopBeat := m.heartbeat(context.WithoutCancel(r.Context()), cancel, p.key, owner)
+	defer stopBeat() // also when the handler ends the goroutine (runtime.Goexit)
 	rec := newRecorder(w, m.cfg.maxSnapshot, true)
 	panicked, value := serve(next, rec, r.WithContext(ctx))
-	stopBeat()
+	stopBeat() // before settling, so no extension races the settling write
 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.lease)
 	defer scancel()
@@ -107,8 +113,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		m.answer(ctx, w, rec)
 		return
 	}
-	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
-	err := m.complete(sctx, p.key, owner, snap)
+	snap, err := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
+	if err != nil {
+		fail("response not storable")
+		m.cfg.logger.Warn("idemhttp: response answered but not stored (its headers could not be replayed); a retry runs the handler again",
+			slog.String("key", p.key.String()), slog.Any("error", err))
+		rec.flush()
+		return
+	}
+	err = m.complete(sctx, p.key, owner, snap)
 	switch {
 	case errors.Is(err, dedup.ErrLeaseLost):
 		m.cfg.logger.Error("idemhttp: handler outlived its lease; its response was not stored and another request may have run it again",
@@ -201,9 +214,13 @@ func (m *Middleware) complete(ctx context.Context, key dedup.Key, owner string, 
 var errLeaseLost = errors.New("idemhttp: the key's lease was lost")
 
 // heartbeat extends the lease every third of its length until stop is
-// called, and cancels ctx when the lease is lost. It runs on a timer, so a
-// request that ends within a third of its lease starts no goroutine.
+// called, and calls cancel when the lease is lost. Its extensions run on ctx,
+// which must outlive the request (the handler may run on after its client
+// left); stop cancels an extension in progress and waits for it, and may be
+// called more than once. It runs on a timer, so a request that ends within a
+// third of its lease starts no goroutine.
 func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, key dedup.Key, owner string) (stop func()) {
+	ctx, end := context.WithCancel(ctx)
 	var (
 		mu      sync.Mutex // guards stopped and the timer's resets
 		stopped bool
@@ -241,6 +258,7 @@ func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFu
 		stopped = true
 		timer.Stop()
 		mu.Unlock()
+		end()
 		running.Wait()
 	}
 }

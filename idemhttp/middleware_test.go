@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -218,8 +219,10 @@ func TestInFlightAccepted(t *testing.T) {
 	}
 }
 
-// TestNotStoredAnswersStayRetryable: a 5xx, a panic and a response over the
-// snapshot limit are answered, not stored; the next retry runs again.
+// TestNotStoredAnswersStayRetryable: a 5xx, a panic, a response over the
+// snapshot limit and one whose stored headers could not be replayed (a
+// control character, over 64 values) are answered, not stored; the next
+// retry runs again.
 func TestNotStoredAnswersStayRetryable(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex
@@ -236,24 +239,39 @@ func TestNotStoredAnswersStayRetryable(t *testing.T) {
 			panic("handler bug")
 		case "big":
 			w.Write(bytes.Repeat([]byte("x"), 2048))
+		case "control":
+			w.Header().Set("Location", "/payments/\x01")
+			w.WriteHeader(http.StatusCreated)
+		case "many":
+			for i := range 65 {
+				w.Header().Add("Link", fmt.Sprintf("</payments/%d>; rel=item", i))
+			}
+			w.WriteHeader(http.StatusCreated)
 		default:
 			w.WriteHeader(http.StatusCreated)
 			io.WriteString(w, "ok")
 		}
 	})
 	m := newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithMaxSnapshotBytes(1024),
+		idemhttp.WithStoredHeaders("Location", "Link"),
 		idemhttp.WithLogger(slog.New(slog.NewTextHandler(&syncWriter{w: &logs, mu: &mu}, nil))))
 	srv := serve(t, m.Wrap(h))
 	for _, tc := range []struct {
 		mode   string
-		status int
-	}{{"503", 503}, {"panic", 0}, {"big", 200}} {
+		status int // 0: no answer the client accepts
+	}{
+		{"503", 503},
+		{"panic", 0}, // the connection is aborted
+		{"big", 200},
+		{"control", 0}, // sent as written, which Go's client refuses as malformed
+		{"many", 201},
+	} {
 		key := newKey()
 		mode = tc.mode
 		a, err := post(t, http.DefaultClient, srv.URL, key, order)
 		switch {
 		case tc.status == 0 && err == nil:
-			t.Errorf("%s: got %d, want the connection aborted", tc.mode, a.status)
+			t.Errorf("%s: got %d, want no answer", tc.mode, a.status)
 		case tc.status != 0 && (err != nil || a.status != tc.status || a.replayed()):
 			t.Errorf("%s: %d %v", tc.mode, a.status, err)
 		case tc.mode == "big" && len(a.body) != 2048:
@@ -264,16 +282,19 @@ func TestNotStoredAnswersStayRetryable(t *testing.T) {
 			t.Errorf("%s: retry got %d replayed=%v, want the handler run again", tc.mode, a.status, a.replayed())
 		}
 	}
-	// Seven: net/http's Transport retries a request that carries an
+	// Eleven: net/http's Transport retries a request that carries an
 	// Idempotency-Key once when the connection dies without an answer, so
 	// the panicking request ran twice (and the key stayed retryable).
-	if runs != 7 {
-		t.Errorf("%d runs, want 7", runs)
+	if runs != 11 {
+		t.Errorf("%d runs, want 11", runs)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if !strings.Contains(logs.String(), "not stored (over the snapshot limit)") {
 		t.Errorf("no warning for the oversized snapshot in %q", logs.String())
+	}
+	if n := strings.Count(logs.String(), "level=WARN msg=\"idemhttp: response answered but not stored (its headers could not be replayed)"); n != 2 {
+		t.Errorf("%d warnings for unreplayable headers, want 2, in %q", n, logs.String())
 	}
 }
 
@@ -526,5 +547,169 @@ func TestServerDeadlineBeforeAnswer(t *testing.T) {
 	}
 	if a := mustPost(t, srv.URL, key, order); a.status != http.StatusCreated || a.replayed() {
 		t.Errorf("retry: %d replayed=%v, want a second run", a.status, a.replayed())
+	}
+}
+
+// TestClientGoneMidHandlerKeepsTheLease: a client that disconnects while a
+// handler outlasting several leases runs does not end the heartbeat. A retry
+// during the handler gets 409, not a second charge; once the handler answers
+// 201 (to nobody), that answer is stored and the retry replays it.
+func TestClientGoneMidHandlerKeepsTheLease(t *testing.T) {
+	for _, sc := range allStores {
+		t.Run(sc.name, func(t *testing.T) {
+			const lease = 300 * time.Millisecond
+			pay := &payments{}
+			var runs atomic.Int64
+			entered, gone, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if runs.Add(1) == 1 {
+					close(entered)
+					<-r.Context().Done() // the client went away
+					close(gone)
+					<-release // the charge goes on regardless
+				}
+				pay.ServeHTTP(w, r)
+			})
+			srv := serve(t, newMiddleware(t, sc.store(t), idemhttp.WithLease(lease)).Wrap(h))
+			url, key := srv.URL+"/payments", newKey()
+
+			ctx, disconnect := context.WithCancel(context.Background())
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(order))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", `"`+key+`"`)
+			first := make(chan error, 1)
+			go func() { _, err := do(http.DefaultClient, req); first <- err }()
+			<-entered
+			disconnect()
+			<-gone
+			if err := <-first; err == nil {
+				t.Fatal("the disconnected client got an answer")
+			}
+			time.Sleep(3 * lease) // the lease would have lapsed without a heartbeat
+			if a := mustPost(t, url, key, order); a.status != http.StatusConflict || a.problemType() != problem(idemhttp.ProblemInFlight) {
+				t.Errorf("retry during the handler: %d %q, want 409 in-flight", a.status, a.body)
+			}
+			close(release)
+			var a answer
+			for range 100 { // until the handler has answered and settled
+				if a = mustPost(t, url, key, order); a.status != http.StatusConflict {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if a.status != http.StatusCreated || !a.replayed() || a.body != pay.firstBody() {
+				t.Errorf("retry after the handler: %d replayed=%v %q, want the stored %q", a.status, a.replayed(), a.body, pay.firstBody())
+			}
+			if n := pay.charges.Load(); n != 1 {
+				t.Errorf("%d charges, want 1", n)
+			}
+		})
+	}
+}
+
+// TestQueryIsInTheFingerprint: the same key sent with another query is
+// another request (422, never the first answer); the same parameters in
+// another order or encoding are the same request (a replay).
+func TestQueryIsInTheFingerprint(t *testing.T) {
+	pay := &payments{}
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore()).Wrap(pay))
+	key := newKey()
+	first := mustPost(t, srv.URL+"/payments?amount=1&currency=EUR", key, order)
+	if first.status != http.StatusCreated || first.replayed() {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	if a := mustPost(t, srv.URL+"/payments?amount=2&currency=EUR", key, order); a.status != http.StatusUnprocessableEntity ||
+		a.problemType() != problem(idemhttp.ProblemKeyReused) || strings.Contains(a.body, "ch_") {
+		t.Errorf("other query: %d %q, want 422 key-reused", a.status, a.body)
+	}
+	if a := mustPost(t, srv.URL+"/payments", key, order); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("no query: %d %q, want 422", a.status, a.body)
+	}
+	if a := mustPost(t, srv.URL+"/payments?currency=%45UR&amount=1", key, order); !a.replayed() || a.body != first.body {
+		t.Errorf("same query, other order and encoding: %d replayed=%v, want the replay", a.status, a.replayed())
+	}
+	if n := pay.charges.Load(); n != 1 {
+		t.Errorf("%d charges, want 1", n)
+	}
+}
+
+// TestFingerprintWithoutQueryUnchanged pins the fingerprint of a request
+// without a query: keys stored before the query counted must replay after.
+func TestFingerprintWithoutQueryUnchanged(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	srv := serve(t, newMiddleware(t, store).Wrap(&payments{}))
+	key := newKey()
+	mustPost(t, srv.URL+"/payments", key, order)
+	rec, err := store.Get(context.Background(), dedup.Key{Scope: "payments-api", EventID: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "5d523bf03629ba792831bca9c36546dd2d09b82731574bb51ce376ef5b306744"; rec.Fingerprint != want {
+		t.Errorf("fingerprint %s, want %s", rec.Fingerprint, want)
+	}
+}
+
+// TestResponseControllerThroughTheRecorder: http.ResponseController works
+// on the middleware's writer. While the answer is held to be stored, Flush
+// does nothing and the answer is stored whole; deadlines reach the
+// connection; Hijack is refused. Past the snapshot limit, Flush sends what
+// streamed to the client while the handler still runs.
+func TestResponseControllerThroughTheRecorder(t *testing.T) {
+	received := make(chan struct{})
+	handlerErrs := make(chan error, 10)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if r.URL.Query().Has("stream") {
+			w.Write(bytes.Repeat([]byte("x"), 2048))
+			handlerErrs <- rc.Flush()
+			select {
+			case <-received: // the client read the flushed bytes
+			case <-time.After(10 * time.Second):
+				handlerErrs <- errors.New("the flushed bytes never reached the client")
+			}
+			io.WriteString(w, "end")
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+		handlerErrs <- rc.Flush()
+		handlerErrs <- rc.SetWriteDeadline(time.Now().Add(time.Minute))
+		if _, _, err := rc.Hijack(); !errors.Is(err, http.ErrNotSupported) {
+			handlerErrs <- fmt.Errorf("hijack: %v, want ErrNotSupported", err)
+		}
+		io.WriteString(w, " once")
+	})
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithMaxSnapshotBytes(1024)).Wrap(h))
+	key := newKey()
+	first := mustPost(t, srv.URL, key, order)
+	again := mustPost(t, srv.URL, key, order)
+	if first.status != http.StatusCreated || first.body != "charged once" || !again.replayed() || again.body != first.body {
+		t.Errorf("flushed answer %d %q, then %d replayed=%v %q", first.status, first.body, again.status, again.replayed(), again.body)
+	}
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"?stream", strings.NewReader(order))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"`+newKey()+`"`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	head := make([]byte, 2048)
+	if _, err := io.ReadFull(resp.Body, head); err != nil {
+		t.Fatal(err)
+	}
+	close(received)
+	if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "end" {
+		t.Errorf("rest of the stream %q %v", rest, err)
+	}
+	close(handlerErrs)
+	for err := range handlerErrs {
+		if err != nil {
+			t.Error(err)
+		}
 	}
 }

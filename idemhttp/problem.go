@@ -37,6 +37,9 @@ const (
 	ProblemLeaseLost       Problem = "lease-lost"
 	ProblemAbandoned       Problem = "request-abandoned"
 	ProblemTooLarge        Problem = "response-too-large"
+	ProblemTxEnded         Problem = "handler-ended-transaction"
+	ProblemTxAborted       Problem = "transaction-aborted"
+	ProblemUnstorable      Problem = "response-unstorable"
 )
 
 var problemTitles = map[Problem]string{
@@ -56,6 +59,9 @@ var problemTitles = map[Problem]string{
 	ProblemLeaseLost:       "The request's claim on its Idempotency-Key was taken over",
 	ProblemAbandoned:       "The request ended before the handler answered",
 	ProblemTooLarge:        "Response too large to be stored for replay",
+	ProblemTxEnded:         "The handler ended the transaction the middleware commits",
+	ProblemTxAborted:       "The handler's transaction failed",
+	ProblemUnstorable:      "Response headers cannot be stored for replay",
 }
 
 // problemDoc is an RFC 9457 problem details object.

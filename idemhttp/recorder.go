@@ -1,7 +1,10 @@
 package idemhttp
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 )
@@ -59,6 +62,29 @@ func (r *recorder) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return r.w.Write(p)
+}
+
+// Unwrap returns the connection's writer, so that http.ResponseController
+// reaches it: read and write deadlines and full duplex apply to the
+// connection.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
+
+// FlushError sends a response streaming past the snapshot limit on to the
+// client. A response held to be stored is sent once stored, so flushing it
+// does nothing.
+func (r *recorder) FlushError() error {
+	if !r.passing {
+		return nil
+	}
+	return http.NewResponseController(r.w).Flush()
+}
+
+// Flush is FlushError for handlers that look for an http.Flusher.
+func (r *recorder) Flush() { _ = r.FlushError() }
+
+// Hijack refuses: a hijacked connection's answer cannot be stored.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, fmt.Errorf("idemhttp: a response held to be stored cannot be hijacked: %w", http.ErrNotSupported)
 }
 
 // flushHeader sends the recorded status and headers to w.

@@ -34,15 +34,23 @@ type snapshot struct {
 }
 
 // encodeSnapshot encodes the status, the headers of h named in names, and
-// body.
-func encodeSnapshot(status int, h http.Header, names []string, body []byte) []byte {
+// body. It refuses what decodeSnapshot would refuse, so that no response is
+// stored that cannot be replayed: more than maxSnapHeaders values, or a value
+// with a control character.
+func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]byte, error) {
 	size := 4 + len(body)
 	n := 0
 	for _, name := range names {
 		for _, v := range h.Values(name) {
+			if !validHeaderValue(v) {
+				return nil, fmt.Errorf("idemhttp: header %s has a control character in its value", http.CanonicalHeaderKey(name))
+			}
 			size += 2*binary.MaxVarintLen16 + len(name) + len(v)
 			n++
 		}
+	}
+	if n > maxSnapHeaders {
+		return nil, fmt.Errorf("idemhttp: %d stored header values, over %d", n, maxSnapHeaders)
 	}
 	b := make([]byte, 0, size+binary.MaxVarintLen16)
 	b = append(b, snapshotMagic, snapshotVersion)
@@ -57,7 +65,7 @@ func encodeSnapshot(status int, h http.Header, names []string, body []byte) []by
 			b = append(b, v...)
 		}
 	}
-	return append(b, body...)
+	return append(b, body...), nil
 }
 
 // decodeSnapshot decodes b, refusing anything encodeSnapshot cannot have

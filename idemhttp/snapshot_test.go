@@ -10,7 +10,10 @@ import (
 
 func TestSnapshotRoundTrip(t *testing.T) {
 	h := http.Header{"Content-Type": {"application/json"}, "Location": {"/p/1"}, "Set-Cookie": {"s=1"}, "Etag": {`"a"`, `"b"`}}
-	b := encodeSnapshot(201, h, defaultStoredHeaders, []byte(`{"id":1}`))
+	b, err := encodeSnapshot(201, h, defaultStoredHeaders, []byte(`{"id":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
 	s, err := decodeSnapshot(b)
 	if err != nil {
 		t.Fatal(err)
@@ -22,7 +25,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 }
 
 func TestSnapshotRefusesDamage(t *testing.T) {
-	good := encodeSnapshot(200, http.Header{"Content-Type": {"text/plain"}}, defaultStoredHeaders, []byte("hello"))
+	good, _ := encodeSnapshot(200, http.Header{"Content-Type": {"text/plain"}}, defaultStoredHeaders, []byte("hello"))
 	for name, b := range map[string][]byte{
 		"empty":        nil,
 		"other magic":  append([]byte{0x7b}, good[1:]...),
@@ -39,6 +42,37 @@ func TestSnapshotRefusesDamage(t *testing.T) {
 	}
 }
 
+// TestSnapshotEncodeRefusesWhatDecodeRefuses: a response the decoder would
+// refuse is not encoded, so it is never stored to fail at replay.
+func TestSnapshotEncodeRefusesWhatDecodeRefuses(t *testing.T) {
+	many := http.Header{}
+	for i := range maxSnapHeaders + 1 {
+		many.Add("Link", "</p/"+strings.Repeat("x", i)+">")
+	}
+	for name, h := range map[string]http.Header{
+		"65 values":      many,
+		"NUL in value":   {"Location": {"/a\x00b"}},
+		"CR LF in value": {"Location": {"/a\r\nSet-Cookie: x"}},
+		"DEL in value":   {"Etag": {"\x7f"}},
+	} {
+		if b, err := encodeSnapshot(200, h, []string{"Link", "Location", "ETag"}, nil); err == nil {
+			_, derr := decodeSnapshot(b)
+			t.Errorf("%s: encoded (decoding: %v), want refused", name, derr)
+		}
+	}
+	most := http.Header{"Location": {"/tab\tallowed"}}
+	for range maxSnapHeaders - 1 {
+		most.Add("Link", "</p>")
+	}
+	b, err := encodeSnapshot(200, most, []string{"Link", "Location"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decodeSnapshot(b); err != nil {
+		t.Errorf("64 values, one with a tab: %v", err)
+	}
+}
+
 func encodeSnapshotRaw(name, value string) []byte {
 	b := []byte{snapshotMagic, snapshotVersion, 0, 200, 1, byte(len(name))}
 	b = append(b, name...)
@@ -49,7 +83,8 @@ func encodeSnapshotRaw(name, value string) []byte {
 // FuzzSnapshot: decoding anything never panics, and whatever decodes
 // re-encodes to the same bytes.
 func FuzzSnapshot(f *testing.F) {
-	f.Add(encodeSnapshot(201, http.Header{"Location": {"/x"}}, defaultStoredHeaders, []byte("body")))
+	seed, _ := encodeSnapshot(201, http.Header{"Location": {"/x"}}, defaultStoredHeaders, []byte("body"))
+	f.Add(seed)
 	f.Add([]byte{snapshotMagic, 1, 0, 200, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := decodeSnapshot(b)
@@ -60,7 +95,11 @@ func FuzzSnapshot(f *testing.F) {
 		for k := range s.header {
 			names = append(names, k)
 		}
-		again, err := decodeSnapshot(encodeSnapshot(s.status, s.header, names, s.body))
+		b, err = encodeSnapshot(s.status, s.header, names, s.body)
+		if err != nil {
+			t.Fatalf("re-encoding %x: %v", b, err)
+		}
+		again, err := decodeSnapshot(b)
 		if err != nil || again.status != s.status || !bytes.Equal(again.body, s.body) {
 			t.Fatalf("re-encoding %x: %v", b, err)
 		}

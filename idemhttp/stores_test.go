@@ -7,12 +7,13 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/internal/testenv"
-	"github.com/dedupkit/dedup/redisstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/testenv"
+	"github.com/dedupkit/dedup/redisstore"
 )
 
 // allStores are the stores the end-to-end tests run on: memory, PostgreSQL,

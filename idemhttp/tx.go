@@ -6,16 +6,47 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 
-	"github.com/dedupkit/dedup"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dedupkit/dedup"
 )
 
 // TxHandlerFunc handles a request inside the PostgreSQL transaction that
 // holds its key: what it writes through tx commits together with its stored
 // response, or not at all.
+//
+// The middleware ends tx, so the handler must neither commit nor roll it
+// back: both return [ErrTxOwned] and change nothing, and the request is then
+// answered 500 handler-ended-transaction, nothing applied, the key left
+// retryable. To undo part of its own work, a handler nests a transaction
+// (tx.Begin, a savepoint), as under dedup.WrapTx.
 type TxHandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx)
+
+// ErrTxOwned is returned to a [TxHandlerFunc] that commits or rolls back its
+// transaction: the middleware commits it with the stored response.
+var ErrTxOwned = errors.New("idemhttp: the handler must neither commit nor roll back its transaction; the middleware commits it with the stored response")
+
+// handlerTx is the transaction a TxHandlerFunc gets: the middleware's own,
+// which the handler may use but not end.
+type handlerTx struct {
+	pgx.Tx
+	ended atomic.Bool // the handler called Commit or Rollback
+}
+
+// Commit refuses: see [TxHandlerFunc].
+func (t *handlerTx) Commit(context.Context) error {
+	t.ended.Store(true)
+	return ErrTxOwned
+}
+
+// Rollback refuses: see [TxHandlerFunc].
+func (t *handlerTx) Rollback(context.Context) error {
+	t.ended.Store(true)
+	return ErrTxOwned
+}
 
 // TxBeginner begins transactions; *pgxpool.Pool is one. It must reach the
 // database of the store's table.
@@ -25,6 +56,14 @@ type TxBeginner interface {
 
 // lockNotAvailable is PostgreSQL's SQLSTATE for a lock_timeout that ran out.
 const lockNotAvailable = "55P03"
+
+// aborted reports whether a statement that failed has aborted tx, so that
+// only a rollback (to a savepoint) can follow. It reads the status of the
+// connection's last ReadyForQuery: no round trip.
+func aborted(tx pgx.Tx) bool {
+	conn := tx.Conn()
+	return conn != nil && conn.PgConn().TxStatus() == 'E'
+}
 
 // TxMiddleware is the transactional mode on PostgreSQL: for each request
 // with a key it begins a transaction, claims the key in it, runs the handler
@@ -43,6 +82,12 @@ const lockNotAvailable = "55P03"
 // response over the snapshot limit cannot be stored, so it rolls back too and
 // the client gets a 500 problem instead. Streaming is not possible: the
 // answer is sent after the commit.
+//
+// A statement of the handler that fails aborts the transaction. A final 4xx
+// answered after that is stored all the same, without the handler's writes
+// (rolled back to just after the claim); a 2xx is not, as the writes it
+// reports cannot commit: the transaction rolls back and the client gets a
+// 500 transaction-aborted problem, the key left retryable.
 type TxMiddleware struct {
 	front
 	store *dedup.PostgresStore
@@ -52,6 +97,14 @@ type TxMiddleware struct {
 // NewTx returns a TxMiddleware over store, beginning its transactions on db.
 // Its options are those of [New]; WithLease does not apply (the row lock is
 // the lease).
+//
+// Every request holds one of db's connections from its claim until its
+// answer commits, the handler's whole run included, and a retry waiting on
+// its key holds another: size the pool (pgxpool.Config.MaxConns) for the
+// requests served at once. The handler should query through the tx it is
+// given only: one that takes a second connection from the same pool while
+// holding the first can exhaust the pool, every request then waiting for a
+// connection held by another.
 func NewTx(store *dedup.PostgresStore, db TxBeginner, opts ...Opt) (*TxMiddleware, error) {
 	if isNil(store) || isNil(db) {
 		return nil, fmt.Errorf("%w: idemhttp: nil store or database", dedup.ErrConfig)
@@ -110,8 +163,9 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		}
 		owner = c.Record.Owner
 	}
+	htx := &handlerTx{Tx: tx}
 	rec := newRecorder(w, m.cfg.maxSnapshot, false)
-	panicked, value := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(w, r, tx) }), rec, r)
+	panicked, value := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(w, r, htx) }), rec, r)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.lease)
 	defer cancel()
 	switch {
@@ -125,8 +179,30 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		m.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
 			"the answer is too large to be stored, so the operation was not applied", 0)
 		return
-	case p == nil || !m.storable(ctx, rec):
-		if p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil) {
+	case htx.ended.Load():
+		_ = tx.Rollback(sctx)
+		m.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back, not stored",
+			slog.String("key", keyName(p)))
+		m.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
+			"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
+		return
+	}
+	store := p != nil && m.storable(ctx, rec)
+	commit := store || (p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil))
+	if commit && aborted(tx) {
+		// A statement of the handler failed: none of its writes can
+		// commit. A final 4xx stands without them; a success does not.
+		if !store || rec.status < 400 || m.store.RollbackToClaimTx(sctx, tx) != nil {
+			_ = tx.Rollback(sctx)
+			m.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back, not stored",
+				slog.String("key", keyName(p)), slog.Int("status", rec.status))
+			m.cfg.writeProblem(w, ProblemTxAborted, http.StatusInternalServerError,
+				"a statement of the handler failed, so the operation was not applied; retry with the same key", 0)
+			return
+		}
+	}
+	if !store {
+		if commit {
 			if err := tx.Commit(sctx); err != nil {
 				m.storeError(w, p, "commit", err)
 				return
@@ -136,7 +212,15 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		m.answer(ctx, w, rec)
 		return
 	}
-	snap := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
+	snap, err := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
+	if err != nil {
+		_ = tx.Rollback(sctx)
+		m.cfg.logger.Warn("idemhttp: response's headers could not be replayed; transaction rolled back",
+			slog.String("key", p.key.String()), slog.Any("error", err))
+		m.cfg.writeProblem(w, ProblemUnstorable, http.StatusInternalServerError,
+			"the answer's headers cannot be stored for replay, so the operation was not applied", 0)
+		return
+	}
 	if err := m.store.CompleteTx(sctx, tx, p.key, owner, snap); err != nil {
 		m.storeError(w, p, "complete", err)
 		return

@@ -3,16 +3,20 @@ package idemhttp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/idemhttp"
 	"github.com/dedupkit/dedup/internal/testenv"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // chargesTable creates a table of charges, the business rows of the
@@ -190,6 +194,21 @@ func TestClaimTxHooks(t *testing.T) {
 	if err := store.CompleteTx(ctx, tx, key, "another owner", []byte("r")); err == nil {
 		t.Error("CompleteTx with another owner succeeded")
 	}
+	// A write, then a failed statement: rolling back to the claim undoes
+	// the write and the aborted state, and keeps the claim.
+	charges := chargesTable(t, pool)
+	if _, err := tx.Exec(ctx, "INSERT INTO "+charges+" (amount) VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+charges+" (amount) VALUES (NULL)"); err == nil {
+		t.Fatal("NULL amount inserted")
+	}
+	if err := store.RollbackToClaimTx(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RollbackToClaimTx(ctx, nil); !errors.Is(err, dedup.ErrConfig) {
+		t.Errorf("RollbackToClaimTx(nil tx): %v, want ErrConfig", err)
+	}
 	if err := store.CompleteTx(ctx, tx, key, c.Record.Owner, []byte("r")); err != nil {
 		t.Fatal(err)
 	}
@@ -199,6 +218,9 @@ func TestClaimTxHooks(t *testing.T) {
 	rec, err := store.Get(ctx, key)
 	if err != nil || rec.Status != dedup.StatusSucceeded || string(rec.Result) != "r" {
 		t.Errorf("record %+v %v", rec, err)
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Errorf("%d rows after rolling back to the claim, want 0", n)
 	}
 }
 
@@ -257,5 +279,161 @@ func TestTxKeyless(t *testing.T) {
 	}
 	if n := countRows(t, pool, charges); n != 1 {
 		t.Errorf("%d rows, want 1 (the 503's rolled back)", n)
+	}
+}
+
+// txServer serves h in transactional mode on a fresh records table.
+func txServer(t *testing.T, h func(charges string) idemhttp.TxHandlerFunc, opts ...idemhttp.Opt) (url string, pool *pgxpool.Pool, charges string) {
+	t.Helper()
+	store, pool := postgresStore(t)
+	charges = chargesTable(t, pool)
+	m, err := idemhttp.NewTx(store, pool, append([]idemhttp.Opt{idemhttp.WithScope("payments-api"),
+		idemhttp.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serve(t, m.Wrap(h(charges))).URL, pool, charges
+}
+
+// TestTxHandlerCannotEndItsTx: a handler that commits or rolls back the tx
+// it was given gets ErrTxOwned and changes nothing; its request is answered
+// 500 handler-ended-transaction with nothing applied, whatever it answered,
+// and the key stays retryable (it used to commit the claim without its
+// answer: the key stuck, every retry a 500, until its TTL).
+func TestTxHandlerCannotEndItsTx(t *testing.T) {
+	var mode atomic.Value // "commit", "rollback" or "ok"
+	var runs atomic.Int64
+	url, pool, charges := txServer(t, func(charges string) idemhttp.TxHandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+			runs.Add(1)
+			if _, err := tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (4200)"); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			var err error
+			switch mode.Load() {
+			case "commit":
+				err = tx.Commit(r.Context())
+			case "rollback":
+				err = tx.Rollback(r.Context())
+			}
+			if mode.Load() != "ok" && !errors.Is(err, idemhttp.ErrTxOwned) {
+				t.Errorf("%s: %v, want ErrTxOwned", mode.Load(), err)
+			}
+			w.WriteHeader(http.StatusCreated) // the error ignored
+			fmt.Fprintf(w, "run %d", runs.Load())
+		}
+	})
+	key := newKey()
+	for _, m := range []string{"commit", "rollback"} {
+		mode.Store(m)
+		if a := mustPost(t, url, key, order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemTxEnded) {
+			t.Errorf("%s by the handler: %d %q, want 500 handler-ended-transaction", m, a.status, a.body)
+		}
+		if n := countRows(t, pool, charges); n != 0 {
+			t.Errorf("%s by the handler: %d rows, want 0", m, n)
+		}
+	}
+	mode.Store("ok")
+	first := mustPost(t, url, key, order)
+	again := mustPost(t, url, key, order)
+	if first.status != http.StatusCreated || first.body != "run 3" || !again.replayed() || again.body != first.body {
+		t.Errorf("retry %d %q, then %d replayed=%v %q", first.status, first.body, again.status, again.replayed(), again.body)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+// TestTxFailedStatementThenFinalAnswer: a handler whose statement fails
+// (aborting the transaction) and that then answers a final 422 has that
+// answer stored and replayed, without its writes; one that answers 201 after
+// a failed statement gets a 500 transaction-aborted instead, nothing is
+// applied, and its retry runs afresh.
+func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
+	var mode atomic.Value // "refuse", "ignore" or "ok"
+	var runs atomic.Int64
+	url, pool, charges := txServer(t, func(charges string) idemhttp.TxHandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+			runs.Add(1)
+			if _, err := tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (4200)"); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			switch mode.Load() {
+			case "refuse": // a statement fails, the handler refuses the request
+				if _, err := tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (NULL)"); err != nil {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusUnprocessableEntity)
+					io.WriteString(w, `{"error":"amount refused"}`)
+					return
+				}
+			case "ignore": // a statement fails, the handler ignores it
+				_, _ = tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (NULL)")
+			}
+			w.WriteHeader(http.StatusCreated)
+		}
+	})
+	mode.Store("refuse")
+	key := newKey()
+	first := mustPost(t, url, key, order)
+	again := mustPost(t, url, key, order)
+	if first.status != http.StatusUnprocessableEntity || first.body != `{"error":"amount refused"}` || first.replayed() {
+		t.Errorf("final 422 after a failed statement: %d %q", first.status, first.body)
+	}
+	if again.status != http.StatusUnprocessableEntity || !again.replayed() || again.body != first.body {
+		t.Errorf("retry: %d replayed=%v %q, want the stored 422", again.status, again.replayed(), again.body)
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Errorf("%d rows after a refused request, want 0", n)
+	}
+
+	mode.Store("ignore")
+	runs.Store(0)
+	key = newKey()
+	if a := mustPost(t, url, key, order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemTxAborted) {
+		t.Errorf("201 after a failed statement: %d %q, want 500 transaction-aborted", a.status, a.body)
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Errorf("%d rows after an aborted transaction, want 0", n)
+	}
+	mode.Store("ok")
+	if a := mustPost(t, url, key, order); a.status != http.StatusCreated || a.replayed() || runs.Load() != 2 {
+		t.Errorf("retry: %d replayed=%v after %d runs, want a second run", a.status, a.replayed(), runs.Load())
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+// TestTxUnreplayableHeadersRollBack: an answer whose stored headers could
+// not be replayed (a control character) is not committed; the client gets
+// a 500 problem and its retry runs afresh.
+func TestTxUnreplayableHeadersRollBack(t *testing.T) {
+	var runs atomic.Int64
+	url, pool, charges := txServer(t, func(charges string) idemhttp.TxHandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+			if _, err := tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (4200)"); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if runs.Add(1) == 1 {
+				w.Header().Set("Location", "/payments/\x01")
+			}
+			w.WriteHeader(http.StatusCreated)
+		}
+	})
+	key := newKey()
+	if a := mustPost(t, url, key, order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemUnstorable) {
+		t.Errorf("unreplayable headers: %d %q, want 500 response-unstorable", a.status, a.body)
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Errorf("%d rows, want 0", n)
+	}
+	if a := mustPost(t, url, key, order); a.status != http.StatusCreated || a.replayed() {
+		t.Errorf("retry: %d replayed=%v, want a second run", a.status, a.replayed())
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows, want 1", n)
 	}
 }

@@ -17,14 +17,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/adapters/kafkadedup"
-	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // badInput is one row of TestKafkaBadInput: a record sent between two good
@@ -114,6 +115,11 @@ func TestKafkaBadInput(t *testing.T) {
 			env: func(t *testing.T, k *kafka, e *badEnv) {
 				e.opts = append(e.opts, dedup.WithFingerprint(dedup.JSONFingerprint("v1", "id", "n")))
 			}, reason: dedup.ReasonInvalidPayload, wantErr: is(dedup.ErrInvalidPayload)},
+		{name: "payload with a number past the JSON fingerprint's bounds", bad: func() []*kgo.Record {
+			return []*kgo.Record{rec("huge-number", `{"id":"huge-number","n":1e999999999}`)}
+		}, env: func(t *testing.T, k *kafka, e *badEnv) {
+			e.opts = append(e.opts, dedup.WithFingerprint(dedup.JSONFingerprint("v1", "id", "n")))
+		}, reason: dedup.ReasonInvalidPayload, wantErr: is(dedup.ErrInvalidPayload)},
 		{name: "same event ID, other payload", bad: func() []*kgo.Record {
 			return []*kgo.Record{rec("reused", `{"id":"reused","n":1}`), rec("reused", `{"id":"reused","n":2}`)}
 		}, reason: dedup.ReasonConflict, wantErr: is(dedup.ErrFingerprintConflict), applied: []string{"reused"}},

@@ -8,7 +8,9 @@
 //
 // With -postgres (or DEDUP_POSTGRES_DSN) the handler runs in the transaction
 // holding the key: the payment row and the stored answer commit together.
-// -demo exits 0 only when the gateway was charged exactly once.
+// Callers authenticate with HTTP Basic auth (alice:alice-secret or
+// bob:bob-secret) and each has keys of their own. -demo exits 0 only when
+// the gateway was charged exactly once per key and caller.
 package main
 
 import (
@@ -28,10 +30,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/idemhttp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/idemhttp"
 )
 
 // gateway is a fake card processor: every call is a real charge.
@@ -78,10 +81,28 @@ func created(w http.ResponseWriter, id string, p paymentRequest) {
 		"created": time.Now().UTC().Format(time.RFC3339Nano)})
 }
 
+// demoAccounts are the callers the API knows, by name and password; a real
+// service asks its own authentication instead.
+func demoAccounts() map[string]string {
+	return map[string]string{"alice": "alice-secret", "bob": "bob-secret"}
+}
+
 // handler builds the API: the memory store in claim mode, or PostgreSQL in
 // transactional mode when pool is set.
 func handler(ctx context.Context, gw *gateway, pool *pgxpool.Pool) (http.Handler, error) {
-	opts := []idemhttp.Opt{idemhttp.WithScope("payments-api")}
+	accounts := demoAccounts()
+	opts := []idemhttp.Opt{
+		idemhttp.WithScope("payments-api"),
+		// Keys are bound to the authenticated caller: bob sending alice's
+		// key makes a payment of his own, never a replay of hers.
+		idemhttp.WithTenant(func(r *http.Request) (string, error) {
+			user, password, ok := r.BasicAuth()
+			if !ok || accounts[user] != password || password == "" {
+				return "", errors.New("authenticate with HTTP Basic auth, e.g. alice:alice-secret")
+			}
+			return user, nil
+		}),
+	}
 	mux := http.NewServeMux()
 	if pool == nil {
 		m, err := idemhttp.New(dedup.NewMemoryStore(), opts...)
@@ -173,7 +194,7 @@ func main() {
 		fmt.Println("FAIL:", err)
 		os.Exit(1)
 	}
-	fmt.Println("OK: one charge for one key")
+	fmt.Println("OK: one charge per key and caller")
 }
 
 // losingTransport loses the first response after the server answered it.
@@ -192,11 +213,16 @@ func (l *losingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func runDemo(url string, gw *gateway) error {
 	key := `"` + dedup.NewOwnerToken() + `"`
+	accounts := demoAccounts()
+	user := "alice"
 	send := func(c *http.Client, key, body string) (int, string, error) {
 		req, _ := http.NewRequest(http.MethodPost, url+"/payments", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
+		}
+		if user != "" {
+			req.SetBasicAuth(user, accounts[user])
 		}
 		resp, err := c.Do(req)
 		if err != nil {
@@ -209,7 +235,7 @@ func runDemo(url string, gw *gateway) error {
 		return resp.StatusCode, string(b), nil
 	}
 	order := `{"amount": 4200, "currency": "EUR"}`
-	fmt.Printf("1. POST /payments with Idempotency-Key %s; the answer is lost on the way back, the client retries\n", key)
+	fmt.Printf("1. alice: POST /payments with Idempotency-Key %s; the answer is lost on the way back, the client retries\n", key)
 	lossy := &http.Client{Transport: &losingTransport{}}
 	var status int
 	var body string
@@ -234,9 +260,19 @@ func runDemo(url string, gw *gateway) error {
 	if s, _, _ := send(http.DefaultClient, "", order); s != http.StatusBadRequest {
 		return fmt.Errorf("no key got %d, want 400", s)
 	}
+	fmt.Println("5. bob sends alice's key and order: a payment of his own, not her answer")
+	user = "bob"
+	if s, b, _ := send(http.DefaultClient, key, order); s != http.StatusCreated || b == body {
+		return fmt.Errorf("bob got %d %q, want a new payment", s, b)
+	}
+	fmt.Println("6. no credentials: refused")
+	user = ""
+	if s, _, _ := send(http.DefaultClient, key, order); s != http.StatusForbidden {
+		return fmt.Errorf("no caller got %d, want 403", s)
+	}
 	fmt.Printf("gateway charges: %d\n", gw.count())
-	if gw.count() != 1 {
-		return fmt.Errorf("%d charges, want 1", gw.count())
+	if gw.count() != 2 {
+		return fmt.Errorf("%d charges, want 2 (one each for alice and bob)", gw.count())
 	}
 	return nil
 }

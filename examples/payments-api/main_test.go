@@ -5,8 +5,9 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // TestDemo runs the -demo session against the memory store and against
