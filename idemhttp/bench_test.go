@@ -193,7 +193,7 @@ func (s countingStore) Extend(ctx context.Context, key dedup.Key, owner string, 
 	return s.Store.Extend(ctx, key, owner, lease)
 }
 
-// statementCounter is a pgx tracer counting statements sent.
+// statementCounter is a pgx tracer counting statements and batches sent.
 type statementCounter struct{ n atomic.Int64 }
 
 func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -202,6 +202,17 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ p
 }
 
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TraceBatchStart counts a batch, sent in one round trip, as one: the
+// transactional mode's claim is one (the claim and its savepoint).
+func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func benchPostgres(b *testing.B) (*dedup.PostgresStore, *pgxpool.Pool, *atomic.Int64) {
 	setup := testenv.Postgres(b)
