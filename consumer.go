@@ -166,6 +166,9 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if err != nil {
 		return nil, fmt.Errorf("%w: OpenTelemetry instruments: %w", ErrConfig, err)
 	}
+	if tel != nil && tel.storeCalls != nil {
+		store = timed(store, tel.storeCalls)
+	}
 	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg, tel: tel}
 	w.heartbeats.New = func() any { return &heartbeat{store: store, logger: cfg.logger} }
 	return w, nil

@@ -28,9 +28,11 @@ func WithTracerProvider(tp trace.TracerProvider) Opt {
 
 // WithMeterProvider makes the wrapper record metrics: deliveries by scope
 // and outcome (dedup.deliveries), handler durations
-// (messaging.process.duration) and leases lost (dedup.leases_lost). Without
-// it the wrapper records none; pass otel.GetMeterProvider() to use the
-// global provider.
+// (messaging.process.duration), store call durations by operation
+// (dedup.store.duration; the transactional inbox's statements, made in the
+// handler's transaction, are not among them) and leases lost
+// (dedup.leases_lost). Without it the wrapper records none; pass
+// otel.GetMeterProvider() to use the global provider.
 func WithMeterProvider(mp metric.MeterProvider) Opt {
 	return optFunc(func(c *config) { c.meterProvider = mp })
 }
@@ -45,11 +47,14 @@ type telemetry struct {
 	deliveries metric.Int64Counter
 	handling   metric.Float64Histogram
 	leasesLost metric.Int64Counter
+	storeCalls *storeTimer
 	// byOutcome are the deliveries' attribute sets, by Outcome, with
-	// "error" last; byScope the others'. Built once: building them per
+	// "error" last; scopeRecord and scopeAdd the others'. Built once, slices
+	// included: building them, or passing a single option, per
 	// delivery would allocate.
-	byOutcome [len(outcomeNames) + 1]metric.MeasurementOption
-	byScope   metric.MeasurementOption
+	byOutcome   [len(outcomeNames) + 1][]metric.AddOption
+	scopeRecord []metric.RecordOption
+	scopeAdd    []metric.AddOption
 }
 
 func newTelemetry(cfg *config) (*telemetry, error) {
@@ -75,11 +80,16 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
-	for o := range outcomeNames {
-		t.byOutcome[o] = metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", Outcome(o).String())))
+	var err error
+	if t.storeCalls, err = newStoreTimer(m, t.scope); err != nil {
+		return nil, err
 	}
-	t.byOutcome[len(outcomeNames)] = metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", "error")))
-	t.byScope = metric.WithAttributeSet(attribute.NewSet(t.scope))
+	for o := range outcomeNames {
+		t.byOutcome[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", Outcome(o).String())))}
+	}
+	t.byOutcome[len(outcomeNames)] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", "error")))}
+	byScope := metric.WithAttributeSet(attribute.NewSet(t.scope))
+	t.scopeRecord, t.scopeAdd = []metric.RecordOption{byScope}, []metric.AddOption{byScope}
 	t.meter = true
 	return t, nil
 }
@@ -114,7 +124,7 @@ func (t *telemetry) end(ctx context.Context, span trace.Span, res Result, err er
 		o = len(outcomeNames) // "error"
 	}
 	if t.meter {
-		t.deliveries.Add(ctx, 1, t.byOutcome[o])
+		t.deliveries.Add(ctx, 1, t.byOutcome[o]...)
 	}
 	if span == nil {
 		return
@@ -179,7 +189,7 @@ func (t *telemetry) handled(ctx context.Context, began time.Time) {
 	if t == nil || !t.meter {
 		return
 	}
-	t.handling.Record(ctx, time.Since(began).Seconds(), t.byScope)
+	t.handling.Record(ctx, time.Since(began).Seconds(), t.scopeRecord...)
 }
 
 // leaseLost counts an attempt whose claim was taken over.
@@ -187,5 +197,5 @@ func (t *telemetry) leaseLost(ctx context.Context) {
 	if t == nil || !t.meter {
 		return
 	}
-	t.leasesLost.Add(ctx, 1, t.byScope)
+	t.leasesLost.Add(ctx, 1, t.scopeAdd...)
 }

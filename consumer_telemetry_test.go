@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -79,9 +80,17 @@ func (tel *telemetry) deliveries() map[string][]sdktrace.ReadOnlySpan {
 // counts returns dedup.deliveries by outcome, and how many handler runs the
 // duration histogram saw.
 func (tel *telemetry) counts(t *testing.T) (map[string]int64, uint64) {
+	outcomes, runs, _ := tel.collect(t)
+	return outcomes, runs
+}
+
+// collect returns dedup.deliveries by outcome, how many handler runs the
+// duration histogram saw, and the store calls timed, by operation.
+func (tel *telemetry) collect(t *testing.T) (map[string]int64, uint64, map[string]uint64) {
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, tel.reader.Collect(context.Background(), &rm))
 	outcomes := map[string]int64{}
+	storeCalls := map[string]uint64{}
 	var runs uint64
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
@@ -94,15 +103,19 @@ func (tel *telemetry) counts(t *testing.T) (map[string]int64, uint64) {
 					}
 				}
 			case metricdata.Histogram[float64]:
-				if m.Name == "messaging.process.duration" {
-					for _, p := range data.DataPoints {
+				for _, p := range data.DataPoints {
+					switch m.Name {
+					case "messaging.process.duration":
 						runs += p.Count
+					case "dedup.store.duration":
+						op, _ := p.Attributes.Value("dedup.store.operation")
+						storeCalls[op.AsString()] += p.Count
 					}
 				}
 			}
 		}
 	}
-	return outcomes, runs
+	return outcomes, runs, storeCalls
 }
 
 func attr(kvs []attribute.KeyValue, key string) attribute.Value {
@@ -170,9 +183,12 @@ func TestDeliverySpansAndMetrics(t *testing.T) {
 	require.Equal(t, spans["b"][0].SpanContext().SpanID(), handlerSpans["b"])
 	require.Equal(t, "processed", outcome("c", 0))
 
-	outcomes, runs := tel.counts(t)
+	outcomes, runs, storeCalls := tel.collect(t)
 	require.Equal(t, map[string]int64{"processed": 3, "duplicate": 2, "dead-lettered": 1}, outcomes)
 	require.Equal(t, uint64(4), runs, "a, p, b and c ran once each")
+	require.Equal(t, uint64(3), storeCalls["claim"], "a twice and p, one by one")
+	require.Equal(t, uint64(1), storeCalls["claim_batch"], "b and c in one call")
+	require.Equal(t, uint64(3), storeCalls["complete"], "a, b and c")
 }
 
 // A delivery that could not be made durable ends its span with an error
@@ -201,4 +217,25 @@ func TestDeliverySpansOnStoreFailure(t *testing.T) {
 	require.Equal(t, "unsettled", attr(spans["y"][0].Attributes(), "dedup.outcome").AsString())
 	outcomes, _ := tel.counts(t)
 	require.Equal(t, map[string]int64{"error": 1}, outcomes)
+}
+
+// Timing the store keeps it a BatchCompleter: with batch completion a
+// batch's successes are still completed in one call.
+func TestStoreTimingKeepsBatchCompletion(t *testing.T) {
+	tel := newTelemetry(t)
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), tracedEvents, func(context.Context, tracedEvent) error { return nil },
+		dedup.WithScope("orders/ship"), dedup.WithSink(dedup.NewMemorySink()),
+		dedup.WithBatchCompletion(time.Second), dedup.WithMeterProvider(tel.mp))
+	require.NoError(t, err)
+	var batch []tracedEvent
+	for _, id := range []string{"a", "b", "c"} {
+		batch = append(batch, tracedEvent{ID: id, Body: "ok"})
+	}
+	require.NoError(t, w.HandleBatch(context.Background(), batch, func(_ int, res dedup.Result, err error) bool {
+		require.NoError(t, err)
+		require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
+		return true
+	}))
+	_, _, storeCalls := tel.collect(t)
+	require.Equal(t, map[string]uint64{"claim_batch": 1, "complete_batch": 1}, storeCalls)
 }
