@@ -161,11 +161,26 @@ func buildPostgresSQL(table, bareName string) postgresSQL {
 ) WITH (fillfactor = 50)`,
 		createIndex: `CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{index}.Sanitize() + ` ON ` + table + ` (expires_at)`,
 
-		claim: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
-VALUES ($1, $2, 'PROCESSING', $3, 1, $4, now() + $5::interval, now(), now(), now() + $6::interval)
-ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
-WHERE ` + takeoverAllowed + `
-RETURNING previous_status, ` + recordColumns,
+		// A live row the claim may not take over (a duplicate, an event in
+		// flight) is answered from the statement's own read (cur): one round
+		// trip, and no row lock, which a refused upsert would take and make
+		// the autocommit wait for a WAL flush. A row written after the
+		// statement's snapshot is refused by the upsert instead, which then
+		// returns nothing, and the caller reads it.
+		claim: `WITH cur AS (
+	SELECT ` + recordColumns + ` FROM ` + table + ` AS t ` + where + `
+	AND NOT (` + strings.ReplaceAll(takeoverAllowed, "EXCLUDED.fingerprint", "$3") + `)
+), ins AS (
+	INSERT INTO ` + table + ` AS t ` + insertColumns + `
+	SELECT $1, $2, 'PROCESSING', $3, 1, $4, now() + $5::interval, now(), now(), now() + $6::interval
+	WHERE NOT EXISTS (SELECT FROM cur)
+	ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
+	WHERE ` + takeoverAllowed + `
+	RETURNING previous_status, ` + recordColumns + `
+)
+SELECT true, previous_status, ` + recordColumns + ` FROM ins
+UNION ALL
+SELECT false, NULL, ` + recordColumns + ` FROM cur`,
 
 		// Rows are inserted in array order; callers sort the keys so that
 		// concurrent batches lock rows in one order and cannot deadlock.
@@ -188,7 +203,7 @@ RETURNING owner, now(), previous_status, attempts, lease_until, created_at, upda
 VALUES ($1, $2, 'SUCCEEDED', $3, 1, $4, now(), now(), now(), now() + $5::interval)
 ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
 WHERE ` + takeoverAllowed + `
-RETURNING previous_status, ` + recordColumns,
+RETURNING true, previous_status, ` + recordColumns,
 
 		savepoint:           `SAVEPOINT ` + inboxSavepoint,
 		rollbackToSavepoint: `ROLLBACK TO SAVEPOINT ` + inboxSavepoint,
@@ -319,9 +334,17 @@ func (s *PostgresStore) claim(ctx context.Context, q pgQuerier, upsert string, r
 	for retried := false; ; retried = true {
 		var r pgRecord
 		var previous pgtype.Text
-		err := q.QueryRow(ctx, upsert, args...).Scan(r.targets(&previous)...)
-		if err == nil {
+		var won bool
+		err := q.QueryRow(ctx, upsert, args...).Scan(r.targets(&won, &previous)...)
+		if err == nil && won {
 			return acquired(req.Key, &r, previous)
+		}
+		if err == nil { // refused, and the statement read the row
+			rec, err := r.decode(req.Key)
+			if err != nil {
+				return Claim{}, err
+			}
+			return Claim{Status: Classify(rec, req.Fingerprint), Record: rec}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Claim{}, scanError(err)
@@ -457,7 +480,8 @@ func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimReque
 	br := tx.SendBatch(ctx, &b)
 	var r pgRecord
 	var previous pgtype.Text
-	err := br.QueryRow().Scan(r.targets(&previous)...)
+	var won bool // always true: the upsert returns only what it wrote
+	err := br.QueryRow().Scan(r.targets(&won, &previous)...)
 	_, serr := br.Exec()
 	if cerr := br.Close(); serr == nil {
 		serr = cerr
