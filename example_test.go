@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/dedupkit/dedup"
 )
 
@@ -65,4 +68,49 @@ func ExamplePermanent() {
 	}
 	fmt.Println(dedup.IsPermanent(handler(context.Background(), Order{ID: "o-1"})))
 	// Output: true
+}
+
+func ExampleWithMeterProvider() {
+	// In a service: the provider an exporter (Prometheus, OTLP) reads.
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+
+	orders := dedup.Messages[Order]{
+		EventID:    func(o Order) (string, error) { return o.ID, nil },
+		Payload:    func(o Order) []byte { return []byte(o.Payload) },
+		DeadLetter: func(o Order) dedup.DeadLetter { return dedup.DeadLetter{Payload: []byte(o.Payload)} },
+	}
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), orders,
+		func(ctx context.Context, o Order) error { return nil },
+		dedup.WithScope("billing/charge-card"),
+		dedup.WithSink(dedup.NewMemorySink()),
+		dedup.WithMeterProvider(mp),
+	)
+	if err != nil {
+		panic(err)
+	}
+	for range 3 {
+		if _, err := w.Handle(context.Background(), Order{ID: "order-42", Payload: `{"amount":10}`}); err != nil {
+			panic(err)
+		}
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		panic(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "dedup.deliveries" {
+				for _, p := range sum.DataPoints {
+					outcome, _ := p.Attributes.Value("dedup.outcome")
+					fmt.Println(m.Name, outcome.AsString(), p.Value)
+				}
+			}
+		}
+	}
+	// Unordered output:
+	// dedup.deliveries processed 1
+	// dedup.deliveries duplicate 2
 }
