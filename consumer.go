@@ -221,7 +221,7 @@ type delivery[M any] struct {
 func (w *Wrapper[M]) prepare(ctx context.Context, msg M) (d delivery[M]) {
 	d = delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx)}
 	if w.tel != nil {
-		defer func() { d.span = w.tel.start(ctx, w.carrier(msg), deliveryInfo{w.cfg.scope, d.key.EventID}) }()
+		defer func() { d.span = w.tel.start(ctx, w.carrier(msg), d.key.EventID) }()
 	}
 	id, err := w.msgs.EventID(msg)
 	if err != nil {

@@ -41,6 +41,7 @@ func WithMeterProvider(mp metric.MeterProvider) Opt {
 // records nothing and costs nothing: the default.
 type telemetry struct {
 	scope      attribute.KeyValue
+	spanName   string
 	tracer     trace.Tracer // nil: no spans
 	propagator propagation.TextMapPropagator
 	meter      bool // the instruments below are set
@@ -61,7 +62,8 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	if cfg.tracerProvider == nil && cfg.meterProvider == nil {
 		return nil, nil
 	}
-	t := &telemetry{scope: attribute.String("dedup.scope", cfg.scope), propagator: propagation.TraceContext{}}
+	t := &telemetry{scope: attribute.String("dedup.scope", cfg.scope), spanName: "process " + cfg.scope,
+		propagator: propagation.TraceContext{}}
 	if cfg.tracerProvider != nil {
 		t.tracer = cfg.tracerProvider.Tracer(instrumentation)
 	}
@@ -96,7 +98,7 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 
 // start begins the span of a delivery, parented by the message's trace
 // context when it carries one.
-func (t *telemetry) start(ctx context.Context, carrier propagation.TextMapCarrier, d deliveryInfo) trace.Span {
+func (t *telemetry) start(ctx context.Context, carrier propagation.TextMapCarrier, eventID string) trace.Span {
 	if t == nil || t.tracer == nil {
 		return nil
 	}
@@ -104,15 +106,12 @@ func (t *telemetry) start(ctx context.Context, carrier propagation.TextMapCarrie
 		ctx = t.propagator.Extract(ctx, carrier)
 	}
 	attrs := []attribute.KeyValue{t.scope, attribute.String("messaging.operation.type", "process")}
-	if d.eventID != "" {
-		attrs = append(attrs, attribute.String("messaging.message.id", d.eventID))
+	if eventID != "" {
+		attrs = append(attrs, attribute.String("messaging.message.id", eventID))
 	}
-	_, span := t.tracer.Start(ctx, "process "+d.scope, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	_, span := t.tracer.Start(ctx, t.spanName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 	return span
 }
-
-// deliveryInfo is what a span is named and labelled by.
-type deliveryInfo struct{ scope, eventID string }
 
 // end ends a delivery's span with its outcome and counts the outcome.
 func (t *telemetry) end(ctx context.Context, span trace.Span, res Result, err error) {

@@ -121,10 +121,13 @@ const takeoverSet = `status = EXCLUDED.status,
 	result = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.result END,
 	previous_status = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.status END`
 
-// takeoverAllowed is the state machine's takeover rule; postgresObserved.allows
-// is the same rule in Go.
-const takeoverAllowed = `t.expires_at <= now() OR (t.fingerprint = EXCLUDED.fingerprint AND
+// takeoverAllowed is the state machine's takeover rule for row t claimed
+// with fingerprint fp (an SQL expression); postgresObserved.allows is the
+// same rule in Go.
+func takeoverAllowed(fp string) string {
+	return `t.expires_at <= now() OR (t.fingerprint = ` + fp + ` AND
 	(t.status = 'FAILED_RETRYABLE' OR (t.status = 'PROCESSING' AND t.lease_until <= now())))`
+}
 
 const insertColumns = `(scope, event_id, status, fingerprint, attempts, owner, lease_until,
 	created_at, updated_at, expires_at)`
@@ -169,13 +172,13 @@ func buildPostgresSQL(table, bareName string) postgresSQL {
 		// returns nothing, and the caller reads it.
 		claim: `WITH cur AS (
 	SELECT ` + recordColumns + ` FROM ` + table + ` AS t ` + where + `
-	AND NOT (` + strings.ReplaceAll(takeoverAllowed, "EXCLUDED.fingerprint", "$3") + `)
+	AND NOT (` + takeoverAllowed("$3") + `)
 ), ins AS (
 	INSERT INTO ` + table + ` AS t ` + insertColumns + `
 	SELECT $1, $2, 'PROCESSING', $3, 1, $4, now() + $5::interval, now(), now(), now() + $6::interval
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
-	WHERE ` + takeoverAllowed + `
+	WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
 	RETURNING previous_status, ` + recordColumns + `
 )
 SELECT true, previous_status, ` + recordColumns + ` FROM ins
@@ -195,14 +198,14 @@ FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], `
 	` + pgSplit("$6") + `::bigint[], ` + pgSplit("$7") + `::bigint[])
 	AS r(scope, event_id, fingerprint, owner, lease_us, expiry_us)
 ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
-WHERE ` + takeoverAllowed + `
+WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
 RETURNING owner, now(), previous_status, attempts, lease_until, created_at, updated_at, expires_at,
 	last_error, first_failure, last_failure, result`,
 
 		claimInTx: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
 VALUES ($1, $2, 'SUCCEEDED', $3, 1, $4, now(), now(), now(), now() + $5::interval)
 ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
-WHERE ` + takeoverAllowed + `
+WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
 RETURNING true, previous_status, ` + recordColumns,
 
 		savepoint:           `SAVEPOINT ` + inboxSavepoint,
