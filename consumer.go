@@ -156,7 +156,7 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if isNil(store) {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
-	if _, ok := store.(BatchCompleter); cfg.batchCompletion && !ok {
+	if _, ok := store.(BatchCompleter); cfg.batchWaitSet && cfg.batchWait > 0 && !ok {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: the store (%T) cannot complete a batch in one write", ErrConfig, store)
 	}
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {

@@ -12,10 +12,12 @@ import (
 
 // HandleBatch processes msgs in order, claiming all their keys in one store
 // call first, and calls yield with each message's index and result, in
-// order, as soon as it is settled; with [WithBatchCompletion], a success is
-// given to yield once its completion, written with others, is durable. When
-// yield returns false, or ctx is done, it stops and gives back the claims of
-// the messages not yet run. It returns an error, having processed nothing,
+// order, as soon as it is settled; with batch completion (the default, see
+// [WithBatchCompletion]), a success is given to yield once its completion,
+// written with others, is durable. When yield returns false, or ctx is done,
+// it stops and gives back the claims of the messages not yet run; the
+// settled results written together with the one yield stopped at are still
+// given to it, up to the first result that is not settled. It returns an error, having processed nothing,
 // only when the batch claim itself fails.
 //
 // A key the batch holds more than once is sent to the store once: a later
@@ -26,6 +28,7 @@ import (
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
 	b := &batch[M]{w: w, ds: make([]delivery[M], len(msgs)), claims: make([]*Claim, len(msgs)),
 		first: make([]int, len(msgs)), outcomes: make([]pendingResult, len(msgs)), yield: yield}
+	b.stop, _ = ctx.Value(stopKey{}).(<-chan struct{})
 	if w.tel != nil {
 		defer b.endSpans()
 	}
@@ -49,12 +52,35 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 		if err := b.claim(ctx, 0); err != nil {
 			return err
 		}
-		if bc, ok := w.store.(BatchCompleter); ok && w.cfg.batchCompletion {
+		if bc, ok := w.store.(BatchCompleter); ok && w.cfg.batchWait > 0 {
 			b.completer = bc
 		}
 	}
 	b.run(ctx)
 	return nil
+}
+
+// stopKey is the context key of [ContextWithStop].
+type stopKey struct{}
+
+// ContextWithStop returns ctx carrying a transport's stop signal: once stop
+// is closed, a HandleBatch run with the returned context runs no further
+// handler; it gives yield the results it has and gives back the claims of
+// the rest, as when yield returns false. Unlike cancelling ctx, it leaves
+// the handler running at the time alone. A transport uses it so that a
+// shutdown is not held back by completions waiting to be written together.
+func ContextWithStop(ctx context.Context, stop <-chan struct{}) context.Context {
+	return context.WithValue(ctx, stopKey{}, stop)
+}
+
+// stopped reports whether the transport asked the batch to stop.
+func (b *batch[M]) stopped() bool {
+	select {
+	case <-b.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // endSpans ends the spans of the deliveries given no result: the batch
@@ -78,8 +104,12 @@ type batch[M any] struct {
 	// when it is a later copy, else -1.
 	first []int
 	// outcomes are the results of the deliveries run so far.
-	outcomes  []pendingResult
-	yield     func(i int, res Result, err error) bool
+	outcomes []pendingResult
+	yield    func(i int, res Result, err error) bool
+	stop     <-chan struct{} // ContextWithStop's; nil: none
+	// alone is set once a key was taken over from a worker that died: each
+	// success from then on is completed on its own.
+	alone     bool
 	claimedAt time.Time
 	// completer is set when successes are completed together.
 	completer BatchCompleter
@@ -140,13 +170,21 @@ func (b *batch[M]) run(ctx context.Context) {
 		// A copy with another payload asks the store, which must see its
 		// first copy's completion.
 		ownClaim := b.first[i] >= 0 && d.fp != b.ds[b.first[i]].fp
-		if ctx.Err() != nil || due || ownClaim && len(b.comps) > 0 {
-			if !b.flush(ctx) || ctx.Err() != nil {
+		// A key taken over from a worker that died may kill this one too:
+		// the successes before it are made durable first, and it is
+		// completed on its own, so that a crash loop does not repeat them.
+		takeover := c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing
+		// The claims given back behind it no longer show that their worker
+		// died: the rest of the batch is completed one event at a time.
+		b.alone = b.alone || takeover
+		stop := ctx.Err() != nil || b.stopped()
+		if stop || due || (ownClaim || takeover) && len(b.comps) > 0 {
+			if !b.flush(ctx) || stop {
 				b.releaseFrom(ctx, i)
 				return
 			}
 		}
-		if c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing && i+1 < len(b.ds) {
+		if takeover && i+1 < len(b.ds) {
 			// A worker died running this key, and this attempt may kill its
 			// worker too. Claims held behind it would then count an attempt
 			// for messages that never ran, and after a few such deaths park
@@ -161,7 +199,7 @@ func (b *batch[M]) run(ctx context.Context) {
 			p = b.copyOf(i)
 		} else {
 			p = pendingResult{i: i, comp: -1}
-			p.res, p.comp, p.err = b.handle(ctx, d, c)
+			p.res, p.comp, p.err = b.handle(ctx, d, c, b.alone)
 		}
 		b.outcomes[i] = p
 		b.pending = append(b.pending, p)
@@ -191,8 +229,9 @@ func (b *batch[M]) copyOf(i int) pendingResult {
 }
 
 // handle settles one message whose claim was made up front (c), or claims
-// it now (c nil). comp is the index of its deferred completion, or -1.
-func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim) (res Result, comp int, err error) {
+// it now (c nil); alone completes it at once. comp is the index of its
+// deferred completion, or -1.
+func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim, alone bool) (res Result, comp int, err error) {
 	w := b.w
 	if c == nil {
 		res, err := w.process(ctx, d)
@@ -209,7 +248,7 @@ func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim) (res Re
 		}
 	}
 	var later *[]Completion
-	if b.completer != nil {
+	if b.completer != nil && !alone {
 		later = &b.comps
 	}
 	n := len(b.comps)
@@ -224,18 +263,22 @@ func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim) (res Re
 }
 
 // flush writes the deferred completions, then gives the pending results to
-// yield in order. It returns false when yield asked to stop.
+// yield in order. Once yield asked to stop, it still gives the settled
+// results that follow, which ran and are durable, up to the first that is
+// not, so that a transport stopping acknowledges what is done. It returns
+// false when yield asked to stop.
 func (b *batch[M]) flush(ctx context.Context) bool {
 	w := b.w
 	var errs []error
 	var werr error
 	if len(b.comps) > 0 {
 		sctx, cancel := settleContext(ctx)
-		errs, werr = b.completeHeld(sctx)
+		errs, werr = w.completeHeld(sctx, b.completer, b.comps, b.ds[0].leaseTime)
 		cancel()
 	}
 	pending := b.pending
 	b.pending, b.comps = b.pending[:0], b.comps[:0]
+	stopped := false
 	for _, p := range pending {
 		if p.comp >= 0 {
 			cerr := werr
@@ -249,31 +292,34 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 			p.comp = -1
 			b.outcomes[p.i] = p
 		}
+		if stopped && (p.err != nil || !p.res.Settled()) {
+			break
+		}
 		w.observe(ctx, &b.ds[p.i], p.res, p.err)
 		if !b.yield(p.i, p.res, p.err) {
-			return false
+			stopped = true
 		}
 	}
-	return true
+	return !stopped
 }
 
-// completeHeld writes the pending completions, trying again while the
-// claims hold, as a single completion is: the handlers ran, and giving up
-// would run them again once the leases lapsed. A completion refused after
-// an earlier try whose answer was lost counts as done when it landed.
-func (b *batch[M]) completeHeld(ctx context.Context) ([]error, error) {
+// completeHeld writes comps with bc, trying again while the claims hold, as
+// a single completion is: the handlers ran, and giving up would run them
+// again once the leases lapsed. A completion refused after an earlier try
+// whose answer was lost counts as done when it landed.
+func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps []Completion, lease time.Duration) ([]error, error) {
 	var errs []error
-	err := b.w.retryHeld(ctx, b.ds[0].leaseTime, func(ctx context.Context, retried bool) error {
+	err := w.retryHeld(ctx, lease, func(ctx context.Context, retried bool) error {
 		var err error
-		errs, err = b.completer.CompleteBatch(ctx, b.comps)
+		errs, err = bc.CompleteBatch(ctx, comps)
 		if err != nil {
 			return err
 		}
-		if len(errs) != len(b.comps) {
-			return unrepeatable{fmt.Errorf("dedup: batch completion of %d answered %d", len(b.comps), len(errs))}
+		if len(errs) != len(comps) {
+			return unrepeatable{fmt.Errorf("dedup: batch completion of %d answered %d", len(comps), len(errs))}
 		}
 		for i, cerr := range errs {
-			if retried && errors.Is(cerr, ErrLeaseLost) && b.w.landed(ctx, b.comps[i].Key, b.comps[i].Owner) {
+			if retried && errors.Is(cerr, ErrLeaseLost) && w.landed(ctx, comps[i].Key, comps[i].Owner) {
 				errs[i] = nil
 			}
 		}

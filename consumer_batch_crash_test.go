@@ -27,6 +27,13 @@ func (s *dyingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.C
 
 var errDead = errors.New("the worker process is dead")
 
+func (s *dyingStore) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+	if s.dead.Load() {
+		return nil, errDead
+	}
+	return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+}
+
 func (s *dyingStore) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
 	if s.dead.Load() {
 		return errDead
@@ -73,6 +80,9 @@ func TestBatchCrashLoopSparesTheRestOfTheBatch(t *testing.T) {
 			for life := 1; life <= maxAttempts+1; life++ {
 				worker := &dyingStore{Store: store}
 				w, err := dedup.Wrap(worker, events, func(_ context.Context, e event) error {
+					if worker.dead.Load() {
+						return errDead // a dead process runs nothing more
+					}
 					ran[e.ID]++
 					if e.ID == "crasher" {
 						worker.dead.Store(true) // the process dies here
@@ -133,4 +143,57 @@ func TestAttemptsSpentByDeathsAreACrashLoop(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
 	require.Equal(t, dedup.ReasonCrashLoop, res.Reason)
+}
+
+// With completions written together (the default), a message that kills its
+// worker loses the completions of the successes before it in the batch:
+// each of those runs again once, taken over and completed on its own before
+// the crasher runs again, and is not parked with it as a crash loop. (Before,
+// each death repeated them, until they were parked as a crash loop.)
+func TestBatchCompletionCrashLoopRepeatsEachEffectOnce(t *testing.T) {
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			store, scope := newStore(t), uniqueScope(t)
+			if _, ok := store.(dedup.BatchCompleter); !ok {
+				t.Skipf("%T completes one event at a time", store)
+			}
+			batch := []event{{ID: "before", Body: "a"}, {ID: "crasher", Body: "kills its worker"}, {ID: "after", Body: "b"}}
+			sink := dedup.NewMemorySink()
+			ran := map[string]int{}
+			const maxAttempts = 3
+			const lease = 100 * time.Millisecond
+			var settled map[string]dedup.Outcome
+			for life := 1; life <= maxAttempts+2; life++ {
+				worker := &dyingStore{Store: store}
+				w, err := dedup.Wrap(worker, events, func(_ context.Context, e event) error {
+					if worker.dead.Load() {
+						return errDead
+					}
+					ran[e.ID]++
+					if e.ID == "crasher" {
+						worker.dead.Store(true)
+					}
+					return nil
+				}, dedup.WithScope(scope), dedup.WithSink(sink), dedup.WithMaxAttempts(maxAttempts), dedup.WithLease(lease))
+				require.NoError(t, err)
+				settled = map[string]dedup.Outcome{}
+				require.NoError(t, w.HandleBatch(context.Background(), batch, func(i int, res dedup.Result, err error) bool {
+					if err != nil {
+						return false
+					}
+					settled[batch[i].ID] = res.Outcome
+					return true
+				}))
+				time.Sleep(lease + 20*time.Millisecond)
+			}
+			require.Equal(t, map[string]dedup.Outcome{
+				"before": dedup.OutcomeDuplicate, "crasher": dedup.OutcomeDuplicate, "after": dedup.OutcomeDuplicate,
+			}, settled, "the last life")
+			letters := sink.Letters()
+			require.Len(t, letters, 1)
+			require.Equal(t, "crasher", letters[0].EventID)
+			require.Equal(t, dedup.ReasonCrashLoop, letters[0].Reason)
+			require.Equal(t, map[string]int{"before": 2, "crasher": maxAttempts, "after": 1}, ran)
+		})
+	}
 }

@@ -225,26 +225,103 @@ func TestBatchCompletion(t *testing.T) {
 				}
 			})
 
-			// Batch completion on a store that cannot batch is a
-			// configuration error, not a silent fallback to one write each.
+			// Batch completion asked for on a store that cannot batch is a
+			// configuration error, not a silent fallback to one write each;
+			// by default such a store completes one event at a time.
 			t.Run("StoreWithoutBatchCompleter", func(t *testing.T) {
 				_, err := dedup.Wrap(plainStore{newStore(t)}, events, func(ctx context.Context, e event) error { return nil },
 					fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute))...)
 				require.ErrorIs(t, err, dedup.ErrConfig)
 				require.ErrorContains(t, err, "WithBatchCompletion")
+
+				store := &countingStore{Store: newStore(t)}
+				w, err := dedup.Wrap(plainStore{store}, events, func(ctx context.Context, e event) error { return nil },
+					fastOpts(t, dedup.NewMemorySink())...)
+				require.NoError(t, err)
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeProcessed}, handleAll(t, w, "p1", "p2"))
+				require.EqualValues(t, 2, store.completes.Load())
+			})
+
+			// The default completes a batch's successes in one write;
+			// WithBatchCompletion(0) completes each on its own.
+			t.Run("DefaultAndZero", func(t *testing.T) {
+				store := &countingStore{Store: newStore(t)}
+				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error { return nil },
+					fastOpts(t, dedup.NewMemorySink())...)
+				require.NoError(t, err)
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeProcessed, dedup.OutcomeProcessed}, handleAll(t, w, "d1", "d2", "d3"))
+				require.EqualValues(t, 1, store.batches.Load())
+				require.Zero(t, store.completes.Load())
+
+				store = &countingStore{Store: newStore(t)}
+				w, err = dedup.Wrap(store, events, func(ctx context.Context, e event) error { return nil },
+					fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(0))...)
+				require.NoError(t, err)
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeProcessed, dedup.OutcomeProcessed}, handleAll(t, w, "z1", "z2", "z3"))
+				require.Zero(t, store.batches.Load())
+				require.EqualValues(t, 3, store.completes.Load())
 			})
 		})
 	}
+}
+
+// handleAll runs one batch of events with the given IDs and returns their
+// outcomes, failing on any error.
+func handleAll(t *testing.T, w *dedup.Wrapper[event], ids ...string) []dedup.Outcome {
+	t.Helper()
+	batch := make([]event, len(ids))
+	for i, id := range ids {
+		batch[i] = event{ID: id, Body: "x"}
+	}
+	var outcomes []dedup.Outcome
+	require.NoError(t, w.HandleBatch(context.Background(), batch, func(i int, res dedup.Result, err error) bool {
+		require.NoError(t, err)
+		outcomes = append(outcomes, res.Outcome)
+		return true
+	}))
+	return outcomes
 }
 
 type scopeKey struct{}
 
 func scopeFrom(ctx context.Context) string { return ctx.Value(scopeKey{}).(string) }
 
-func TestBatchCompletionNeedsPositiveWait(t *testing.T) {
-	for _, d := range []time.Duration{0, -time.Second} {
-		_, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error { return nil },
-			dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithBatchCompletion(d))
-		require.ErrorIs(t, err, dedup.ErrConfig, "WithBatchCompletion(%v)", d)
+func TestBatchCompletionNeedsNonNegativeWait(t *testing.T) {
+	_, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error { return nil },
+		dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithBatchCompletion(-time.Second))
+	require.ErrorIs(t, err, dedup.ErrConfig)
+}
+
+// A transport's stop signal ends a batch after the handler running when it
+// came, even while successes wait to be completed together: their results
+// are given, and the rest of the batch is given back unstarted.
+func TestContextWithStop(t *testing.T) {
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			stop := make(chan struct{})
+			var ran []string
+			w, err := dedup.Wrap(newStore(t), events, func(ctx context.Context, e event) error {
+				ran = append(ran, e.ID)
+				if e.ID == "s2" {
+					close(stop) // the transport shuts down while s2 runs
+				}
+				return nil
+			}, fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute), dedup.WithLease(time.Minute))...)
+			require.NoError(t, err)
+			batch := []event{{ID: "s1", Body: "x"}, {ID: "s2", Body: "x"}, {ID: "s3", Body: "x"}}
+			var given []string
+			require.NoError(t, w.HandleBatch(dedup.ContextWithStop(context.Background(), stop), batch, func(i int, res dedup.Result, err error) bool {
+				require.NoError(t, err)
+				require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
+				given = append(given, batch[i].ID)
+				return true
+			}))
+			require.Equal(t, []string{"s1", "s2"}, ran)
+			require.Equal(t, []string{"s1", "s2"}, given)
+			res, err := w.Handle(context.Background(), batch[2]) // s3 was given back: claimable at once
+			require.NoError(t, err)
+			require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
+			require.Equal(t, 1, res.Attempts)
+		})
 	}
 }

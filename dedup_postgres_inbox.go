@@ -41,7 +41,7 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
-	if w.cfg.batchCompletion {
+	if w.cfg.batchWaitSet && w.cfg.batchWait > 0 {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: WrapTx records each event in its handler's transaction", ErrConfig)
 	}
 	w.steps = inboxSteps[M]{store: store, handler: h, ttl: w.cfg.ttl}

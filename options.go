@@ -18,6 +18,9 @@ const (
 	DefaultMaxAttempts = 5
 	DefaultLease       = 30 * time.Second
 	DefaultTTL         = 7 * 24 * time.Hour
+	// DefaultBatchWait is how long HandleBatch holds a success back at most
+	// to record it with others (WithBatchCompletion).
+	DefaultBatchWait = 100 * time.Millisecond
 )
 
 // Opt configures a [Wrapper].
@@ -39,10 +42,11 @@ type config struct {
 	observer    func(context.Context, Result)
 	// outageThreshold is how long failures last before they are reported.
 	outageThreshold time.Duration
-	// batchCompletion defers HandleBatch's completions, each by at most
-	// batchWait (WithBatchCompletion).
-	batchCompletion bool
-	batchWait       time.Duration
+	// batchWait is how long HandleBatch defers a completion at most, to
+	// write it with others; 0: one write per event (WithBatchCompletion).
+	// batchWaitSet records that the user chose it.
+	batchWait    time.Duration
+	batchWaitSet bool
 	// tracerProvider and meterProvider are OpenTelemetry's; nil: none.
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -56,6 +60,7 @@ func defaultConfig() config {
 		ttl:             DefaultTTL,
 		logger:          slog.Default(),
 		outageThreshold: DefaultOutageThreshold,
+		batchWait:       DefaultBatchWait,
 	}
 }
 
@@ -87,8 +92,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, c.maxAttempts)
 	case c.lease < 0:
 		return fmt.Errorf("%w: WithLease(%v): must not be negative", ErrConfig, c.lease)
-	case c.batchCompletion && c.batchWait <= 0:
-		return fmt.Errorf("%w: WithBatchCompletion(%v): must be positive", ErrConfig, c.batchWait)
+	case c.batchWait < 0:
+		return fmt.Errorf("%w: WithBatchCompletion(%v): must not be negative", ErrConfig, c.batchWait)
 	case c.outageThreshold <= 0:
 		return fmt.Errorf("%w: WithOutageThreshold(%v): must be positive", ErrConfig, c.outageThreshold)
 	case c.ttl <= 0:
@@ -155,24 +160,29 @@ func WithObserver(f func(context.Context, Result)) Opt {
 	return optFunc(func(c *config) { c.observer = f })
 }
 
-// WithBatchCompletion makes HandleBatch record the successes of a batch
-// together, in one store write, instead of one write per event. The store
-// must be a [BatchCompleter]; [Wrap] refuses any other with [ErrConfig], and
-// [WrapTx], which records each event in its handler's transaction, refuses
-// the option. No result is given back before its
-// completion is durable, so a transport never acknowledges early, and a
-// completion waits at most maxWait (and a third of the lease) for the others,
-// plus the run of the handler in progress.
+// WithBatchCompletion sets how long HandleBatch may hold a success back to
+// record it together with the batch's others, in one store write, instead
+// of one write per event. By default it is [DefaultBatchWait] on a store
+// that is a [BatchCompleter] (PostgreSQL, DynamoDB, Redis, memory); 0 makes
+// one write per event. [Wrap] refuses a positive maxWait with [ErrConfig]
+// when the store cannot complete a batch, and [WrapTx], which records each
+// event in its handler's transaction, refuses it too. No result is given
+// back before its completion is durable, so a transport never acknowledges
+// early; a completion waits at most maxWait (and a third of the lease) for
+// the others, plus the run of the handler in progress. Handle, which has
+// one message, always completes it at once.
 //
-// The price is a wider crash window. With one write per event, a crash
-// between a handler's effect and its completion leaves one event to run
-// again (after its lease lapses). With batch completion it may leave every
-// event whose handler returned in the last maxWait, up to a whole batch:
-// their effects are applied twice. Use it when handlers are idempotent or a
-// repeated effect is acceptable; otherwise prefer the transactional inbox
-// (WrapTx) or one write per event.
+// The price is a wider crash window. With one write per event, a worker
+// that dies between a handler's effect and its completion leaves one event
+// to run again once its lease lapses. With batch completion it may leave
+// every event whose handler returned in the last maxWait, up to a whole
+// batch: their effects are applied twice. An event taken over from a worker
+// that died is completed on its own, before the next one runs, so a message
+// that kills its worker repeats the others' effects at most once. Where a
+// repeated effect is not acceptable, use the transactional inbox ([WrapTx]),
+// which has no such window, or WithBatchCompletion(0).
 func WithBatchCompletion(maxWait time.Duration) Opt {
-	return optFunc(func(c *config) { c.batchCompletion, c.batchWait = true, maxWait })
+	return optFunc(func(c *config) { c.batchWait, c.batchWaitSet = maxWait, true })
 }
 
 // DefaultTable is the table a [PostgresStore] or a [DynamoDBStore] uses

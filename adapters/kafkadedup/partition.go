@@ -153,7 +153,7 @@ func (p *partition) run() {
 func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.Duration, err error) {
 	next := 0 // the first record not settled
 	marked, markedAt := 0, time.Now()
-	berr := p.s.w.HandleBatch(p.ctx, recs, func(i int, res dedup.Result, rerr error) bool {
+	berr := p.s.w.HandleBatch(dedup.ContextWithStop(p.ctx, p.quit), recs, func(i int, res dedup.Result, rerr error) bool {
 		switch {
 		case rerr != nil:
 			err = rerr

@@ -22,8 +22,12 @@ import (
 // cancelled their contexts: time for the wrapper to record the attempt.
 const cancelGrace = 15 * time.Second
 
-// Consumer receives messages from one SQS queue and runs each through a
-// dedup.Wrapper, then acts on the outcome:
+// Consumer receives messages from one SQS queue and runs them through a
+// dedup.Wrapper, then acts on each outcome. The messages of one receive from
+// a standard queue are claimed in one store call, handled concurrently and
+// their successes completed together ([dedup.Wrapper.HandleConcurrent]), so
+// their outcomes are acted on once the slowest of them is settled. The
+// outcomes:
 //
 //   - OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered,
 //     OutcomeConflict: the message is deleted, in batches
@@ -301,12 +305,7 @@ func (r *runner) dispatch(stop context.Context, msgs []types.Message) {
 	}
 	r.hb.add(msgs...)
 	if !r.fifo {
-		for _, m := range msgs {
-			r.handlers.Go(func() {
-				defer r.release(1)
-				r.handleOne(stop, m)
-			})
-		}
+		r.handlers.Go(func() { r.handleReceive(stop, msgs) })
 		return
 	}
 	for _, g := range groups(msgs) {
@@ -331,13 +330,25 @@ func groups(msgs []types.Message) [][]types.Message {
 	return out
 }
 
-func (r *runner) handleOne(stop context.Context, m types.Message) {
+// handleReceive handles the messages of one receive from a standard queue
+// together: their keys claimed in one store call, their handlers run
+// concurrently, their successes completed in one write.
+func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	if stop.Err() != nil {
-		r.giveBack(0, m)
+		r.giveBack(0, msgs...)
+		r.release(len(msgs))
 		return
 	}
-	res, err := r.w.Handle(r.work, m)
-	r.settle(stop, m, res, err)
+	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
+		r.settle(stop, msgs[i], res, err)
+		r.release(1)
+	})
+	if err != nil { // the batch claim failed: none of them ran
+		for _, m := range msgs {
+			r.settle(stop, m, dedup.Result{}, err)
+			r.release(1)
+		}
+	}
 }
 
 // handleGroup handles one FIFO group's messages in order, stopping at the
@@ -346,7 +357,7 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 	next := 0
 	var err error
 	if stop.Err() == nil {
-		err = r.w.HandleBatch(r.work, msgs, func(i int, res dedup.Result, err error) bool {
+		err = r.w.HandleBatch(dedup.ContextWithStop(r.work, stop.Done()), msgs, func(i int, res dedup.Result, err error) bool {
 			r.settle(stop, msgs[i], res, err)
 			r.release(1)
 			next = i + 1

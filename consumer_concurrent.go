@@ -1,0 +1,187 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// HandleConcurrent processes msgs, whose order does not matter (the
+// messages of one SQS receive), claiming their keys in one store call and
+// running their handlers concurrently; with batch completion (the default,
+// see [WithBatchCompletion]) the successes are then completed together, in
+// as few writes as the wait allows. Once every message is settled it calls
+// yield with each one's index and result, in order. A key held more than
+// once gets OutcomeInFlight for its later copies, which come back once the
+// first is settled. It returns an error, having processed nothing, only
+// when the batch claim itself fails.
+func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(i int, res Result, err error)) error {
+	c := &concurrentBatch[M]{w: w, ds: make([]delivery[M], len(msgs)), results: make([]pendingResult, len(msgs))}
+	if err := c.claim(ctx, msgs); err != nil {
+		for i := range c.ds {
+			w.observe(ctx, &c.ds[i], Result{Key: c.ds[i].key}, err)
+		}
+		return err
+	}
+	c.run(ctx)
+	for i := range c.ds {
+		p := c.results[i]
+		w.observe(ctx, &c.ds[i], p.res, p.err)
+		yield(i, p.res, p.err)
+	}
+	return nil
+}
+
+// concurrentBatch is the progress of one HandleConcurrent.
+type concurrentBatch[M any] struct {
+	w       *Wrapper[M]
+	ds      []delivery[M]
+	claims  []Claim
+	claimOf []int // per delivery: its index in claims, or noClaim, or laterCopy
+	results []pendingResult
+
+	completer BatchCompleter // nil: each success is completed on its own
+	mu        sync.Mutex
+	comps     []Completion // successes waiting to be completed
+	compOf    []int        // their deliveries
+}
+
+const (
+	noClaim   = -1 // claimed when it runs, or not at all (bad input)
+	laterCopy = -2 // a key held earlier in the batch
+)
+
+// claim prepares the deliveries and claims their keys in one store call
+// when there are at least two.
+func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M) error {
+	w := c.w
+	c.claimOf = make([]int, len(msgs))
+	var reqs []ClaimRequest
+	seen := make(map[Key]struct{}, len(msgs))
+	for i, m := range msgs {
+		d := &c.ds[i]
+		*d = w.prepare(ctx, m)
+		c.claimOf[i] = noClaim
+		if d.bad != "" {
+			continue
+		}
+		if _, ok := seen[d.key]; ok {
+			c.claimOf[i] = laterCopy
+			continue
+		}
+		seen[d.key] = struct{}{}
+		if w.batchClaims {
+			c.claimOf[i] = len(reqs)
+			reqs = append(reqs, d.request(w.cfg.ttl))
+		}
+	}
+	if len(reqs) < 2 {
+		for i, k := range c.claimOf {
+			if k >= 0 {
+				c.claimOf[i] = noClaim
+			}
+		}
+		return nil
+	}
+	claims, err := w.store.ClaimBatch(ctx, reqs)
+	if err != nil {
+		w.outage.observe(ctx, w.cfg.logger, w.cfg.outageThreshold, err)
+		return err
+	}
+	if len(claims) != len(reqs) {
+		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
+	}
+	c.claims = claims
+	if bc, ok := w.store.(BatchCompleter); ok && w.cfg.batchWait > 0 {
+		c.completer = bc
+	}
+	return nil
+}
+
+// run runs the handlers, each in its own goroutine, and completes their
+// successes together: those waiting are written every batch wait (and
+// third of a lease) while handlers still run, the rest when the last
+// returns.
+func (c *concurrentBatch[M]) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for i := range c.ds {
+		d, p := &c.ds[i], &c.results[i]
+		*p = pendingResult{i: i, comp: -1}
+		switch k := c.claimOf[i]; {
+		case k == laterCopy:
+			p.res = Result{Outcome: OutcomeInFlight, Key: d.key, RetryAfter: min(d.leaseTime, maxInFlightWait)}
+		case k == noClaim:
+			wg.Go(func() { p.res, p.err = c.w.process(ctx, d) })
+		default:
+			wg.Go(func() { c.settle(ctx, i, c.claims[k]) })
+		}
+	}
+	if c.completer == nil {
+		wg.Wait()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	tick := time.NewTicker(min(c.w.cfg.batchWait, c.ds[0].leaseTime/3))
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			c.complete(ctx)
+			return
+		case <-tick.C:
+			c.complete(ctx)
+		}
+	}
+}
+
+// settle runs claimed delivery i, leaving a success to be completed with
+// others. Its result is set under the lock that complete takes to mark a
+// completion failed.
+func (c *concurrentBatch[M]) settle(ctx context.Context, i int, claim Claim) {
+	var later *[]Completion
+	var comps []Completion
+	if c.completer != nil {
+		later = &comps
+	}
+	res, err := c.w.settle(ctx, &c.ds[i], claim, later)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.results[i].res, c.results[i].err = res, err
+	if len(comps) > 0 {
+		c.comps = append(c.comps, comps...)
+		c.compOf = append(c.compOf, i)
+	}
+}
+
+// complete writes the successes waiting, and turns those whose completion
+// failed into errors.
+func (c *concurrentBatch[M]) complete(ctx context.Context) {
+	c.mu.Lock()
+	comps, compOf := c.comps, c.compOf
+	c.comps, c.compOf = nil, nil
+	c.mu.Unlock()
+	if len(comps) == 0 {
+		return
+	}
+	sctx, cancel := settleContext(ctx)
+	errs, werr := c.w.completeHeld(sctx, c.completer, comps, c.ds[0].leaseTime)
+	cancel()
+	for k, i := range compOf {
+		cerr := werr
+		if cerr == nil {
+			cerr = errs[k]
+		}
+		if cerr != nil {
+			c.mu.Lock()
+			p := &c.results[i]
+			p.res.Outcome = 0
+			p.err = c.w.settleError("complete", p.res.Key, cerr, true)
+			c.mu.Unlock()
+		}
+	}
+}
