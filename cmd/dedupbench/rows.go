@@ -34,15 +34,16 @@ type row struct {
 var rows = []*row{
 	{name: "none", title: "Kafka, no dedup", run: runNone},
 	{name: "naive", title: "naive: Handle per record (claim, complete)", run: runNaive},
-	{name: "batch-claim", title: "HandleBatch: batched claim, complete each", run: runAdapter(false)},
-	{name: "batched", title: "HandleBatch + WithBatchCompletion", run: runAdapter(true)},
-	{name: "redis-batch-claim", title: "Redis: HandleBatch, batched claim, complete each", run: runRedis(false)},
-	{name: "redis-batched", title: "Redis: HandleBatch + WithBatchCompletion", run: runRedis(true)},
+	{name: "complete-each", title: "HandleBatch, WithBatchCompletion(0): complete each", run: runAdapter("complete-each")},
+	{name: "batch-claim", title: "kafkadedup.Consumer defaults (batched claim and completion)", run: runAdapter("batch-claim")},
+	{name: "batched", title: "HandleBatch + WithBatchCompletion(-batch-wait)", run: runAdapter("batched")},
+	{name: "redis-batch-claim", title: "Redis: kafkadedup.Consumer defaults", run: runRedis(false)},
+	{name: "redis-batched", title: "Redis: HandleBatch + WithBatchCompletion(-batch-wait)", run: runRedis(true)},
 	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
 	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
-	{name: "sqs", title: "SQS (fauxqs): Handle per message, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
-	{name: "sqs-dynamodb", title: "SQS (fauxqs): Handle per message, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
+	{name: "sqs", title: "SQS (fauxqs): a receive claimed and completed together, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
+	{name: "sqs-dynamodb", title: "SQS (fauxqs): a receive claimed and completed together, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
 }
 
 func rowNames() []string {
@@ -158,13 +159,16 @@ func wrapperOpts(name string, m *meter, extra ...dedup.Opt) []dedup.Opt {
 func noop(context.Context, *kgo.Record) error { return nil }
 
 // runAdapter runs the Kafka adapter (kafkadedup.Consumer, HandleBatch per
-// fetched partition batch) over PostgreSQL, with or without batch completion.
-func runAdapter(batchCompletion bool) func(ctx context.Context, cfg config, m *meter) error {
+// fetched partition batch) over PostgreSQL as row name: with the defaults
+// (batch-claim), one completion per event (complete-each), or completions
+// waiting -batch-wait (batched).
+func runAdapter(name string) func(ctx context.Context, cfg config, m *meter) error {
 	return func(ctx context.Context, cfg config, m *meter) error {
-		name := "batch-claim"
 		var extra []dedup.Opt
-		if batchCompletion {
-			name = "batched"
+		switch name {
+		case "complete-each":
+			extra = append(extra, dedup.WithBatchCompletion(0))
+		case "batched":
 			extra = append(extra, dedup.WithBatchCompletion(cfg.BatchWait))
 		}
 		store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_"+strings.ReplaceAll(name, "-", "_"))
