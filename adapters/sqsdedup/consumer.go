@@ -161,7 +161,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 type runner struct {
 	*Consumer
 	vis   time.Duration
-	slots chan struct{} // one per message held, up to the worker count
+	slots *slots // free workers, one per message held
 	// work is the handlers' context: it outlives Run's until the shutdown
 	// timeout, so that running handlers can finish.
 	work       context.Context
@@ -179,7 +179,7 @@ type runner struct {
 
 // start returns a runner with its heartbeat and deleter running.
 func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
-	r := &runner{Consumer: c, vis: vis, slots: make(chan struct{}, c.cfg.workers)}
+	r := &runner{Consumer: c, vis: vis, slots: newSlots(c.cfg.workers)}
 	// The store lease defaults to the visibility timeout, unless the wrapper
 	// sets dedup.WithLease.
 	r.work, r.cancelWork = context.WithCancel(dedup.ContextWithLease(context.WithoutCancel(ctx), vis))
@@ -272,32 +272,9 @@ func (r *runner) checkReceiveCount(msgs []types.Message) {
 
 // acquire takes between one and maxMessages free worker slots, waiting for
 // the first; it returns 0 when ctx is done.
-func (r *runner) acquire(ctx context.Context) int {
-	if ctx.Err() != nil { // a free slot must not win a tie with ctx
-		return 0
-	}
-	select {
-	case r.slots <- struct{}{}:
-	case <-ctx.Done():
-		return 0
-	}
-	n := 1
-	for n < r.cfg.maxMessages {
-		select {
-		case r.slots <- struct{}{}:
-			n++
-		default:
-			return n
-		}
-	}
-	return n
-}
+func (r *runner) acquire(ctx context.Context) int { return r.slots.take(ctx, r.cfg.maxMessages) }
 
-func (r *runner) release(n int) {
-	for range n {
-		<-r.slots
-	}
-}
+func (r *runner) release(n int) { r.slots.give(n) }
 
 func (r *runner) dispatch(stop context.Context, msgs []types.Message) {
 	if len(msgs) == 0 {
@@ -339,14 +316,13 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 		r.release(len(msgs))
 		return
 	}
+	defer r.release(len(msgs))
 	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
 		r.settle(stop, msgs[i], res, err)
-		r.release(1)
 	})
 	if err != nil { // the batch claim failed: none of them ran
 		for _, m := range msgs {
 			r.settle(stop, m, dedup.Result{}, err)
-			r.release(1)
 		}
 	}
 }

@@ -15,9 +15,7 @@ import (
 // deletes are flushed.
 func HandleGroup(c *Consumer, stop context.Context, vis time.Duration, msgs []types.Message) {
 	r := c.start(context.Background(), vis)
-	for range msgs {
-		r.slots <- struct{}{}
-	}
+	r.slots.free -= len(msgs) // the receive took them
 	r.hb.add(msgs...)
 	r.handleGroup(stop, msgs)
 	r.stop()
