@@ -3,6 +3,7 @@ package dedup_test
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -17,13 +18,8 @@ type Order struct {
 }
 
 func ExampleWrap() {
-	orders := dedup.Messages[Order]{
-		EventID:    func(o Order) (string, error) { return o.ID, nil },
-		Payload:    func(o Order) []byte { return []byte(o.Payload) },
-		DeadLetter: func(o Order) dedup.DeadLetter { return dedup.DeadLetter{Payload: []byte(o.Payload)} },
-	}
 	charged := 0
-	w, err := dedup.Wrap(dedup.NewMemoryStore(), orders,
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), orderMessages,
 		func(ctx context.Context, o Order) error {
 			charged++ // the business effect
 			return nil
@@ -113,4 +109,84 @@ func ExampleWithMeterProvider() {
 	// Unordered output:
 	// dedup.deliveries processed 1
 	// dedup.deliveries duplicate 2
+}
+
+// orderMessages reads the example's Order messages.
+var orderMessages = dedup.Messages[Order]{
+	EventID:    func(o Order) (string, error) { return o.ID, nil },
+	Payload:    func(o Order) []byte { return []byte(o.Payload) },
+	DeadLetter: func(o Order) dedup.DeadLetter { return dedup.DeadLetter{Payload: []byte(o.Payload)} },
+}
+
+func ExampleWrapper_HandleBatch() {
+	var shipped []string
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), orderMessages,
+		func(ctx context.Context, o Order) error {
+			shipped = append(shipped, o.ID)
+			return nil
+		},
+		dedup.WithScope("shipping/ship"),
+		dedup.WithSink(dedup.NewMemorySink()),
+	)
+	if err != nil {
+		panic(err)
+	}
+	// One fetch from a partition, holding a redelivered event: the keys are
+	// claimed in one store call and the successes completed in another.
+	fetch := []Order{{ID: "o-1", Payload: "a"}, {ID: "o-2", Payload: "b"}, {ID: "o-1", Payload: "a"}}
+	err = w.HandleBatch(context.Background(), fetch, func(i int, res dedup.Result, err error) bool {
+		if err != nil || !res.Settled() {
+			return false // commit nothing from here on: it comes back
+		}
+		fmt.Println(fetch[i].ID, res.Outcome) // mark the offset for commit
+		return true
+	})
+	if err != nil {
+		panic(err) // the batch claim failed: nothing ran, nothing to commit
+	}
+	fmt.Println("shipped", shipped)
+	// Output:
+	// o-1 processed
+	// o-2 processed
+	// o-1 duplicate
+	// shipped [o-1 o-2]
+}
+
+func ExampleWrapper_HandleConcurrent() {
+	var mu sync.Mutex
+	emailed := map[string]int{}
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), orderMessages,
+		func(ctx context.Context, o Order) error {
+			mu.Lock() // the handlers of a batch run at the same time
+			defer mu.Unlock()
+			emailed[o.ID]++
+			return nil
+		},
+		dedup.WithScope("mail/receipt"),
+		dedup.WithSink(dedup.NewMemorySink()),
+	)
+	if err != nil {
+		panic(err)
+	}
+	// One receive from an SQS standard queue: order does not matter.
+	receive := []Order{{ID: "o-1", Payload: "a"}, {ID: "o-2", Payload: "b"}, {ID: "o-3", Payload: "c"}}
+	for range 2 { // the same messages delivered twice
+		err = w.HandleConcurrent(context.Background(), receive, func(i int, res dedup.Result, err error) {
+			if err == nil && res.Settled() {
+				fmt.Println(receive[i].ID, res.Outcome) // delete the message
+			}
+		})
+		if err != nil {
+			panic(err)
+		}
+	}
+	fmt.Println(emailed)
+	// Output:
+	// o-1 processed
+	// o-2 processed
+	// o-3 processed
+	// o-1 duplicate
+	// o-2 duplicate
+	// o-3 duplicate
+	// map[o-1:1 o-2:1 o-3:1]
 }
