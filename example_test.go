@@ -72,12 +72,7 @@ func ExampleWithMeterProvider() {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 
-	orders := dedup.Messages[Order]{
-		EventID:    func(o Order) (string, error) { return o.ID, nil },
-		Payload:    func(o Order) []byte { return []byte(o.Payload) },
-		DeadLetter: func(o Order) dedup.DeadLetter { return dedup.DeadLetter{Payload: []byte(o.Payload)} },
-	}
-	w, err := dedup.Wrap(dedup.NewMemoryStore(), orders,
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), orderMessages,
 		func(ctx context.Context, o Order) error { return nil },
 		dedup.WithScope("billing/charge-card"),
 		dedup.WithSink(dedup.NewMemorySink()),
