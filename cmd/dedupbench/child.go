@@ -156,7 +156,7 @@ func (m *meter) result(r *row, cfg config) result {
 		Check:           "ok",
 	}
 	wantProcessed := int64(cfg.Unique)
-	if r.name == "none" {
+	if r.name == "none" || r.name == "sqs-none" {
 		wantProcessed = int64(cfg.Records)
 	}
 	if res.Processed != wantProcessed || res.Processed+res.Duplicates != int64(cfg.Records) {

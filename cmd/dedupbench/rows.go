@@ -42,6 +42,7 @@ var rows = []*row{
 	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
 	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
+	{name: "sqs-none", title: "SQS (fauxqs): receive and delete, no dedup", small: true, sqs: true, run: runSQSNone},
 	{name: "sqs", title: "SQS (fauxqs): a receive claimed and completed together, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
 	{name: "sqs-dynamodb", title: "SQS (fauxqs): a receive claimed and completed together, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
 }

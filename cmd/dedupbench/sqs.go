@@ -19,31 +19,17 @@ import (
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
 )
 
-// runSQS consumes a queue on fauxqs through sqsdedup.Consumer, whose workers
-// run one message each through Wrapper.Handle, over PostgreSQL or DynamoDB.
+// runSQS consumes a queue on fauxqs through sqsdedup.Consumer, which claims
+// each receive's messages in one store call and completes them together,
+// over PostgreSQL or DynamoDB.
 func runSQS(storeKind string) func(ctx context.Context, cfg config, m *meter) error {
 	return func(ctx context.Context, cfg config, m *meter) error {
 		name := "sqs-" + storeKind
-		client := sqs.New(sqs.Options{
-			BaseEndpoint: aws.String(cfg.SQS),
-			Region:       "us-east-1",
-			Credentials:  credentials.NewStaticCredentialsProvider("local", "local", ""),
-			HTTPClient: awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
-				t.MaxIdleConnsPerHost = 32
-			}),
-			APIOptions: []func(*middleware.Stack) error{m.sqs.apiOption},
-		})
-		queue := "dedupbench-" + dedup.NewOwnerToken()[:12]
-		out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(queue),
-			Attributes: map[string]string{"VisibilityTimeout": "30"}})
+		client, url, drop, err := openQueue(ctx, cfg, m)
 		if err != nil {
-			return fmt.Errorf("create queue on %s: %w (run `make services`)", cfg.SQS, err)
-		}
-		url := aws.ToString(out.QueueUrl)
-		defer client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: aws.String(url)}) //nolint:errcheck
-		if err := sendEvents(ctx, client, url, cfg); err != nil {
 			return err
 		}
+		defer drop()
 
 		var store dedup.Store
 		switch storeKind {
@@ -86,6 +72,74 @@ func runSQS(storeKind string) func(ctx context.Context, cfg config, m *meter) er
 		m.started()
 		return c.Run(ctx)
 	}
+}
+
+// openQueue returns a client of the SQS endpoint, whose calls m counts, and
+// a new queue holding the row's events, with a function that deletes it.
+func openQueue(ctx context.Context, cfg config, m *meter) (*sqs.Client, string, func(), error) {
+	client := sqs.New(sqs.Options{
+		BaseEndpoint: aws.String(cfg.SQS),
+		Region:       "us-east-1",
+		Credentials:  credentials.NewStaticCredentialsProvider("local", "local", ""),
+		HTTPClient: awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+			t.MaxIdleConnsPerHost = 32
+		}),
+		APIOptions: []func(*middleware.Stack) error{m.sqs.apiOption},
+	})
+	queue := "dedupbench-" + dedup.NewOwnerToken()[:12]
+	out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(queue),
+		Attributes: map[string]string{"VisibilityTimeout": "30"}})
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("create queue on %s: %w (run `make services`)", cfg.SQS, err)
+	}
+	url := aws.ToString(out.QueueUrl)
+	drop := func() {
+		client.DeleteQueue(context.Background(), &sqs.DeleteQueueInput{QueueUrl: aws.String(url)}) //nolint:errcheck
+	}
+	if err := sendEvents(ctx, client, url, cfg); err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	return client, url, drop, nil
+}
+
+// runSQSNone receives and deletes the queue's messages, ten at a time, with
+// no dedup: what the SQS endpoint and its SDK cost on their own.
+func runSQSNone(ctx context.Context, cfg config, m *meter) error {
+	client, url, drop, err := openQueue(ctx, cfg, m)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	m.begin()
+	m.started()
+	for ctx.Err() == nil {
+		out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(url),
+			MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
+		if err != nil {
+			return ctxOr(ctx, err)
+		}
+		if len(out.Messages) == 0 {
+			continue
+		}
+		entries := make([]types.DeleteMessageBatchRequestEntry, len(out.Messages))
+		for i, msg := range out.Messages {
+			entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: msg.ReceiptHandle}
+		}
+		if _, err := client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(url), Entries: entries}); err != nil {
+			return ctxOr(ctx, err)
+		}
+		m.settle(dedup.OutcomeProcessed, int64(len(out.Messages)))
+	}
+	return nil
+}
+
+// ctxOr returns err, or nil once ctx is done: the row has finished.
+func ctxOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // sendEvents sends the row's events, duplicates shuffled in as for Kafka,
