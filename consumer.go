@@ -213,6 +213,9 @@ type delivery[M any] struct {
 	owner    string
 	attempts int
 	tx       pgx.Tx
+	// sharedTx says that tx belongs to a batch of the inbox, which commits
+	// it, rather than to this delivery alone.
+	sharedTx bool
 
 	span trace.Span // nil unless the wrapper traces
 }

@@ -48,6 +48,10 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 			firsts[b.ds[i].key] = i
 		}
 	}
+	if s, ok := w.steps.(inboxSteps[M]); ok && !w.cfg.txPerEvent && len(msgs) > 1 {
+		s.runBatch(ctx, b)
+		return nil
+	}
 	if w.batchClaims {
 		if err := b.claim(ctx, 0); err != nil {
 			return err
@@ -263,9 +267,10 @@ func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim, alone b
 }
 
 // flush writes the deferred completions, then gives the pending results to
-// yield in order. Once yield asked to stop, it still gives the settled
-// results that follow, which ran and are durable, up to the first that is
-// not, so that a transport stopping acknowledges what is done. It returns
+// yield in order. Once yield asked to stop at a settled result, it still
+// gives the settled results that follow, which ran and are durable, up to
+// the first that is not, so that a transport stopping acknowledges what is
+// done; yield stopping at an unsettled result gets nothing more. It returns
 // false when yield asked to stop.
 func (b *batch[M]) flush(ctx context.Context) bool {
 	w := b.w
@@ -298,6 +303,9 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 		w.observe(ctx, &b.ds[p.i], p.res, p.err)
 		if !b.yield(p.i, p.res, p.err) {
 			stopped = true
+			if p.err != nil || !p.res.Settled() {
+				break // what follows an unsettled result must not be acknowledged past it
+			}
 		}
 	}
 	return !stopped

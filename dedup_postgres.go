@@ -94,6 +94,7 @@ func validIdentifier(s string) bool {
 type postgresSQL struct {
 	createTable, createIndex, migrateLock       string
 	claim, claimBatch, claimInTx, recordFailure string
+	claimBatchInTx                              string
 	savepoint, rollbackToSavepoint, failInTx    string
 	read, readBatch, get                        string
 	complete, completeBatch                     string
@@ -120,6 +121,23 @@ const takeoverSet = `status = EXCLUDED.status,
 	last_failure = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.last_failure END,
 	result = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.result END,
 	previous_status = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.status END`
+
+// claimBatchSQL is the statement that claims a list of keys at once,
+// writing the rows it acquires with status: PROCESSING for ClaimBatch, or
+// SUCCEEDED for a batch of the transactional inbox, whose transaction is
+// then the lease.
+func claimBatchSQL(table string, status Status) string {
+	return `INSERT INTO ` + table + ` AS t ` + insertColumns + `
+SELECT r.scope, r.event_id, '` + string(status) + `', r.fingerprint, 1, r.owner, now() + r.lease_us * interval '1 microsecond',
+	now(), now(), now() + r.expiry_us * interval '1 microsecond'
+FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], ` + pgSplit("$4") + `), ` + pgSplit("$5") + `,
+	` + pgSplit("$6") + `::bigint[], ` + pgSplit("$7") + `::bigint[])
+	AS r(scope, event_id, fingerprint, owner, lease_us, expiry_us)
+ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
+WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
+RETURNING owner, now(), previous_status, attempts, lease_until, created_at, updated_at, expires_at,
+	last_error, first_failure, last_failure, result`
+}
 
 // takeoverAllowed is the state machine's takeover rule for row t claimed
 // with fingerprint fp (an SQL expression); postgresObserved.allows is the
@@ -191,16 +209,8 @@ SELECT false, NULL, ` + recordColumns + ` FROM cur`,
 		// hold anything, come as an array ($3) when they cannot be a list.
 		// Acquired rows are named by their new owner token, and RETURNING
 		// leaves out what the request already says.
-		claimBatch: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
-SELECT r.scope, r.event_id, 'PROCESSING', r.fingerprint, 1, r.owner, now() + r.lease_us * interval '1 microsecond',
-	now(), now(), now() + r.expiry_us * interval '1 microsecond'
-FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], ` + pgSplit("$4") + `), ` + pgSplit("$5") + `,
-	` + pgSplit("$6") + `::bigint[], ` + pgSplit("$7") + `::bigint[])
-	AS r(scope, event_id, fingerprint, owner, lease_us, expiry_us)
-ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
-WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
-RETURNING owner, now(), previous_status, attempts, lease_until, created_at, updated_at, expires_at,
-	last_error, first_failure, last_failure, result`,
+		claimBatch:     claimBatchSQL(table, StatusProcessing),
+		claimBatchInTx: claimBatchSQL(table, StatusSucceeded),
 
 		claimInTx: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
 VALUES ($1, $2, 'SUCCEEDED', $3, 1, $4, now(), now(), now(), now() + $5::interval)
@@ -512,6 +522,19 @@ func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimReque
 // the row stays locked, and the failure commits with the claim's attempt. It
 // returns the attempts recorded.
 func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Failure) (int, error) {
+	attempts, err := s.failInBatchTx(ctx, tx, key, f)
+	if err == nil {
+		if err = tx.Commit(ctx); err != nil {
+			err = s.opError("record failure "+key.String(), err)
+		}
+	}
+	return attempts, err
+}
+
+// failInBatchTx rolls tx back to its latest savepoint, taken before the
+// failed attempt's handler ran, and records the failure in tx, which stays
+// open. It returns the attempts recorded.
+func (s *PostgresStore) failInBatchTx(ctx context.Context, tx pgx.Tx, key Key, f Failure) (int, error) {
 	status := StatusFailedRetryable
 	if f.Final {
 		status = StatusFailedFinal
@@ -527,9 +550,6 @@ func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Fail
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
-	}
-	if err == nil {
-		err = tx.Commit(ctx)
 	}
 	if err != nil {
 		return 0, s.opError("record failure "+key.String(), err)

@@ -63,29 +63,60 @@ func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 	if err := ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres claim batch: %w", err)
 	}
-	b := postgresBatch{
-		reqs:    reqs,
-		claims:  make([]Claim, len(reqs)),
-		pending: make([]int, len(reqs)),
-	}
-	for i := range b.pending {
-		b.pending[i] = i
-	}
-	// A key refused, then purged before it was read, is claimed again in a
-	// second wave.
-	for len(b.pending) > 0 {
-		wave := b.pending
-		b.pending = nil
-		if err := s.runWave(ctx, &b, wave); err != nil {
-			s.giveBack(ctx, &b)
-			return nil, s.opError("claim batch", err)
-		}
+	b := newPostgresBatch(s.pool, s.sql.claimBatch, StatusProcessing, reqs)
+	if err := s.claimWaves(ctx, b); err != nil {
+		s.giveBack(ctx, b)
+		return nil, s.opError("claim batch", err)
 	}
 	return b.claims, nil
 }
 
+// claimBatchInTx claims distinct keys inside tx for a batch of the
+// transactional inbox: the rows it acquires are written as succeeded, and
+// commit or vanish with tx, whose row locks are their lease.
+func (s *PostgresStore) claimBatchInTx(ctx context.Context, tx pgx.Tx, reqs []ClaimRequest) ([]Claim, error) {
+	if err := ValidateBatch(reqs); err != nil {
+		return nil, fmt.Errorf("dedup: postgres claim batch in tx: %w", err)
+	}
+	b := newPostgresBatch(tx, s.sql.claimBatchInTx, StatusSucceeded, reqs)
+	if err := s.claimWaves(ctx, b); err != nil {
+		return nil, s.opError("claim batch in tx", err)
+	}
+	return b.claims, nil
+}
+
+func newPostgresBatch(q pgBatchQuerier, upsert string, status Status, reqs []ClaimRequest) *postgresBatch {
+	b := &postgresBatch{q: q, upsert: upsert, status: status, reqs: reqs,
+		claims: make([]Claim, len(reqs)), pending: make([]int, len(reqs))}
+	for i := range b.pending {
+		b.pending[i] = i
+	}
+	return b
+}
+
+// claimWaves claims the batch's keys. A key refused, then purged before it
+// was read, is claimed again in a second wave.
+func (s *PostgresStore) claimWaves(ctx context.Context, b *postgresBatch) error {
+	for len(b.pending) > 0 {
+		wave := b.pending
+		b.pending = nil
+		if err := s.runWave(ctx, b, wave); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pgBatchQuerier runs the batch statements: a pool or a transaction.
+type pgBatchQuerier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // postgresBatch is the progress of one ClaimBatch.
 type postgresBatch struct {
+	q       pgBatchQuerier // the pool, or the inbox's transaction
+	upsert  string         // the claim statement
+	status  Status         // what it writes
 	reqs    []ClaimRequest
 	claims  []Claim
 	pending []int // request indexes still unanswered, ascending
@@ -149,7 +180,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		byOwner[ownerToken(tokens, w)] = w
 		b.sent = append(b.sent, keyOwner{req.Key, ownerToken(tokens, w)})
 	}
-	rows, err := s.pool.Query(ctx, s.sql.claimBatch, batchMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
+	rows, err := b.q.Query(ctx, b.upsert, batchMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
 		[]byte(leases), []byte(expiries))
 	if err != nil {
 		return err
@@ -171,7 +202,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		i := wave[w]
 		req := &b.reqs[i]
 		// The row is the claim's own: what it did not return, it wrote.
-		r.status = pgtype.Text{String: string(StatusProcessing), Valid: true}
+		r.status = pgtype.Text{String: string(b.status), Valid: true}
 		r.fingerprint = pgtype.Text{String: req.Fingerprint, Valid: true}
 		r.owner = pgtype.Text{String: ownerToken(tokens, w), Valid: true}
 		c, err := acquired(req.Key, &r, previous)
@@ -198,7 +229,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 	if len(refused) == 0 {
 		return nil
 	}
-	rows, err = s.pool.Query(ctx, s.sql.readBatch, batchMode, []byte(scopes), []byte(ids))
+	rows, err = b.q.Query(ctx, s.sql.readBatch, batchMode, []byte(scopes), []byte(ids))
 	if err != nil {
 		return err
 	}

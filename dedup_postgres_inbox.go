@@ -74,13 +74,41 @@ func (s inboxSteps[M]) claim(ctx context.Context, d *delivery[M]) (Claim, error)
 func (s inboxSteps[M]) leased() bool { return false }
 
 func (s inboxSteps[M]) run(ctx context.Context, d *delivery[M]) error {
-	return s.handler(ctx, d.tx, d.msg)
+	if !d.sharedTx {
+		return s.handler(ctx, d.tx, d.msg)
+	}
+	if err := s.handler(ctx, ownedTx{d.tx}, d.msg); err != nil {
+		return err
+	}
+	if d.tx.Conn().PgConn().TxStatus() == 'E' {
+		// Its writes must not be committed as if it had succeeded.
+		return errTxAborted
+	}
+	return nil
 }
+
+// errTxAborted is the failure of a batched inbox handler that returned nil
+// after a statement of its transaction failed.
+var errTxAborted = errors.New("dedup: the TxHandler returned nil after a statement of its transaction failed; its writes are rolled back")
+
+// ErrTxOwned is returned by Commit and Rollback of the transaction a
+// TxHandler is given in a batch: the wrapper ends that transaction, which
+// holds the batch's other events too.
+var ErrTxOwned = errors.New("dedup: a TxHandler must neither commit nor roll back its transaction; the wrapper ends it")
+
+// ownedTx is a batch's transaction as its handlers see it.
+type ownedTx struct{ pgx.Tx }
+
+func (ownedTx) Commit(context.Context) error   { return ErrTxOwned }
+func (ownedTx) Rollback(context.Context) error { return ErrTxOwned }
 
 // hold has nothing to check: the open transaction holds the row.
 func (s inboxSteps[M]) hold(context.Context, *delivery[M]) error { return nil }
 
 func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
+	if d.sharedTx {
+		return nil // the claim wrote the record as succeeded: the batch commits it
+	}
 	tx := d.tx
 	d.tx = nil
 	if err := tx.Commit(ctx); err != nil {
@@ -98,6 +126,15 @@ func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
 // claim's attempt went with it, and the failure is counted by a write of its
 // own.
 func (s inboxSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
+	if d.sharedTx {
+		attempts, err := s.store.failInBatchTx(ctx, d.tx, d.key, f)
+		if err != nil {
+			// The batch's transaction is broken: it ends, and with it
+			// the whole batch.
+			return 0, unrepeatable{err}
+		}
+		return attempts, nil
+	}
 	if tx := d.tx; tx != nil {
 		d.tx = nil
 		attempts, err := s.store.failInTx(ctx, tx, d.key, f)
@@ -116,6 +153,10 @@ func (s inboxSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int
 }
 
 func (s inboxSteps[M]) end(ctx context.Context, d *delivery[M]) {
+	if d.sharedTx {
+		d.tx, d.sharedTx = nil, false
+		return
+	}
 	if d.tx != nil {
 		_ = d.tx.Rollback(context.WithoutCancel(ctx))
 		d.tx = nil

@@ -47,6 +47,8 @@ type config struct {
 	// batchWaitSet records that the user chose it.
 	batchWait    time.Duration
 	batchWaitSet bool
+	// txPerEvent makes WrapTx's HandleBatch use one transaction per event.
+	txPerEvent bool
 	// tracerProvider and meterProvider are OpenTelemetry's; nil: none.
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -184,6 +186,14 @@ func WithObserver(f func(context.Context, Result)) Opt {
 func WithBatchCompletion(maxWait time.Duration) Opt {
 	return optFunc(func(c *config) { c.batchWait, c.batchWaitSet = maxWait, true })
 }
+
+// WithTxPerEvent makes HandleBatch of a [WrapTx] wrapper run each event in
+// a transaction of its own, as Handle does, instead of sharing one
+// transaction among up to 64 events of the batch, each after a savepoint of
+// its own. Use it for handlers that must not share a transaction: one that
+// takes locks for long, or that cannot run after a savepoint. Wrap ignores
+// it.
+func WithTxPerEvent() Opt { return optFunc(func(c *config) { c.txPerEvent = true }) }
 
 // DefaultTable is the table a [PostgresStore] or a [DynamoDBStore] uses
 // unless [WithTable] names another.

@@ -35,7 +35,8 @@ func crashSize() crashCampaign {
 // group's committed offsets reach the end of every partition.
 //
 // In the transactional inbox the effect commits with the dedup record, so
-// no event may be applied twice. In claim mode the effect commits on its
+// no event may be applied twice: batched (the events of a fetch share
+// transactions) and with a transaction per event (inbox-per-event). In claim mode the effect commits on its
 // own before the record is completed: a kill between the two re-runs the
 // effect (the claim-mode crash window, RELIABILITY.md); the campaign counts
 // and reports those instead of failing on them. Claim mode also gets a
@@ -45,7 +46,7 @@ func crashSize() crashCampaign {
 // parked with it (crash-loop collateral, RELIABILITY.md): reported, and
 // never lost. The inbox gets no crashers: it cannot count their attempts.
 func TestKafkaCrashCampaign(t *testing.T) {
-	for _, mode := range []string{modeInbox, modeClaim} {
+	for _, mode := range []string{modeInbox, modeInboxPerEvent, modeClaim} {
 		t.Run(mode, func(t *testing.T) { runCrashCampaign(t, mode, crashSize()) })
 	}
 }
@@ -123,7 +124,7 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 			fig.lost, fig.goodDeadLettered, fig.poisonApplied)
 	}
 	switch {
-	case mode == modeInbox && fig.appliedTwice != 0:
+	case mode != modeClaim && fig.appliedTwice != 0:
 		t.Errorf("%d events applied twice through the transactional inbox, want 0: %s", fig.appliedTwice, strings.Join(twice, ", "))
 	case fig.appliedTwice != 0:
 		t.Logf("claim-mode crash window: %d events applied twice: %s", fig.appliedTwice, strings.Join(twice, ", "))

@@ -28,8 +28,12 @@ const workerEnv = "DEDUP_RELIABILITY_WORKER"
 
 // Worker modes: where the handler's effect goes and how it is deduplicated.
 const (
-	// modeInbox writes the effect in the dedup record's transaction (WrapTx).
+	// modeInbox writes the effect in the dedup record's transaction (WrapTx),
+	// which a batch's events share.
 	modeInbox = "inbox"
+	// modeInboxPerEvent is modeInbox with a transaction per event
+	// (WithTxPerEvent).
+	modeInboxPerEvent = "inbox-per-event"
 	// modeClaim claims in the store (Wrap), then writes the effect in its
 	// own transaction, then completes the record.
 	modeClaim = "claim"
@@ -119,7 +123,10 @@ func runWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) error {
 	insert := `INSERT INTO ` + cfg.EffectsTable + ` (event_id, worker) VALUES ($1, $2)`
 	var w *dedup.Wrapper[*kgo.Record]
 	switch cfg.Mode {
-	case modeInbox:
+	case modeInbox, modeInboxPerEvent:
+		if cfg.Mode == modeInboxPerEvent {
+			opts = append(opts, dedup.WithTxPerEvent())
+		}
 		w, err = dedup.WrapTx(store, kafkadedup.Messages(), func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
 			if isPoison(r) {
 				return errPoison

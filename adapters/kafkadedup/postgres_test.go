@@ -53,20 +53,22 @@ func TestHandoverMidBatchPostgresInbox(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pool, store, table, scope := postgresInbox(t)
 			c := newCluster(t, 4)
-			evs := events("pg", 500, 16)
+			evs := events("pg", 1500, 16)
 			recs := c.produce(append(slices.Clone(evs), evs[:100]...)...)
 
 			var canceled atomic.Int32
 			insert := "INSERT INTO " + table + " (event_id) VALUES ($1)"
-			// handler writes the effect, then holds the transaction open: 2 ms
-			// normally, 100 ms once park is set, so that the first consumer is
+			// handler writes the effect, then holds the transaction open: 20 ms
+			// normally, so that the first consumer still has work when the
+			// second joins (a batch's events share a transaction, which makes
+			// short handlers fast), and 100 ms once park is set, so that it is
 			// certainly mid-transaction when it is stopped.
 			handler := func(park *atomic.Bool, parked chan<- struct{}) dedup.TxHandler[*kgo.Record] {
 				return func(ctx context.Context, tx pgx.Tx, r *kgo.Record) error {
 					if _, err := tx.Exec(ctx, insert, eventID(r)); err != nil {
 						return err
 					}
-					hold := 2 * time.Millisecond
+					hold := 20 * time.Millisecond
 					if park.Load() {
 						hold = 100 * time.Millisecond
 						select {
