@@ -10,6 +10,38 @@ import (
 // backlog never holds many row locks or one long transaction.
 const purgeBatch = 1000
 
+// Stats counts an outbox's events by state.
+type Stats struct {
+	Pending, Failed, Sent int64
+	// OldestPending is the age of the oldest event not yet published.
+	OldestPending time.Duration
+}
+
+// Stats returns the outbox's events counted by state and the age of its
+// oldest pending event. It reads the whole table: an operator's query.
+func (o *Outbox) Stats(ctx context.Context, db DB) (Stats, error) {
+	if isNil(db) {
+		return Stats{}, fmt.Errorf("%w: nil DB", errConfig)
+	}
+	rows, err := db.Query(ctx, o.sql.stats)
+	if err != nil {
+		return Stats{}, o.notMigrated(fmt.Errorf("outbox: stats: %w", err))
+	}
+	defer rows.Close()
+	var st Stats
+	var age float64
+	if rows.Next() {
+		if err := rows.Scan(&st.Pending, &st.Failed, &st.Sent, &age); err != nil {
+			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return Stats{}, o.notMigrated(fmt.Errorf("outbox: stats: %w", err))
+	}
+	st.OldestPending = time.Duration(age * float64(time.Second))
+	return st, nil
+}
+
 // FailedEvent is an event the relay gave up on: its last error says why.
 type FailedEvent struct {
 	ID          string

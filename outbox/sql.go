@@ -9,7 +9,7 @@ type statements struct {
 	lockKeys, insert, notify                                           string
 	claim, read, markSent, deleteSent, markFailed                      string
 	requeue, failed, purge                                             string
-	backlog                                                            string
+	backlog, stats                                                     string
 }
 
 func buildStatements(table, bare string) statements {
@@ -101,6 +101,10 @@ func buildStatements(table, bare string) statements {
 			FROM ` + table + ` WHERE status = 'failed' ORDER BY seq LIMIT $1`,
 		backlog: `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
 			FROM ` + table + ` WHERE status = 'pending'`,
+		stats: `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed'),
+			count(*) FILTER (WHERE status = 'sent'),
+			coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
+			FROM ` + table,
 		purge: `DELETE FROM ` + table + ` WHERE seq IN (
 				SELECT seq FROM ` + table + ` WHERE status = 'sent' AND sent_at < now() - $1 * interval '1 millisecond'
 				LIMIT $2 FOR UPDATE SKIP LOCKED)`,

@@ -1,0 +1,124 @@
+// Command dedup inspects and repairs what dedup keeps: the records of the
+// stores, the outbox, and the dead letters, which it sends back to where
+// they came from once the bug that parked them is fixed.
+//
+//	go install github.com/dedupkit/dedup/cmd/dedup@latest
+//
+//	dedup inspect -scope orders/charge -id order-42 [-json]
+//	dedup stuck [-scope orders/charge] [-older-than 10m] [-limit 100] [-json]
+//	dedup release -scope orders/charge -id order-42 [-force] [-yes]
+//	dedup purge [-yes]
+//	dedup outbox status
+//	dedup outbox requeue [-id ID ...] [-all] [-yes]
+//	dedup redrive kafka -brokers host:9092 -dlq orders.dlq [-reason handler-error] [-min-age 1h] [-rate 100] [-yes]
+//	dedup redrive sqs -dlq-url https://... [-reason ...] [-min-age ...] [-rate ...] [-yes]
+//
+// The stores are named by flags or by the environment variables the tests
+// use: -postgres (DEDUP_POSTGRES_DSN), -dynamodb (DEDUP_DYNAMODB_ENDPOINT,
+// or -dynamodb aws for the account's own), -redis (DEDUP_REDIS_ADDR), and
+// -table. A command that changes something does nothing without -yes but
+// say what it would do. The exit status is 0 on success, 1 when the command
+// failed and 2 when it was used wrongly.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// errUsage marks a command used wrongly: exit status 2.
+var errUsage = errors.New("usage")
+
+// command is one subcommand: it parses its flags from args and writes its
+// output to out.
+type command struct {
+	name, usage string
+	run         func(ctx context.Context, args []string, out io.Writer) error
+}
+
+var commands = []command{
+	{"inspect", "show one key's record in every store given", runInspect},
+	{"stuck", "list records held without progress", runStuck},
+	{"release", "make a stuck or failed key claimable again", runRelease},
+	{"purge", "delete expired records", runPurge},
+	{"outbox", "status of the outbox, requeue failed events", runOutbox},
+	{"redrive", "send dead letters back to their origin (kafka, sqs)", runRedrive},
+}
+
+// run runs the command line args and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "help" || args[0] == "-help" {
+		usage(stderr)
+		return 2
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout)
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 2
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(stderr, "dedup %s: %v\n", c.name, err)
+			return 2
+		default:
+			fmt.Fprintf(stderr, "dedup %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "dedup: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: dedup <command> [flags]; dedup <command> -h for its flags")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.usage)
+	}
+}
+
+// newFlags returns a flag set for command name whose errors are returned,
+// not printed and exited on; its usage goes to stderr.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("dedup "+name, flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	return fs
+}
+
+// parse parses args with fs, refusing positional arguments beyond want.
+func parse(fs *flag.FlagSet, args []string, want int) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > want {
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(want))
+	}
+	return nil
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/sqsdedup"
+)
+
+// redriveSQS sends the dead letters of an SQS queue back to their origin
+// queues: receive, send, delete. A letter skipped stays in the queue and is
+// made visible again at the end; one sent back is deleted only after the
+// send succeeded, so that a redrive stopped halfway loses nothing and
+// resumes where it stopped.
+func redriveSQS(ctx context.Context, args []string, out io.Writer) error {
+	fs := newFlags("redrive sqs")
+	var r redrive
+	r.register(fs)
+	endpoint := fs.String("sqs", env("DEDUP_SQS_ENDPOINT", "aws"), "SQS endpoint URL, or aws (DEDUP_SQS_ENDPOINT)")
+	dlqURL := fs.String("dlq-url", "", "the dead-letter queue's URL (required)")
+	if err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if *dlqURL == "" {
+		return fmt.Errorf("%w: -dlq-url is required", errUsage)
+	}
+	if err := r.open(ctx); err != nil {
+		return err
+	}
+	defer r.close()
+	client, err := sqsClient(ctx, *endpoint)
+	if err != nil {
+		return err
+	}
+	if _, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: dlqURL}); err != nil {
+		return fmt.Errorf("queue %s: %w", *dlqURL, err)
+	}
+	var kept []types.Message // skipped, or read in a dry run: made visible again at the end
+	defer func() {
+		for _, m := range kept {
+			_, _ = client.ChangeMessageVisibility(context.WithoutCancel(ctx), &sqs.ChangeMessageVisibilityInput{
+				QueueUrl: dlqURL, ReceiptHandle: m.ReceiptHandle, VisibilityTimeout: 0})
+		}
+	}()
+	for {
+		recv, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl: dlqURL, MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 300,
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if ctx.Err() != nil {
+			r.sum.print(out, !r.yes)
+			return fmt.Errorf("interrupted: run it again to resume: %w", ctx.Err())
+		}
+		if err != nil {
+			return fmt.Errorf("receive from %s: %w", *dlqURL, err)
+		}
+		if len(recv.Messages) == 0 {
+			r.sum.print(out, !r.yes)
+			return nil
+		}
+		for _, m := range recv.Messages {
+			sent, err := r.sqsLetter(ctx, client, *dlqURL, m, out)
+			if err != nil {
+				r.sum.print(out, !r.yes)
+				if ctx.Err() != nil {
+					return fmt.Errorf("interrupted: run it again to resume: %w", ctx.Err())
+				}
+				return err
+			}
+			if !sent {
+				kept = append(kept, m)
+			}
+			r.progress()
+		}
+	}
+}
+
+// sqsLetter redrives or skips one dead letter; sent reports that it went
+// back and was deleted.
+func (r *redrive) sqsLetter(ctx context.Context, client *sqs.Client, dlqURL string, m types.Message, out io.Writer) (sent bool, err error) {
+	r.sum.read++
+	meta, err := sqsdedup.DeadLetterMetadata(m)
+	if err != nil {
+		meta = nil // read as a letter without metadata: skipped
+	}
+	attr := func(name string) string {
+		if name == redriveCountHeader {
+			return aws.ToString(m.MessageAttributes[name].StringValue)
+		}
+		return meta[name]
+	}
+	l := readLetter(aws.ToString(m.MessageId), attr)
+	l.origin = meta["dedup-origin-queue"]
+	if why := r.skip(l); why != "" {
+		r.sum.skip(why, l.where)
+		return false, nil
+	}
+	r.sum.sent++
+	if !r.yes {
+		fmt.Fprintf(out, "would send %s (%s, message %s) back to %s\n", l.key, l.reason, l.where, l.origin)
+		return false, nil
+	}
+	if !r.pace(ctx) {
+		return false, ctx.Err()
+	}
+	if err := r.reset(ctx, l); err != nil {
+		return false, fmt.Errorf("reset %s: %w", l.key, err)
+	}
+	in := &sqs.SendMessageInput{QueueUrl: aws.String(l.origin), MessageBody: m.Body,
+		MessageAttributes: map[string]types.MessageAttributeValue{}}
+	for name, v := range m.MessageAttributes {
+		if !strings.HasPrefix(name, dedup.MetadataPrefix) && name != redriveCountHeader {
+			in.MessageAttributes[name] = v
+		}
+	}
+	in.MessageAttributes[redriveCountHeader] = types.MessageAttributeValue{DataType: aws.String("Number"),
+		StringValue: aws.String(strconv.Itoa(l.redrives + 1))}
+	if strings.HasSuffix(l.origin, ".fifo") {
+		group := m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+		in.MessageGroupId = aws.String(cmp.Or(group, l.key.EventID))
+		in.MessageDeduplicationId = aws.String(l.key.EventID + "-redrive-" + strconv.Itoa(l.redrives+1))
+	}
+	if _, err := client.SendMessage(ctx, in); err != nil {
+		return false, fmt.Errorf("send %s back to %s: %w", l.key, l.origin, err)
+	}
+	if _, err := client.DeleteMessage(context.WithoutCancel(ctx), &sqs.DeleteMessageInput{QueueUrl: aws.String(dlqURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
+		return true, fmt.Errorf("sent %s back but could not delete it from %s (a second redrive sends it again, and the consumer's dedup answers it): %w", l.key, dlqURL, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/redisstore"
+)
+
+// storeFlags name the stores a command works on.
+type storeFlags struct{ postgres, dynamodb, redis, table string }
+
+func (s *storeFlags) register(fs *flag.FlagSet, withRedis bool) {
+	fs.StringVar(&s.postgres, "postgres", env("DEDUP_POSTGRES_DSN", ""), "PostgreSQL DSN of the store (DEDUP_POSTGRES_DSN)")
+	fs.StringVar(&s.dynamodb, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", ""), "DynamoDB endpoint URL of the store, or aws (DEDUP_DYNAMODB_ENDPOINT)")
+	if withRedis {
+		fs.StringVar(&s.redis, "redis", env("DEDUP_REDIS_ADDR", ""), "Redis address of the store (DEDUP_REDIS_ADDR)")
+	}
+	fs.StringVar(&s.table, "table", dedup.DefaultTable, "table of the PostgreSQL or DynamoDB store")
+}
+
+// namedStore is an open store and what closes it.
+type namedStore struct {
+	name  string
+	store dedup.Store
+	pool  *pgxpool.Pool // the PostgreSQL store's, else nil
+	close func()
+}
+
+// open connects to every store named, checking that each answers.
+func (s *storeFlags) open(ctx context.Context) ([]namedStore, error) {
+	var out []namedStore
+	fail := func(err error) ([]namedStore, error) {
+		for _, o := range out {
+			o.close()
+		}
+		return nil, err
+	}
+	if s.postgres != "" {
+		pool, err := pgxpool.New(ctx, s.postgres)
+		if err != nil {
+			return fail(fmt.Errorf("PostgreSQL DSN: %w", err))
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			return fail(fmt.Errorf("cannot reach PostgreSQL at %s: %w", redactDSN(s.postgres), err))
+		}
+		store, err := dedup.NewPostgresStore(pool, dedup.WithTable(s.table))
+		if err != nil {
+			pool.Close()
+			return fail(err)
+		}
+		out = append(out, namedStore{name: "postgres", store: store, pool: pool, close: pool.Close})
+	}
+	if s.dynamodb != "" {
+		cfg, err := awsConfig(ctx, s.dynamodb)
+		if err != nil {
+			return fail(err)
+		}
+		store, err := dedup.NewDynamoDBStore(dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
+			if s.dynamodb != "aws" {
+				o.BaseEndpoint = aws.String(s.dynamodb)
+			}
+		}), dedup.WithTable(s.table))
+		if err != nil {
+			return fail(err)
+		}
+		out = append(out, namedStore{name: "dynamodb", store: store, close: func() {}})
+	}
+	if s.redis != "" {
+		opts := &redis.Options{Addr: s.redis}
+		if u, err := url.Parse(s.redis); err == nil && (u.Scheme == "redis" || u.Scheme == "rediss") {
+			if opts, err = redis.ParseURL(s.redis); err != nil {
+				return fail(fmt.Errorf("redis URL: %w", err))
+			}
+		}
+		client := redis.NewClient(opts)
+		if err := client.Ping(ctx).Err(); err != nil {
+			client.Close()
+			return fail(fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err))
+		}
+		store, err := redisstore.New(client)
+		if err != nil {
+			client.Close()
+			return fail(err)
+		}
+		out = append(out, namedStore{name: "redis", store: store, close: func() { client.Close() }})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no store given: -postgres, -dynamodb or -redis (or DEDUP_POSTGRES_DSN, DEDUP_DYNAMODB_ENDPOINT, DEDUP_REDIS_ADDR)", errUsage)
+	}
+	return out, nil
+}
+
+// openAdmin opens the one store a repairing command works on.
+func (s *storeFlags) openAdmin(ctx context.Context) (dedup.Store, dedup.Admin, func(), error) {
+	stores, err := s.open(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	closeAll := func() {
+		for _, st := range stores {
+			st.close()
+		}
+	}
+	if len(stores) != 1 {
+		closeAll()
+		return nil, nil, nil, fmt.Errorf("%w: name one store", errUsage)
+	}
+	admin, ok := stores[0].store.(dedup.Admin)
+	if !ok {
+		closeAll()
+		return nil, nil, nil, fmt.Errorf("%w: the %s store cannot be repaired from here; use -postgres or -dynamodb", errUsage, stores[0].name)
+	}
+	return stores[0].store, admin, closeAll, nil
+}
+
+// awsConfig loads the AWS configuration for endpoint: the account's own
+// for "aws", else the endpoint of an emulator, which takes any credentials.
+func awsConfig(ctx context.Context, endpoint string) (aws.Config, error) {
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return aws.Config{}, fmt.Errorf("AWS configuration: %w", err)
+	}
+	if endpoint == "aws" {
+		return cfg, nil
+	}
+	if cfg.Region == "" {
+		cfg.Region = "us-east-1"
+	}
+	if os.Getenv("AWS_ACCESS_KEY_ID") == "" {
+		cfg.Credentials = credentials.NewStaticCredentialsProvider("local", "local", "")
+	}
+	return cfg, nil
+}
+
+// sqsClient returns a client of the SQS endpoint ("aws" for the account's).
+func sqsClient(ctx context.Context, endpoint string) (*sqs.Client, error) {
+	cfg, err := awsConfig(ctx, endpoint)
+	if err != nil {
+		return nil, err
+	}
+	return sqs.NewFromConfig(cfg, func(o *sqs.Options) {
+		if endpoint != "aws" {
+			o.BaseEndpoint = aws.String(endpoint)
+		}
+	}), nil
+}
+
+// redactDSN hides a DSN's password.
+func redactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		return u.String()
+	}
+	return "the DSN given"
+}
