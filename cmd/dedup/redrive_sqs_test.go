@@ -100,4 +100,3 @@ func visible(t *testing.T, client *sqs.Client, url string) []string {
 	}
 	return ids
 }
-
