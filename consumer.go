@@ -216,6 +216,9 @@ type delivery[M any] struct {
 	// sharedTx says that tx belongs to a batch of the inbox, which commits
 	// it, rather than to this delivery alone.
 	sharedTx bool
+	// savepoint says that the handler's writes in a shared tx follow a
+	// savepoint of their own, which its failure rolls back to.
+	savepoint bool
 
 	span trace.Span // nil unless the wrapper traces
 }

@@ -522,7 +522,7 @@ func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimReque
 // the row stays locked, and the failure commits with the claim's attempt. It
 // returns the attempts recorded.
 func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Failure) (int, error) {
-	attempts, err := s.failInBatchTx(ctx, tx, key, f)
+	attempts, err := s.failInBatchTx(ctx, tx, key, f, true)
 	if err == nil {
 		if err = tx.Commit(ctx); err != nil {
 			err = s.opError("record failure "+key.String(), err)
@@ -531,19 +531,24 @@ func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Fail
 	return attempts, err
 }
 
-// failInBatchTx rolls tx back to its latest savepoint, taken before the
-// failed attempt's handler ran, and records the failure in tx, which stays
-// open. It returns the attempts recorded.
-func (s *PostgresStore) failInBatchTx(ctx context.Context, tx pgx.Tx, key Key, f Failure) (int, error) {
+// failInBatchTx records a failed attempt in tx, which stays open, after
+// rolling tx back to its latest savepoint when rollback is set (the failed
+// handler wrote after taking it). It returns the attempts recorded.
+func (s *PostgresStore) failInBatchTx(ctx context.Context, tx pgx.Tx, key Key, f Failure, rollback bool) (int, error) {
 	status := StatusFailedRetryable
 	if f.Final {
 		status = StatusFailedFinal
 	}
 	var b pgx.Batch
-	b.Queue(s.sql.rollbackToSavepoint)
+	if rollback {
+		b.Queue(s.sql.rollbackToSavepoint)
+	}
 	b.Queue(s.sql.failInTx, key.Scope, key.EventID, string(status), f.Error, f.TTL)
 	br := tx.SendBatch(ctx, &b)
-	_, err := br.Exec()
+	var err error
+	if rollback {
+		_, err = br.Exec()
+	}
 	var attempts int
 	if err == nil {
 		err = br.QueryRow().Scan(&attempts)

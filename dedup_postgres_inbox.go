@@ -77,7 +77,10 @@ func (s inboxSteps[M]) run(ctx context.Context, d *delivery[M]) error {
 	if !d.sharedTx {
 		return s.handler(ctx, d.tx, d.msg)
 	}
-	if err := s.handler(ctx, ownedTx{d.tx}, d.msg); err != nil {
+	tx := &batchTx{Tx: d.tx, savepoint: s.store.sql.savepoint}
+	defer func() { d.savepoint = tx.taken }() // a panic too must roll back what it wrote
+	err := s.handler(ctx, tx, d.msg)
+	if err != nil {
 		return err
 	}
 	if d.tx.Conn().PgConn().TxStatus() == 'E' {
@@ -91,18 +94,6 @@ func (s inboxSteps[M]) run(ctx context.Context, d *delivery[M]) error {
 // after a statement of its transaction failed.
 var errTxAborted = errors.New("dedup: the TxHandler returned nil after a statement of its transaction failed; its writes are rolled back")
 
-// ErrTxOwned is returned by Commit and Rollback of the transaction a
-// TxHandler is given in a batch: the wrapper ends that transaction, which
-// holds the batch's other events too.
-var ErrTxOwned = errors.New("dedup: a TxHandler must neither commit nor roll back its transaction; the wrapper ends it")
-
-// ownedTx is a batch's transaction as its handlers see it.
-type ownedTx struct{ pgx.Tx }
-
-func (ownedTx) Commit(context.Context) error   { return ErrTxOwned }
-func (ownedTx) Rollback(context.Context) error { return ErrTxOwned }
-
-// hold has nothing to check: the open transaction holds the row.
 func (s inboxSteps[M]) hold(context.Context, *delivery[M]) error { return nil }
 
 func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
@@ -127,7 +118,7 @@ func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
 // own.
 func (s inboxSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
 	if d.sharedTx {
-		attempts, err := s.store.failInBatchTx(ctx, d.tx, d.key, f)
+		attempts, err := s.store.failInBatchTx(ctx, d.tx, d.key, f, d.savepoint)
 		if err != nil {
 			// The batch's transaction is broken: it ends, and with it
 			// the whole batch.
@@ -154,7 +145,7 @@ func (s inboxSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int
 
 func (s inboxSteps[M]) end(ctx context.Context, d *delivery[M]) {
 	if d.sharedTx {
-		d.tx, d.sharedTx = nil, false
+		d.tx, d.sharedTx, d.savepoint = nil, false, false
 		return
 	}
 	if d.tx != nil {

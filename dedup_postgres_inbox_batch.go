@@ -138,14 +138,8 @@ func (s inboxSteps[M]) runEach(ctx context.Context, b *batch[M], from, to int, e
 	return b.flush(ctx) && ctx.Err() == nil && !b.stopped()
 }
 
-// settleInTx settles one claimed delivery of a batch in its transaction,
-// after a savepoint for its handler's writes.
+// settleInTx settles one claimed delivery of a batch in its transaction.
 func (s inboxSteps[M]) settleInTx(ctx context.Context, w *Wrapper[M], d *delivery[M], tx pgx.Tx, c Claim) (Result, error) {
-	if c.Status == ClaimAcquired {
-		if _, err := tx.Exec(ctx, s.store.sql.savepoint); err != nil {
-			return Result{Key: d.key}, s.store.opError("savepoint "+d.key.String(), err)
-		}
-	}
 	d.tx, d.sharedTx = tx, true
 	return w.settle(ctx, d, c, nil)
 }

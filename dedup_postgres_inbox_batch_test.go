@@ -96,8 +96,9 @@ func TestInboxBatchSharesATransaction(t *testing.T) {
 	require.Equal(t, 100, effects)
 }
 
-// A handler that fails, panics, swallows a failed statement or tries to end
-// the shared transaction loses its own writes and has its attempt counted;
+// A handler that fails (before writing, after an Exec or a QueryRow),
+// panics, swallows a failed statement or tries to end the shared
+// transaction loses its own writes and has its attempt counted;
 // the events around it commit, and a redelivery runs only the failed ones.
 func TestInboxBatchFailureStaysAlone(t *testing.T) {
 	store, pool, _ := countedStore(t)
@@ -109,6 +110,19 @@ func TestInboxBatchFailureStaysAlone(t *testing.T) {
 		mu.Lock()
 		ran[e.ID]++
 		mu.Unlock()
+		if e.ID == "early" && !fixed.Load() {
+			return errors.New("fails before writing") // nothing of its own to roll back
+		}
+		if e.ID == "row" {
+			var id string
+			if err := tx.QueryRow(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2) RETURNING event_id`, e.ID, e.Body).Scan(&id); err != nil {
+				return err
+			}
+			if !fixed.Load() {
+				return errors.New("fails after a QueryRow")
+			}
+			return nil
+		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
 			return err
 		}
@@ -130,7 +144,8 @@ func TestInboxBatchFailureStaysAlone(t *testing.T) {
 	}, fastOpts(t, dedup.NewMemorySink())...)
 	require.NoError(t, err)
 	batch := []event{{ID: "ok-1", Body: "a"}, {ID: "fails", Body: "a"}, {ID: "ok-2", Body: "a"}, {ID: "panics", Body: "a"},
-		{ID: "ok-3", Body: "a"}, {ID: "swallows", Body: "a"}, {ID: "ok-4", Body: "a"}, {ID: "commits", Body: "a"}, {ID: "ok-5", Body: "a"}}
+		{ID: "ok-3", Body: "a"}, {ID: "swallows", Body: "a"}, {ID: "ok-4", Body: "a"}, {ID: "commits", Body: "a"}, {ID: "ok-5", Body: "a"}, {ID: "early", Body: "a"},
+		{ID: "ok-6", Body: "a"}, {ID: "row", Body: "a"}, {ID: "ok-7", Body: "a"}}
 	outcomes := handleInbox(t, w, batch)
 	for i, e := range batch {
 		want, rows := dedup.OutcomeProcessed, 1
@@ -140,7 +155,7 @@ func TestInboxBatchFailureStaysAlone(t *testing.T) {
 		require.Equal(t, want, outcomes[i], e.ID)
 		require.Equal(t, rows, countRows(t, pool, ledger, e.ID), e.ID)
 	}
-	for _, id := range []string{"fails", "panics", "swallows", "commits"} {
+	for _, id := range []string{"fails", "panics", "swallows", "commits", "early", "row"} {
 		rec, err := store.Get(context.Background(), dedup.Key{Scope: w.Scope(), EventID: id})
 		require.NoError(t, err, id)
 		require.Equal(t, dedup.StatusFailedRetryable, rec.Status, id)
