@@ -168,3 +168,15 @@ func TestRedriveKafka(t *testing.T) {
 		require.Equal(t, dedup.StatusSucceeded, rec.Status)
 	}
 }
+
+// A dead-letter topic that does not exist is a clear failure.
+func TestRedriveKafkaUnknownTopic(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
+	require.NoError(t, err)
+	t.Cleanup(kc.Close)
+	dsn, table, _, _ := postgresTable(t)
+	code, _, errOut := cli(t, "redrive", "kafka", "-brokers", strings.Join(kc.ListenAddrs(), ","), "-dlq", "no-such.dlq",
+		"-postgres", dsn, "-table", table, "-yes")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "topic no-such.dlq does not exist")
+}
