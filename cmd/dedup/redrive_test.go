@@ -141,8 +141,16 @@ func TestRedriveKafka(t *testing.T) {
 	require.Contains(t, out, "no origin in its metadata")
 	require.Empty(t, fx.snapshot(), "a dry run sends nothing")
 
-	// Interrupted after a few letters (five a second), then run again.
-	ictx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	// Interrupted (Ctrl-C) once a few letters were sent back (five a
+	// second), then run again.
+	ictx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer cancel()
+		deadline := time.Now().Add(20 * time.Second)
+		for len(fx.snapshot()) < 2 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
 	code, out, _ = redrive(ictx, "-yes", "-rate", "5")
 	cancel()
 	require.Equal(t, 1, code)
