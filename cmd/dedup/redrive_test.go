@@ -154,13 +154,21 @@ func TestRedriveKafka(t *testing.T) {
 	code, out, _ = redrive(ictx, "-yes", "-rate", "5")
 	cancel()
 	require.Equal(t, 1, code)
-	first := sent(out)
+	first, outs := sent(out), out
 	require.Greater(t, first, 0)
 	require.Less(t, first, events)
-	code, out, errOut = redrive(ctx, "-yes")
-	require.Equal(t, 0, code, errOut)
-	require.Equal(t, events, first+sent(out), out)
-	require.Contains(t, out, "skipped 1: no origin in its metadata")
+	// Run again until everything is sent back: a run ends after -idle
+	// without letters, which can come before the group gives it the
+	// partitions the interrupted run held.
+	total := first
+	for run := 0; total < events && run < 5; run++ {
+		code, out, errOut = redrive(ctx, "-yes")
+		require.Equal(t, 0, code, errOut)
+		total += sent(out)
+		outs += out
+	}
+	require.Equal(t, events, total, outs)
+	require.Contains(t, outs, "skipped 1: no origin in its metadata")
 
 	eventually(t, "every event processed", func() bool { return len(fx.snapshot()) == events })
 	time.Sleep(300 * time.Millisecond) // a second copy would show by now
@@ -169,7 +177,7 @@ func TestRedriveKafka(t *testing.T) {
 	}
 	code, out, _ = redrive(ctx, "-yes")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "0 dead letters read", "the dead-letter topic is drained")
+	require.Contains(t, out, "sent back 0,", "the dead-letter topic is drained: nothing to send again")
 	for i := range events {
 		rec, err := store.Get(ctx, dedup.Key{Scope: scope, EventID: "e" + strconv.Itoa(i)})
 		require.NoError(t, err)
