@@ -275,10 +275,9 @@ func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim, alone b
 func (b *batch[M]) flush(ctx context.Context) bool {
 	w := b.w
 	var errs []error
-	var werr error
 	if len(b.comps) > 0 {
 		sctx, cancel := settleContext(ctx)
-		errs, werr = w.completeHeld(sctx, b.completer, b.comps, b.ds[0].leaseTime)
+		errs = w.completeHeld(sctx, b.completer, b.comps, b.ds[0].leaseTime)
 		cancel()
 	}
 	pending := b.pending
@@ -286,11 +285,7 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 	stopped := false
 	for _, p := range pending {
 		if p.comp >= 0 {
-			cerr := werr
-			if cerr == nil {
-				cerr = errs[p.comp]
-			}
-			if cerr != nil {
+			if cerr := errs[p.comp]; cerr != nil {
 				p.res.Outcome = 0
 				p.err = w.settleError("complete", p.res.Key, cerr, !p.dup)
 			}
@@ -313,27 +308,50 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 
 // completeHeld writes comps with bc, trying again while the claims hold, as
 // a single completion is: the handlers ran, and giving up would run them
-// again once the leases lapsed. A completion refused after an earlier try
-// whose answer was lost counts as done when it landed.
-func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps []Completion, lease time.Duration) ([]error, error) {
-	var errs []error
+// again once the leases lapsed. A store may answer some completions with an
+// error of their own (a request of its batch failed): those are tried
+// again, the others are done. A completion refused after an earlier try
+// whose answer was lost counts as done when it landed. It returns one error
+// per completion.
+func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps []Completion, lease time.Duration) []error {
+	errs := make([]error, len(comps))
+	pending := make([]int, len(comps))
+	for i := range pending {
+		pending[i] = i
+	}
+	batch := comps
 	err := w.retryHeld(ctx, lease, func(ctx context.Context, retried bool) error {
-		var err error
-		errs, err = bc.CompleteBatch(ctx, comps)
+		res, err := bc.CompleteBatch(ctx, batch)
 		if err != nil {
 			return err
 		}
-		if len(errs) != len(comps) {
-			return unrepeatable{fmt.Errorf("dedup: batch completion of %d answered %d", len(comps), len(errs))}
+		if len(res) != len(batch) {
+			return unrepeatable{fmt.Errorf("dedup: batch completion of %d answered %d", len(batch), len(res))}
 		}
-		for i, cerr := range errs {
+		var again []int
+		var retry error
+		for k, i := range pending {
+			cerr := res[k]
 			if retried && errors.Is(cerr, ErrLeaseLost) && w.landed(ctx, comps[i].Key, comps[i].Owner) {
-				errs[i] = nil
+				cerr = nil
+			}
+			errs[i] = cerr
+			if cerr != nil && !errors.Is(cerr, ErrLeaseLost) && !isUnrepeatable(cerr) {
+				again, retry = append(again, i), cerr
 			}
 		}
-		return nil
+		pending, batch = again, make([]Completion, len(again))
+		for k, i := range again {
+			batch[k] = comps[i]
+		}
+		return retry
 	})
-	return errs, err
+	if err != nil {
+		for _, i := range pending {
+			errs[i] = err
+		}
+	}
+	return errs
 }
 
 // releaseFrom gives back the acquired claims of the messages from index i

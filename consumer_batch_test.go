@@ -325,3 +325,59 @@ func TestContextWithStop(t *testing.T) {
 		})
 	}
 }
+
+// itemFlaky answers its first CompleteBatch with a transport error for every
+// other completion, which it does not write, as a store sending one request
+// per completion does when some of them fail.
+type itemFlaky struct {
+	dedup.Store
+	calls atomic.Int32
+}
+
+func (s *itemFlaky) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+	if s.calls.Add(1) > 1 {
+		return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+	}
+	var write []dedup.Completion
+	var at []int
+	errs := make([]error, len(cs))
+	for i := range cs {
+		if i%2 == 1 {
+			errs[i] = errCompleterDown
+			continue
+		}
+		write, at = append(write, cs[i]), append(at, i)
+	}
+	done, err := s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, write)
+	if err != nil {
+		return nil, err
+	}
+	for k, i := range at {
+		errs[i] = done[k]
+	}
+	return errs, nil
+}
+
+// A completion a store answers with an error of its own is tried again
+// while the claims hold, like a failed batch write: none of the batch is
+// left to run again. (It was not: DynamoDB's outage campaign applied events
+// twice once batch completion became the default.)
+func TestBatchCompletionRetriesFailedItems(t *testing.T) {
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			store := &itemFlaky{Store: newStore(t)}
+			var ran atomic.Int32
+			w, err := dedup.Wrap(store, events, func(context.Context, event) error {
+				ran.Add(1)
+				return nil
+			}, fastOpts(t, dedup.NewMemorySink(), dedup.WithLease(time.Minute))...)
+			require.NoError(t, err)
+			outcomes := handleAll(t, w, "i1", "i2", "i3", "i4")
+			require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeProcessed, dedup.OutcomeProcessed, dedup.OutcomeProcessed}, outcomes)
+			require.EqualValues(t, 2, store.calls.Load(), "the failed two written again")
+			require.Equal(t, []dedup.Outcome{dedup.OutcomeDuplicate, dedup.OutcomeDuplicate, dedup.OutcomeDuplicate, dedup.OutcomeDuplicate},
+				handleAll(t, w, "i1", "i2", "i3", "i4"))
+			require.EqualValues(t, 4, ran.Load())
+		})
+	}
+}

@@ -169,14 +169,10 @@ func (c *concurrentBatch[M]) complete(ctx context.Context) {
 		return
 	}
 	sctx, cancel := settleContext(ctx)
-	errs, werr := c.w.completeHeld(sctx, c.completer, comps, c.ds[0].leaseTime)
+	errs := c.w.completeHeld(sctx, c.completer, comps, c.ds[0].leaseTime)
 	cancel()
 	for k, i := range compOf {
-		cerr := werr
-		if cerr == nil {
-			cerr = errs[k]
-		}
-		if cerr != nil {
+		if cerr := errs[k]; cerr != nil {
 			c.mu.Lock()
 			p := &c.results[i]
 			p.res.Outcome = 0
