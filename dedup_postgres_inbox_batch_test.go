@@ -42,6 +42,19 @@ func countedStore(t *testing.T) (*dedup.PostgresStore, *pgxpool.Pool, *commitCou
 	return newPostgresStore(t, pool), pool, counter
 }
 
+// ledgerInbox returns a WrapTx wrapper whose handler writes each event's
+// effect as a row of a ledger of its own, and that ledger.
+func ledgerInbox(t *testing.T, store *dedup.PostgresStore, pool *pgxpool.Pool) (*dedup.Wrapper[event], string) {
+	t.Helper()
+	ledger := newLedger(t, pool)
+	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
+		return err
+	}, fastOpts(t, dedup.NewMemorySink())...)
+	require.NoError(t, err)
+	return w, ledger
+}
+
 func batchOf(prefix string, n int) []event {
 	batch := make([]event, n)
 	for i := range batch {
@@ -68,12 +81,7 @@ func handleInbox(t *testing.T, w *dedup.Wrapper[event], batch []event) []dedup.O
 // 100 events, two commits, every effect and record there once.
 func TestInboxBatchSharesATransaction(t *testing.T) {
 	store, pool, counter := countedStore(t)
-	ledger := newLedger(t, pool)
-	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
-		return err
-	}, fastOpts(t, dedup.NewMemorySink())...)
-	require.NoError(t, err)
+	w, ledger := ledgerInbox(t, store, pool)
 	batch := batchOf("b-", 100)
 	batch = append(batch, batch[7]) // a redelivery within the batch
 	counter.commits.Store(0)
@@ -226,12 +234,7 @@ func TestInboxBatchCommitFailure(t *testing.T) {
 // once: each effect is written exactly once.
 func TestInboxBatchConcurrentOverlap(t *testing.T) {
 	store, pool, _ := countedStore(t)
-	ledger := newLedger(t, pool)
-	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
-		return err
-	}, fastOpts(t, dedup.NewMemorySink())...)
-	require.NoError(t, err)
+	w, ledger := ledgerInbox(t, store, pool)
 	all := batchOf("o-", 20)
 	start := make(chan struct{})
 	var wg sync.WaitGroup

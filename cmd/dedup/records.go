@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -37,9 +38,7 @@ func viewOf(store string, r dedup.Record) recordView {
 		LastError: r.LastError, FirstFailure: r.FirstFailure, LastFailure: r.LastFailure}
 }
 
-func keyFlags(fs interface {
-	StringVar(*string, string, string, string)
-}, k *dedup.Key) {
+func keyFlags(fs *flag.FlagSet, k *dedup.Key) {
 	fs.StringVar(&k.Scope, "scope", "", "the key's scope (required)")
 	fs.StringVar(&k.EventID, "id", "", "the key's event ID (required)")
 }
@@ -71,11 +70,7 @@ func runInspect(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		for _, s := range stores {
-			s.close()
-		}
-	}()
+	defer closeStores(stores)
 	var views []recordView
 	found := false
 	for _, s := range stores {
@@ -231,11 +226,7 @@ func runPurge(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
-		for _, s := range stores {
-			s.close()
-		}
-	}()
+	defer closeStores(stores)
 	for _, s := range stores {
 		purger, ok := s.store.(interface {
 			Purge(context.Context) (int, error)

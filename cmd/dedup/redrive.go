@@ -39,6 +39,7 @@ func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 type redrive struct {
 	stores      storeFlags
 	reasons     string
+	chosen      []string // reasons, split once
 	minAge      time.Duration
 	maxRedrives int
 	rate        float64
@@ -65,6 +66,9 @@ func (r *redrive) register(fs *flag.FlagSet) {
 func (r *redrive) open(ctx context.Context) error {
 	if r.maxRedrives < 1 || r.rate < 0 || r.minAge < 0 {
 		return fmt.Errorf("%w: -max-redrives must be positive, -rate and -min-age not negative", errUsage)
+	}
+	if r.reasons != "" {
+		r.chosen = strings.Split(r.reasons, ",")
 	}
 	var err error
 	if r.store, r.admin, r.closeFn, err = r.stores.openAdmin(ctx); err != nil {
@@ -115,7 +119,7 @@ func (r *redrive) skip(l letter) string {
 		return "no event ID or scope in its metadata"
 	case l.redrives >= r.maxRedrives:
 		return fmt.Sprintf("redriven %d times already (-max-redrives)", l.redrives)
-	case r.reasons != "" && !slices.Contains(strings.Split(r.reasons, ","), l.reason):
+	case r.chosen != nil && !slices.Contains(r.chosen, l.reason):
 		return "reason " + l.reason + " not chosen (-reason)"
 	case r.minAge > 0 && time.Since(l.lastFailure) < r.minAge:
 		return "younger than -min-age"

@@ -110,11 +110,7 @@ func (s *storeFlags) openAdmin(ctx context.Context) (dedup.Store, dedup.Admin, f
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	closeAll := func() {
-		for _, st := range stores {
-			st.close()
-		}
-	}
+	closeAll := func() { closeStores(stores) }
 	if len(stores) != 1 {
 		closeAll()
 		return nil, nil, nil, fmt.Errorf("%w: name one store", errUsage)
@@ -125,6 +121,13 @@ func (s *storeFlags) openAdmin(ctx context.Context) (dedup.Store, dedup.Admin, f
 		return nil, nil, nil, fmt.Errorf("%w: the %s store cannot be repaired from here; use -postgres or -dynamodb", errUsage, stores[0].name)
 	}
 	return stores[0].store, admin, closeAll, nil
+}
+
+// closeStores closes what open opened.
+func closeStores(stores []namedStore) {
+	for _, s := range stores {
+		s.close()
+	}
 }
 
 // awsConfig loads the AWS configuration for endpoint: the account's own
