@@ -13,12 +13,19 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// batchMode is how batch statements are sent: as unnamed statements, which
-// PostgreSQL plans for the parameters at hand, keeping only their description
-// cached. A prepared statement would, after five runs, be given a generic
-// plan made without knowing how many keys a batch has, which can scan the
-// whole table for each key of a larger batch.
+// batchMode is how the batch statements that join their keys to the table
+// are sent: as unnamed statements, which PostgreSQL plans for the parameters
+// at hand, keeping only their description cached. A prepared statement
+// would, after five runs, be given a generic plan made once for every batch
+// size and kept while the table grows: one made on a near-empty table scans
+// the whole table for each key of a later batch.
 const batchMode = pgx.QueryExecModeCacheDescribe
+
+// claimMode is how the batch claims are sent: as prepared statements, which
+// skip parsing and planning after the first runs (most of a small batch's
+// server time). Their plan has no choice to get wrong: one insert per key,
+// through the primary key that arbitrates the conflict.
+const claimMode = pgx.QueryExecModeCacheStatement
 
 // pgListSep separates the items of a list parameter. Keys cannot contain it
 // (they have no control characters) and owner tokens are hex.
@@ -40,6 +47,17 @@ func (l *pgList) add(s string) {
 	*l = append(*l, s...)
 }
 
+// pgLists returns k empty lists, each with room for n items of up to size
+// bytes, so that filling them does not grow them again and again.
+func pgLists(k, n, size int) []pgList {
+	buf := make([]byte, 0, k*n*(size+1))
+	lists := make([]pgList, k)
+	for i := range lists {
+		lists[i] = pgList(buf[i*n*(size+1) : i*n*(size+1) : (i+1)*n*(size+1)])
+	}
+	return lists
+}
+
 // addMicros adds d in whole microseconds, PostgreSQL's resolution. A
 // duration list is never empty, so an item of "0" cannot be mistaken for an
 // empty list.
@@ -49,6 +67,9 @@ func (l *pgList) addMicros(d time.Duration) {
 	}
 	*l = strconv.AppendInt(*l, d.Microseconds(), 10)
 }
+
+// maxMicrosLen is the longest a duration in microseconds can be written.
+const maxMicrosLen = len("-9223372036854775")
 
 // listable reports whether s can be an item of a list: an empty item alone
 // would read as an empty list.
@@ -156,13 +177,23 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
 	})
 	n := len(wave)
-	var scopes, ids, fps, leases, expiries pgList
+	keyLen, fpLen := 0, 0
+	for _, i := range wave {
+		keyLen = max(keyLen, len(b.reqs[i].Key.Scope), len(b.reqs[i].Key.EventID))
+		fpLen = max(fpLen, len(b.reqs[i].Fingerprint))
+	}
+	keys, micros := pgLists(2, n, keyLen), pgLists(2, n, maxMicrosLen)
+	scopes, ids, leases, expiries := keys[0], keys[1], micros[0], micros[1]
+	var fps pgList
 	var fpArray []string // the fingerprints, when one of them cannot be a list item
 	for _, i := range wave {
 		if !listable(b.reqs[i].Fingerprint) {
 			fpArray = make([]string, 0, n)
 			break
 		}
+	}
+	if fpArray == nil {
+		fps = pgLists(1, n, fpLen)[0]
 	}
 	tokens := ownerTokens(n, pgListSep) // a list of n tokens
 	byOwner := make(map[string]int, n)  // owner token -> position in wave
@@ -180,7 +211,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		byOwner[ownerToken(tokens, w)] = w
 		b.sent = append(b.sent, keyOwner{req.Key, ownerToken(tokens, w)})
 	}
-	rows, err := b.q.Query(ctx, b.upsert, batchMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
+	rows, err := b.q.Query(ctx, b.upsert, claimMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
 		[]byte(leases), []byte(expiries))
 	if err != nil {
 		return err
@@ -303,7 +334,13 @@ func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 		ki, kj := cs[i].Key, cs[j].Key
 		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
 	})
-	var scopes, ids, owners, ttls, expiries pgList
+	keyLen := 0
+	for _, i := range order {
+		keyLen = max(keyLen, len(cs[i].Key.Scope), len(cs[i].Key.EventID))
+	}
+	keys, micros := pgLists(2, len(order), keyLen), pgLists(2, len(order), maxMicrosLen)
+	scopes, ids, ttls, expiries := keys[0], keys[1], micros[0], micros[1]
+	owners := pgLists(1, len(order), 32)[0]
 	var results [][]byte // nil: all NULL
 	if withResults {
 		results = make([][]byte, len(order))
