@@ -212,6 +212,7 @@ type delivery[M any] struct {
 	// and attempt count of a store claim, the inbox's open transaction.
 	owner    string
 	attempts int
+	locator  uint64
 	tx       pgx.Tx
 	// sharedTx says that tx belongs to a batch of the inbox, which commits
 	// it, rather than to this delivery alone.

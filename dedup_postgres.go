@@ -102,7 +102,7 @@ type postgresSQL struct {
 	claimBatchInTx                              string
 	savepoint, rollbackToSavepoint, failInTx    string
 	read, readBatch, get                        string
-	complete, completeBatch                     string
+	complete, completeBatch, completeLocated    string
 	fail, extend, release, purge                string
 }
 
@@ -140,7 +140,7 @@ FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], `
 	AS r(scope, event_id, fingerprint, owner, lease_us, expiry_us)
 ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
 WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
-RETURNING owner, now(), previous_status, attempts, lease_until, created_at, updated_at, expires_at,
+RETURNING owner, ctid, now(), previous_status, attempts, lease_until, created_at, updated_at, expires_at,
 	last_error, first_failure, last_failure, result`
 }
 
@@ -270,6 +270,19 @@ CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + table + `
 		// the keys, which callers sort as for claimBatch. A row updated
 		// meanwhile has another ctid and is left alone: it was taken over.
 		// RETURNING names the completed requests by position.
+		// Rows a claim of this store just wrote are found by where it wrote
+		// them (ctid): no index lookup. The list of places is computed
+		// once (an InitPlan), so the planner, not knowing its length,
+		// reads them directly rather than scanning the table. A row
+		// updated since has moved and is left to completeBatch; one whose
+		// lease ran out too, since a claim taking it over locks rows in key
+		// order. Owner tokens are unique, so an owner found among the
+		// batch's is the completion's own row.
+		completeLocated: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = NULL, updated_at = now(),
+	expires_at = ` + keptExpiry("$2::interval", "$3::interval") + `
+WHERE ctid = ANY(ARRAY(SELECT unnest(` + pgSplit("$1") + `)::tid)) AND owner = ANY(` + pgSplit("$4") + `)
+	AND status = 'PROCESSING' AND lease_until > now() AND expires_at > now()
+RETURNING owner`,
 		completeBatch: `UPDATE ` + table + ` AS t SET status = 'SUCCEEDED', result = r.result, updated_at = now(),
 	expires_at = ` + keptExpiry("r.ttl_us * interval '1 microsecond'", "r.expiry_us * interval '1 microsecond'") + `
 FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, ` + pgSplit("$3") + `, $4::bytea[],

@@ -68,6 +68,18 @@ func (l *pgList) addMicros(d time.Duration) {
 	*l = strconv.AppendInt(*l, d.Microseconds(), 10)
 }
 
+// addTID adds the ctid a locator packs, as PostgreSQL writes one.
+func (l *pgList) addTID(locator uint64) {
+	if len(*l) > 0 {
+		*l = append(*l, pgListSep)
+	}
+	*l = append(*l, '(')
+	*l = strconv.AppendUint(*l, locator>>16, 10)
+	*l = append(*l, ',')
+	*l = strconv.AppendUint(*l, locator&0xffff, 10)
+	*l = append(*l, ')')
+}
+
 // maxMicrosLen is the longest a duration in microseconds can be written.
 const maxMicrosLen = len("-9223372036854775")
 
@@ -219,11 +231,12 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 	done := make([]bool, n)
 	var (
 		owner    pgtype.DriverBytes
+		tid      pgtype.TID
 		at       time.Time
 		previous pgtype.Text
 		r        pgRecord
 	)
-	_, err = pgx.ForEachRow(rows, []any{&owner, &at, &previous, &r.attempts, &r.leaseUntil, &r.createdAt,
+	_, err = pgx.ForEachRow(rows, []any{&owner, &tid, &at, &previous, &r.attempts, &r.leaseUntil, &r.createdAt,
 		&r.updatedAt, &r.expiresAt, &r.lastError, &r.firstFailure, &r.lastFailure, &r.result}, func() error {
 		w, ok := byOwner[string(owner)]
 		if !ok || done[w] {
@@ -240,6 +253,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		if err != nil {
 			return fmt.Errorf("%s: %w", req.Key, err)
 		}
+		c.locator = tidLocator(tid)
 		b.claims[i] = c
 		r, previous = pgRecord{}, pgtype.Text{}
 		return nil
@@ -313,31 +327,103 @@ func nullable(l pgList) []byte {
 	return l
 }
 
-// CompleteBatch completes the records their owners still hold, in one
-// statement.
+// CompleteBatch completes the records their owners still hold: those a
+// wrapper claimed with ClaimBatch by where the claim wrote them, the rest
+// by key, one statement each.
 func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
 	if err := validateCompletions(cs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres complete batch: %w", err)
 	}
+	done := make([]bool, len(cs))
+	if err := s.completeLocated(ctx, cs, done); err != nil {
+		return nil, s.opError(fmt.Sprintf("complete batch of %d", len(cs)), err)
+	}
+	if err := s.completeByKey(ctx, cs, done); err != nil {
+		return nil, s.opError(fmt.Sprintf("complete batch of %d", len(cs)), err)
+	}
+	errs := make([]error, len(cs))
+	for i, ok := range done {
+		if !ok {
+			errs[i] = fmt.Errorf("dedup: postgres complete %s: %w", cs[i].Key, ErrLeaseLost)
+		}
+	}
+	return errs, nil
+}
+
+// tidLocator packs a row's ctid into a locator, which is never 0: a
+// tuple's offset starts at 1.
+func tidLocator(tid pgtype.TID) uint64 {
+	if !tid.Valid {
+		return 0
+	}
+	return uint64(tid.BlockNumber)<<16 | uint64(tid.OffsetNumber)
+}
+
+// completeLocated completes, by their locators, the completions that have
+// one, no result, and the first such one's TTL, marking those it wrote.
+func (s *PostgresStore) completeLocated(ctx context.Context, cs []Completion, done []bool) error {
+	var ttl time.Duration
+	byOwner := make(map[string]int)
+	var tids, owners pgList
+	for i := range cs {
+		c := &cs[i]
+		if c.locator == 0 || c.Result != nil || !listable(c.Owner) || (len(byOwner) > 0 && c.TTL != ttl) {
+			continue
+		}
+		if _, dup := byOwner[c.Owner]; dup {
+			continue
+		}
+		if len(byOwner) == 0 {
+			ttl = c.TTL
+			tids = pgLists(1, len(cs), len("(4294967295,65535)"))[0]
+			owners = pgLists(1, len(cs), len(c.Owner))[0]
+		}
+		byOwner[c.Owner] = i
+		tids.addTID(c.locator)
+		owners.add(c.Owner)
+	}
+	if len(byOwner) == 0 {
+		return nil
+	}
+	rows, err := s.pool.Query(ctx, s.sql.completeLocated, batchMode, []byte(tids), ttl, expiryOf(ttl), []byte(owners))
+	if err != nil {
+		return err
+	}
+	var owner pgtype.DriverBytes
+	_, err = pgx.ForEachRow(rows, []any{&owner}, func() error {
+		i, ok := byOwner[string(owner)]
+		if !ok {
+			return fmt.Errorf("%w: complete batch answered owner %q", ErrMalformedRecord, owner)
+		}
+		done[i] = true
+		return nil
+	})
+	return err
+}
+
+// completeByKey completes the completions not done yet, looking each key
+// up in the primary key.
+func (s *PostgresStore) completeByKey(ctx context.Context, cs []Completion, done []bool) error {
 	// Rows are locked in key order, as claims lock them, so that batches
 	// cannot deadlock. An owner that cannot be a list item is no token of
 	// this store: it holds nothing.
 	order := make([]int, 0, len(cs))
 	withResults := false
+	keyLen := 0
 	for i := range cs {
-		if listable(cs[i].Owner) {
+		if !done[i] && listable(cs[i].Owner) {
 			order = append(order, i)
 			withResults = withResults || cs[i].Result != nil
+			keyLen = max(keyLen, len(cs[i].Key.Scope), len(cs[i].Key.EventID))
 		}
+	}
+	if len(order) == 0 {
+		return nil
 	}
 	slices.SortFunc(order, func(i, j int) int {
 		ki, kj := cs[i].Key, cs[j].Key
 		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
 	})
-	keyLen := 0
-	for _, i := range order {
-		keyLen = max(keyLen, len(cs[i].Key.Scope), len(cs[i].Key.EventID))
-	}
 	keys, micros := pgLists(2, len(order), keyLen), pgLists(2, len(order), maxMicrosLen)
 	scopes, ids, ttls, expiries := keys[0], keys[1], micros[0], micros[1]
 	owners := pgLists(1, len(order), 32)[0]
@@ -356,30 +442,18 @@ func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 			results[k] = c.Result
 		}
 	}
-	done := make([]bool, len(cs))
-	if len(order) > 0 {
-		rows, err := s.pool.Query(ctx, s.sql.completeBatch, batchMode, []byte(scopes), []byte(ids), []byte(owners), results,
-			[]byte(ttls), []byte(expiries))
-		if err != nil {
-			return nil, s.opError(fmt.Sprintf("complete batch of %d", len(cs)), err)
-		}
-		var pos int64
-		_, err = pgx.ForEachRow(rows, []any{&pos}, func() error {
-			if pos < 1 || pos > int64(len(order)) {
-				return fmt.Errorf("%w: complete batch answered position %d of %d", ErrMalformedRecord, pos, len(order))
-			}
-			done[order[pos-1]] = true
-			return nil
-		})
-		if err != nil {
-			return nil, s.opError(fmt.Sprintf("complete batch of %d", len(cs)), err)
-		}
+	rows, err := s.pool.Query(ctx, s.sql.completeBatch, batchMode, []byte(scopes), []byte(ids), []byte(owners), results,
+		[]byte(ttls), []byte(expiries))
+	if err != nil {
+		return err
 	}
-	errs := make([]error, len(cs))
-	for i, ok := range done {
-		if !ok {
-			errs[i] = fmt.Errorf("dedup: postgres complete %s: %w", cs[i].Key, ErrLeaseLost)
+	var pos int64
+	_, err = pgx.ForEachRow(rows, []any{&pos}, func() error {
+		if pos < 1 || pos > int64(len(order)) {
+			return fmt.Errorf("%w: complete batch answered position %d of %d", ErrMalformedRecord, pos, len(order))
 		}
-	}
-	return errs, nil
+		done[order[pos-1]] = true
+		return nil
+	})
+	return err
 }

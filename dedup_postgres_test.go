@@ -376,10 +376,15 @@ func TestPostgresInvalidKeyWritesNothing(t *testing.T) {
 }
 
 // countingTracer counts statements sent to the server.
-type countingTracer struct{ n atomic.Int32 }
+// countingTracer counts the statements sent, and keeps the last one's text.
+type countingTracer struct {
+	n    atomic.Int32
+	last atomic.Pointer[string]
+}
 
-func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.last.Store(&data.SQL)
 	return ctx
 }
 
@@ -891,12 +896,19 @@ func BenchmarkPostgresClaimComplete(b *testing.B) {
 // BenchmarkPostgresCompleteBatch measures CompleteBatch per completion; the
 // claims it completes are made with the timer stopped. pg-µs/event is the
 // server's CPU time per completion, where the server runs on this machine.
+// by=locator completes as a wrapper does, by=key as a caller that has only
+// the keys and owners.
 func BenchmarkPostgresCompleteBatch(b *testing.B) {
 	pool, serverCPU := onePostgresConn(b)
 	s := newTestPostgresStore(b, pool)
 	ctx := context.Background()
-	for _, size := range []int{1, 10, 100, 500} {
-		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
+	for _, bench := range []struct {
+		size    int
+		located bool
+	}{{1, true}, {10, true}, {100, true}, {500, true}, {10, false}, {500, false}} {
+		size := bench.size
+		by := map[bool]string{true: "locator", false: "key"}[bench.located]
+		b.Run(fmt.Sprintf("size=%d/by=%s", size, by), func(b *testing.B) {
 			b.ReportAllocs()
 			reqs := make([]ClaimRequest, size)
 			cs := make([]Completion, size)
@@ -904,7 +916,7 @@ func BenchmarkPostgresCompleteBatch(b *testing.B) {
 			for n := 0; n < b.N; n++ {
 				b.StopTimer()
 				for j := range reqs {
-					reqs[j] = claimReq("bench", fmt.Sprintf("c%d-%d-%d", size, n, j), "fp")
+					reqs[j] = claimReq("bench", fmt.Sprintf("c%d%s-%d-%d", size, by, n, j), "fp")
 				}
 				claims, err := s.ClaimBatch(ctx, reqs)
 				if err != nil {
@@ -912,6 +924,9 @@ func BenchmarkPostgresCompleteBatch(b *testing.B) {
 				}
 				for j, c := range claims {
 					cs[j] = Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: testTTL}
+					if bench.located {
+						cs[j].locator = c.locator
+					}
 				}
 				before := serverCPU()
 				b.StartTimer()
@@ -1072,5 +1087,103 @@ func TestPostgresCompleteBatchOddOwner(t *testing.T) {
 	}
 	if rec, err := s.Get(ctx, c.Record.Key); err != nil || rec.Status != StatusSucceeded || string(rec.Result) != "r" {
 		t.Fatalf("record = %+v, %v", rec, err)
+	}
+}
+
+// Completions of a wrapper's batch claim find their rows where the claim
+// wrote them, in one statement; a row that has moved since (extended), whose
+// lease ran out, or that a locator does not match is completed by key, and a
+// row taken over stays its new owner's.
+func TestPostgresCompleteBatchByLocator(t *testing.T) {
+	base := testenv.Postgres(t)
+	cfg := base.Config()
+	tracer := &countingTracer{}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := newTestPostgresStore(t, base)
+	s.pool = pool
+	ctx := context.Background()
+	claimAll := func(prefix string, n int) ([]ClaimRequest, []Completion) {
+		reqs := make([]ClaimRequest, n)
+		for i := range reqs {
+			reqs[i] = claimReq("located", fmt.Sprintf("%s-%d", prefix, i), "fp")
+		}
+		claims, err := s.ClaimBatch(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := make([]Completion, n)
+		for i, c := range claims {
+			if c.Status != ClaimAcquired || c.locator == 0 {
+				t.Fatalf("claim %d = %v, locator %d", i, c.Status, c.locator)
+			}
+			cs[i] = Completion{Key: reqs[i].Key, Owner: c.Record.Owner, TTL: testTTL, locator: c.locator}
+		}
+		return reqs, cs
+	}
+	row := func(key Key) (status, owner, result string) {
+		var res []byte
+		err := pool.QueryRow(ctx, `SELECT status, owner, result FROM `+s.table+` WHERE scope = $1 AND event_id = $2`,
+			key.Scope, key.EventID).Scan(&status, &owner, &res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return status, owner, string(res)
+	}
+
+	_, cs := claimAll("plain", 50)
+	tracer.n.Store(0)
+	errs, err := s.CompleteBatch(ctx, cs)
+	if err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("complete: %v %v", err, errs)
+	}
+	if n := tracer.n.Load(); n != 1 || *tracer.last.Load() != s.sql.completeLocated {
+		t.Errorf("50 located completions took %d statements, the last %q", n, *tracer.last.Load())
+	}
+	for _, c := range cs {
+		if status, _, _ := row(c.Key); status != "SUCCEEDED" {
+			t.Fatalf("%s is %s", c.Key, status)
+		}
+	}
+
+	reqs, cs := claimAll("mixed", 7)
+	// 0: moved by an extension. 1: lease ran out, not taken over.
+	// 2: lease ran out, taken over. 3: with a result. 4, 5: locators
+	// swapped. 6: untouched.
+	if err := s.Extend(ctx, cs[0].Key, cs[0].Owner, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs[1:3] {
+		if _, err := pool.Exec(ctx, `UPDATE `+s.table+` SET lease_until = now() - interval '1 second'
+			WHERE scope = $1 AND event_id = $2`, c.Key.Scope, c.Key.EventID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	thief, err := s.ClaimBatch(ctx, []ClaimRequest{reqs[2], claimReq("located", "other", "fp")})
+	if err != nil || thief[0].Status != ClaimAcquired {
+		t.Fatalf("takeover = %+v, %v", thief, err)
+	}
+	cs[3].Result = []byte("result")
+	cs[4].locator, cs[5].locator = cs[5].locator, cs[4].locator
+	errs, err = s.CompleteBatch(ctx, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cs {
+		status, owner, result := row(c.Key)
+		switch {
+		case i == 2:
+			if !errors.Is(errs[i], ErrLeaseLost) || status != "PROCESSING" || owner != thief[0].Record.Owner {
+				t.Errorf("taken over: err %v, row %s %s", errs[i], status, owner)
+			}
+		case errs[i] != nil || status != "SUCCEEDED" || owner != c.Owner:
+			t.Errorf("completion %d: err %v, row %s %s", i, errs[i], status, owner)
+		case i == 3 && result != "result":
+			t.Errorf("result = %q", result)
+		}
 	}
 }

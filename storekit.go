@@ -59,6 +59,9 @@ type Claim struct {
 	// over; empty when the key was absent or expired. A takeover from
 	// StatusProcessing means the previous owner died mid-attempt.
 	Previous Status
+	// locator is where the store wrote an acquired record, for a faster
+	// completion; 0 when it did not say.
+	locator uint64
 }
 
 // Failure describes a failed attempt for [Store.Fail].
@@ -153,6 +156,8 @@ type Completion struct {
 	Owner  string
 	Result []byte
 	TTL    time.Duration
+	// locator is the acquired claim's, when the wrapper completes it.
+	locator uint64
 }
 
 // BatchCompleter is implemented by a [Store] that can complete several
