@@ -376,6 +376,23 @@ func TestPostgresInvalidKeyWritesNothing(t *testing.T) {
 }
 
 // countingTracer counts statements sent to the server.
+// newTracedPostgresStore returns a store on a fresh table whose pool counts
+// the statements it sends.
+func newTracedPostgresStore(t *testing.T) (*PostgresStore, *pgxpool.Pool, *countingTracer) {
+	base := testenv.Postgres(t)
+	cfg := base.Config()
+	tracer := &countingTracer{}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := newTestPostgresStore(t, base)
+	s.pool = pool
+	return s, pool, tracer
+}
+
 // countingTracer counts the statements sent, and keeps the last one's text.
 type countingTracer struct {
 	n    atomic.Int32
@@ -476,17 +493,7 @@ func TestPostgresClaimBatchMatchesSingleClaims(t *testing.T) {
 }
 
 func TestPostgresClaimBatchRoundTrips(t *testing.T) {
-	base := testenv.Postgres(t)
-	cfg := base.Config()
-	tracer := &countingTracer{}
-	cfg.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s := newTestPostgresStore(t, base)
-	s.pool = pool
+	s, _, tracer := newTracedPostgresStore(t)
 	ctx := context.Background()
 	reqs := make([]ClaimRequest, 500)
 	for i := range reqs {
@@ -1095,17 +1102,7 @@ func TestPostgresCompleteBatchOddOwner(t *testing.T) {
 // lease ran out, or that a locator does not match is completed by key, and a
 // row taken over stays its new owner's.
 func TestPostgresCompleteBatchByLocator(t *testing.T) {
-	base := testenv.Postgres(t)
-	cfg := base.Config()
-	tracer := &countingTracer{}
-	cfg.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s := newTestPostgresStore(t, base)
-	s.pool = pool
+	s, pool, tracer := newTracedPostgresStore(t)
 	ctx := context.Background()
 	claimAll := func(prefix string, n int) ([]ClaimRequest, []Completion) {
 		reqs := make([]ClaimRequest, n)
