@@ -265,11 +265,6 @@ CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + table + `
 
 		complete: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = $4, updated_at = now(),
 	expires_at = ` + keptExpiry("$5::interval", "$6::interval") + ` ` + held,
-		// Each key is looked up on its own, as in readBatch, and its row
-		// updated through the ctid found: rows are locked in the order of
-		// the keys, which callers sort as for claimBatch. A row updated
-		// meanwhile has another ctid and is left alone: it was taken over.
-		// RETURNING names the completed requests by position.
 		// Rows a claim of this store just wrote are found by where it wrote
 		// them (ctid): no index lookup. The list of places is computed
 		// once (an InitPlan), so the planner, not knowing its length,
@@ -283,6 +278,11 @@ CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + table + `
 WHERE ctid = ANY(ARRAY(SELECT unnest(` + pgSplit("$1") + `)::tid)) AND owner = ANY(` + pgSplit("$4") + `)
 	AND status = 'PROCESSING' AND lease_until > now() AND expires_at > now()
 RETURNING owner`,
+		// Each key is looked up on its own, as in readBatch, and its row
+		// updated through the ctid found: rows are locked in the order of
+		// the keys, which callers sort as for claimBatch. A row updated
+		// meanwhile has another ctid and is left alone: it was taken over.
+		// RETURNING names the completed requests by position.
 		completeBatch: `UPDATE ` + table + ` AS t SET status = 'SUCCEEDED', result = r.result, updated_at = now(),
 	expires_at = ` + keptExpiry("r.ttl_us * interval '1 microsecond'", "r.expiry_us * interval '1 microsecond'") + `
 FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, ` + pgSplit("$3") + `, $4::bytea[],
