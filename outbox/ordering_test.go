@@ -160,6 +160,10 @@ func TestPerKeyOrderWithConcurrentWritersAndRelays(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 
+	// Copies of a batch whose produce failed count toward consume's total:
+	// wait until every event is out, so that the count ends the read no
+	// earlier than the last original.
+	waitFor(t, 60*time.Second, "every event published", func() bool { return pendingRows(t, e, e.table) == 0 })
 	recs := e.consume(len(ids), 60*time.Second)
 	published := map[string][]string{}
 	for _, r := range recs {
