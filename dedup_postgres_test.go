@@ -882,11 +882,17 @@ func TestPostgresInboxAfterClaimMode(t *testing.T) {
 	}
 }
 
+// BenchmarkPostgresClaimComplete measures one new key claimed then
+// completed, the per-message path; pg-µs/event is as in
+// BenchmarkPostgresCompleteBatch.
 func BenchmarkPostgresClaimComplete(b *testing.B) {
-	s := newTestPostgresStore(b, testenv.Postgres(b))
+	pool, serverCPU := onePostgresConn(b)
+	s := newTestPostgresStore(b, pool)
 	ctx := context.Background()
 	b.ReportAllocs()
 	i := 0
+	before := serverCPU()
+	defer func() { reportServerCPU(b, serverCPU()-before, i) }()
 	for b.Loop() {
 		i++
 		req := claimReq("bench", fmt.Sprintf("evt-%d", i), "fp")
