@@ -181,31 +181,32 @@ func (s *PostgresStore) giveBack(ctx context.Context, b *postgresBatch) {
 	_ = s.pool.SendBatch(ctx, &batch).Close()
 }
 
+// keyOrder is the order in which batch statements lock rows, the same for
+// claims and completions so that concurrent batches cannot deadlock.
+func keyOrder(a, b Key) int {
+	return cmp.Or(strings.Compare(a.Scope, b.Scope), strings.Compare(a.EventID, b.EventID))
+}
+
 // runWave claims the wave's keys in one statement and reads the
 // records of those it could not acquire in a second one.
 func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []int) error {
-	slices.SortFunc(wave, func(i, j int) int {
-		ki, kj := b.reqs[i].Key, b.reqs[j].Key
-		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
-	})
+	slices.SortFunc(wave, func(i, j int) int { return keyOrder(b.reqs[i].Key, b.reqs[j].Key) })
 	n := len(wave)
-	keyLen, fpLen := 0, 0
+	keyLen, fpLen, fpsListable := 0, 0, true
 	for _, i := range wave {
-		keyLen = max(keyLen, len(b.reqs[i].Key.Scope), len(b.reqs[i].Key.EventID))
-		fpLen = max(fpLen, len(b.reqs[i].Fingerprint))
+		req := &b.reqs[i]
+		keyLen = max(keyLen, len(req.Key.Scope), len(req.Key.EventID))
+		fpLen = max(fpLen, len(req.Fingerprint))
+		fpsListable = fpsListable && listable(req.Fingerprint)
 	}
 	keys, micros := pgLists(2, n, keyLen), pgLists(2, n, maxMicrosLen)
 	scopes, ids, leases, expiries := keys[0], keys[1], micros[0], micros[1]
 	var fps pgList
 	var fpArray []string // the fingerprints, when one of them cannot be a list item
-	for _, i := range wave {
-		if !listable(b.reqs[i].Fingerprint) {
-			fpArray = make([]string, 0, n)
-			break
-		}
-	}
-	if fpArray == nil {
+	if fpsListable {
 		fps = pgLists(1, n, fpLen)[0]
+	} else {
+		fpArray = make([]string, 0, n)
 	}
 	tokens := ownerTokens(n, pgListSep) // a list of n tokens
 	byOwner := make(map[string]int, n)  // owner token -> position in wave
@@ -420,10 +421,7 @@ func (s *PostgresStore) completeByKey(ctx context.Context, cs []Completion, done
 	if len(order) == 0 {
 		return nil
 	}
-	slices.SortFunc(order, func(i, j int) int {
-		ki, kj := cs[i].Key, cs[j].Key
-		return cmp.Or(strings.Compare(ki.Scope, kj.Scope), strings.Compare(ki.EventID, kj.EventID))
-	})
+	slices.SortFunc(order, func(i, j int) int { return keyOrder(cs[i].Key, cs[j].Key) })
 	keys, micros := pgLists(2, len(order), keyLen), pgLists(2, len(order), maxMicrosLen)
 	scopes, ids, ttls, expiries := keys[0], keys[1], micros[0], micros[1]
 	owners := pgLists(1, len(order), 32)[0]

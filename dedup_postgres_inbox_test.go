@@ -169,14 +169,9 @@ func TestInbox(t *testing.T) {
 	})
 
 	t.Run("BatchRunsEachInItsOwnTransaction", func(t *testing.T) {
-		ledger := newLedger(t, pool)
-		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
-			_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body)
-			return err
-		}, fastOpts(t, dedup.NewMemorySink())...)
-		require.NoError(t, err)
+		w, ledger := ledgerInbox(t, store, pool)
 		var got []dedup.Outcome
-		err = w.HandleBatch(ctx, []event{{ID: "a", Body: "1"}, {ID: "a", Body: "1"}, {ID: "b", Body: "1"}},
+		err := w.HandleBatch(ctx, []event{{ID: "a", Body: "1"}, {ID: "a", Body: "1"}, {ID: "b", Body: "1"}},
 			func(i int, res dedup.Result, err error) bool {
 				require.NoError(t, err)
 				got = append(got, res.Outcome)
