@@ -38,9 +38,11 @@ func buildStatements(table, bare string) statements {
 		// The ordering check: is an earlier row of this key still pending?
 		createKeyHead: `CREATE INDEX IF NOT EXISTS ` + index("_pending_key") + ` ON ` + table + ` (destination, key, seq) WHERE status = 'pending' AND key IS NOT NULL`,
 		createSent:    `CREATE INDEX IF NOT EXISTS ` + index("_sent") + ` ON ` + table + ` (sent_at) WHERE status = 'sent'`,
-		// Pending rows that failed at least once, per key: the rows that may
-		// be waiting out a backoff. Writing an event never touches it.
-		createBackoff: `CREATE INDEX IF NOT EXISTS ` + index("_retried") + ` ON ` + table + ` (destination, key, seq) WHERE status = 'pending' AND attempts > 0 AND key IS NOT NULL`,
+		// Keyed pending rows that failed at least once, in the order their
+		// backoff ends: the rows that may hold their key back. Writing an
+		// event never touches it. (Tables made before it have a _retried
+		// index in its place, which nothing reads any more.)
+		createBackoff: `CREATE INDEX IF NOT EXISTS ` + index("_backoff") + ` ON ` + table + ` (due_at) WHERE status = 'pending' AND attempts > 0 AND key IS NOT NULL`,
 
 		// The hashes come sorted, and unnest keeps array order, so two
 		// writers lock shared keys in the same order.
@@ -52,34 +54,49 @@ func buildStatements(table, bare string) statements {
 			ORDER BY n`,
 		notify: `SELECT pg_notify($1, '')`,
 
-		// Due pending rows are locked in publication order, skipping rows
-		// held back by an earlier row of their key waiting out its backoff,
-		// rows another relay holds and, through a transaction-scoped
-		// advisory lock per key ($2 is the outbox's namespace, apart from
-		// the one-bigint locks of Add), the keys another relay holds: a key
-		// is published by one relay at a time, and a relay never locks rows
-		// it could not publish, which would stall the others.
-		claim: `SELECT seq FROM ` + table + ` o WHERE status = 'pending' AND due_at <= now()
-				AND (key IS NULL OR NOT EXISTS (
-					SELECT 1 FROM ` + table + ` r
-					WHERE r.status = 'pending' AND r.attempts > 0 AND r.key IS NOT NULL
-						AND r.destination = o.destination AND r.key = o.key AND r.seq < o.seq AND r.due_at > now()))
+		// Due pending rows are locked in publication order, skipping the
+		// keys held back by an event waiting out its backoff, rows another
+		// relay holds and, through a transaction-scoped advisory lock per
+		// key ($2 is the outbox's namespace, apart from the one-bigint locks
+		// of Add), the keys another relay holds: a key is published by one
+		// relay at a time, and a relay never locks rows it could not
+		// publish, which would stall the others.
+		//
+		// Each statement of a pass has one plan whatever the statistics say
+		// (planSettings forbids sorts, sequential and bitmap scans): held
+		// is read once, from _backoff, the one index in due_at order; the
+		// rows come from _pending, the index of pending rows in seq order.
+		claim: `WITH held AS MATERIALIZED (
+				SELECT destination, key FROM ` + table + `
+				WHERE status = 'pending' AND attempts > 0 AND key IS NOT NULL AND due_at > now()
+				ORDER BY due_at
+			)
+			SELECT seq FROM ` + table + ` o WHERE status = 'pending' AND due_at <= now()
+				AND (key IS NULL OR (destination, key) NOT IN (SELECT destination, key FROM held))
 				AND (key IS NULL OR pg_try_advisory_xact_lock($2, hashtext(destination || ':' || encode(key, 'hex'))))
 			ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`,
 		// Of the claimed rows ($1), a row is published only if no pending
-		// row of its key outside them comes before it: stop is the first
-		// such row per key, found once per key by one index scan from the
-		// key's head. It runs after claim, with a snapshot taken once the
-		// key locks are held, so that it sees all the keys' previous relays
-		// committed.
+		// row of its key outside them comes before it. It runs after claim,
+		// with a snapshot taken once the key locks are held, so that it sees
+		// all the keys' previous relays committed. keys is read once from
+		// the batch; for each key, stop is found by one range scan of
+		// _pending_key from the key's head, reading at most the key's
+		// claimed rows and one more: LATERAL with a LIMIT runs once per
+		// key (it cannot be flattened into a join), and _pending_key is the
+		// only index in (destination, key, seq) order.
 		read: `WITH b AS MATERIALIZED (
-				SELECT o.* FROM ` + table + ` o WHERE o.seq = ANY($1) AND o.status = 'pending'
-			), h AS (
-				SELECT k.destination, k.key, (
-					SELECT min(e.seq) FROM ` + table + ` e
-					WHERE e.status = 'pending' AND e.key IS NOT NULL AND e.destination = k.destination AND e.key = k.key
-						AND e.seq NOT IN (SELECT unnest($1::bigint[]))) AS stop
-				FROM (SELECT DISTINCT destination, key FROM b WHERE key IS NOT NULL) k
+				SELECT seq, event_id, destination, key, headers, payload, tenant, attempts
+				FROM ` + table + ` WHERE seq = ANY($1) AND status = 'pending'
+			), keys AS MATERIALIZED (
+				SELECT destination, key, count(*) AS n FROM b WHERE key IS NOT NULL GROUP BY destination, key
+			), h AS MATERIALIZED (
+				SELECT k.destination, k.key, min(p.seq) FILTER (WHERE p.seq <> ALL($1)) AS stop
+				FROM keys k CROSS JOIN LATERAL (
+					SELECT e.seq, e.destination, e.key FROM ` + table + ` e
+					WHERE e.status = 'pending' AND e.key IS NOT NULL AND (e.destination, e.key) >= (k.destination, k.key)
+					ORDER BY e.destination, e.key, e.seq LIMIT k.n + 1) p
+				WHERE p.destination = k.destination AND p.key = k.key
+				GROUP BY k.destination, k.key
 			)
 			SELECT b.seq, b.event_id, b.destination, b.key, b.headers, b.payload, b.tenant, b.attempts
 			FROM b LEFT JOIN h ON h.destination = b.destination AND h.key = b.key
