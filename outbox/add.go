@@ -25,8 +25,8 @@ import (
 // waits. Add all of a transaction's keyed events in one call (its locks are
 // taken in a fixed order); transactions that add keys in different orders
 // across several calls may deadlock, which PostgreSQL detects and breaks by
-// failing one of them. Add also queues a notification, sent when tx commits,
-// that wakes the relays, unless [WithNotify] turned that off.
+// failing one of them. With [WithNotify], Add also queues a notification,
+// sent when tx commits, that wakes the relays.
 //
 // When ctx carries an OpenTelemetry span, each event without a traceparent
 // header gets its W3C trace context as headers, so that the consumer's span

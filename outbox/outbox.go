@@ -55,17 +55,20 @@ type config struct {
 func WithTable(name string) Opt { return optFunc(func(c *config) { c.table = name }) }
 
 // WithNotify sets whether [Outbox.Add] notifies the relays when its
-// transaction commits (default true). A notified relay publishes within
-// milliseconds; without notifications relays find new events when they poll
-// (see WithPollInterval). Turn it off when many transactions commit events
-// concurrently: PostgreSQL commits notifying transactions one at a time, each
-// waiting for its own WAL flush, which on the benchmark machine cut the
-// commit rate of 8 concurrent writers by a factor of three (BENCHMARKS.md).
+// transaction commits (default false). A notified relay passes at once,
+// which saves a quiet outbox up to a poll interval (see
+// outbox.WithPollInterval) per event. It is off by default because it costs
+// the writers: PostgreSQL commits notifying transactions one at a time, each
+// waiting for its own WAL flush, which capped 8 concurrent writers at 40-50%
+// of the commit rate they reach without it (BENCHMARKS.md), while relays
+// polling adaptively publish within milliseconds of a commit whenever events
+// keep arriving. Turn it on where few transactions commit events and each
+// must go out at once.
 func WithNotify(enabled bool) Opt { return optFunc(func(c *config) { c.notify = enabled }) }
 
 // New returns the outbox kept in the table of [DefaultTable] or [WithTable].
 func New(opts ...Opt) (*Outbox, error) {
-	cfg := config{table: DefaultTable, notify: true}
+	cfg := config{table: DefaultTable}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}

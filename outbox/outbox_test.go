@@ -256,6 +256,25 @@ func TestWithoutNotifyRelaysFindEventsByPolling(t *testing.T) {
 	require.Equal(t, ids[0], header(recs[0], "event-id"))
 }
 
+// With WithNotify, a commit wakes the relays: this relay would otherwise
+// not pass again for an hour.
+func TestNotifyWakesRelays(t *testing.T) {
+	e := newEnv(t, 1)
+	loud, err := outbox.New(outbox.WithTable(e.table), outbox.WithNotify(true))
+	require.NoError(t, err)
+	e.start(e.relay(outbox.WithPollInterval(time.Hour), outbox.WithBusyPollInterval(time.Hour)))
+	for i := range 3 {
+		tx := e.begin()
+		ids, err := loud.Add(context.Background(), tx, e.event("k", fmt.Sprint("woke ", i)))
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(context.Background()))
+		waitFor(t, 30*time.Second, "the notified event sent", func() bool { return e.statuses()["sent"] == i+1 })
+		recs := e.consume(i+1, 10*time.Second)
+		require.Len(t, recs, i+1)
+		require.Equal(t, ids[0], header(recs[i], "event-id"))
+	}
+}
+
 // Services starting together each migrate the same table: the migrations
 // take turns and every one succeeds.
 func TestConcurrentMigrate(t *testing.T) {

@@ -84,7 +84,9 @@ func isNil(v any) bool {
 	return false
 }
 
-// Run publishes events until ctx is cancelled, then returns nil. It returns
+// Run publishes events until ctx is cancelled, then returns nil. It polls
+// adaptively (see [WithPollInterval]) and passes at once when a
+// notification arrives (see [WithNotify]). It returns
 // ErrNotMigrated when the outbox table does not exist. Other database errors
 // are logged and retried, waiting longer each time up to five seconds.
 func (r *Relay) Run(ctx context.Context) error {
@@ -107,6 +109,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	var failures int
+	wait := min(r.cfg.busyPoll, r.cfg.poll) // until the next pass, unless woken
 	nextPurge := time.Now()
 	for {
 		n, err := r.pass(ctx, pool)
@@ -132,10 +135,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			nextPurge = time.Now().Add(r.purg)
 		}
-		if n >= r.cfg.batch {
+		switch {
+		case n >= r.cfg.batch:
 			continue // a full batch settled: more is probably due
+		case n > 0:
+			wait = min(r.cfg.busyPoll, r.cfg.poll)
+		default:
+			wait = min(2*wait, r.cfg.poll)
 		}
-		poll.Reset(r.cfg.poll)
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return nil

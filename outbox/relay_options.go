@@ -23,6 +23,7 @@ type relayConfig struct {
 	maxAttempts    int
 	backoff        dedup.Backoff
 	poll           time.Duration
+	busyPoll       time.Duration
 	publishTimeout time.Duration
 	deleteSent     bool
 	retention      time.Duration
@@ -37,6 +38,7 @@ func defaultRelayConfig() relayConfig {
 		maxAttempts:    10,
 		backoff:        dedup.ExponentialBackoff(time.Second, 5*time.Minute),
 		poll:           time.Second,
+		busyPoll:       10 * time.Millisecond,
 		publishTimeout: 30 * time.Second,
 		retention:      24 * time.Hour,
 	}
@@ -52,6 +54,8 @@ func (c *relayConfig) validate() error {
 		return fmt.Errorf("%w: nil backoff", errConfig)
 	case c.poll <= 0:
 		return fmt.Errorf("%w: poll interval %v, want more than 0", errConfig, c.poll)
+	case c.busyPoll <= 0:
+		return fmt.Errorf("%w: busy poll interval %v, want more than 0", errConfig, c.busyPoll)
 	case c.publishTimeout <= 0:
 		return fmt.Errorf("%w: publish timeout %v, want more than 0", errConfig, c.publishTimeout)
 	case c.retention < 0:
@@ -78,11 +82,22 @@ func WithBackoff(b dedup.Backoff) RelayOpt {
 	return relayOptFunc(func(c *relayConfig) { c.backoff = b })
 }
 
-// WithPollInterval sets how long the relay waits between passes when no
-// notification wakes it (default one second): the latency when notifications
-// are lost, and how soon backed-off events are retried after they are due.
+// WithPollInterval sets the longest the relay waits between passes while
+// no events arrive and no notification wakes it (default one second): how
+// long the first event after a quiet spell may wait, and how soon
+// backed-off events are retried after they are due. The relay polls adaptively:
+// after a pass that published it looks again after [WithBusyPollInterval],
+// and each pass that finds nothing doubles the wait, up to this.
 func WithPollInterval(d time.Duration) RelayOpt {
 	return relayOptFunc(func(c *relayConfig) { c.poll = d })
+}
+
+// WithBusyPollInterval sets how soon the relay looks for events again after
+// a pass that published some but fewer than a batch (default 10
+// milliseconds; a full batch is followed at once): the commit-to-publish
+// latency while events keep arriving. It is capped by [WithPollInterval].
+func WithBusyPollInterval(d time.Duration) RelayOpt {
+	return relayOptFunc(func(c *relayConfig) { c.busyPoll = d })
 }
 
 // WithPublishTimeout bounds one Publish call (default 30 seconds); the rows
