@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -60,6 +61,7 @@ func main() {
 	outboxRows := flag.Bool("outbox", false, "run the outbox relay rows instead (see BENCHMARKS.md): throughput to kfake and commit-to-publish latency")
 	outboxN := flag.Int("outbox-n", 100_000, "events of each outbox throughput row")
 	outboxFor := flag.Duration("outbox-for", 10*time.Second, "how long each outbox latency row writes")
+	outboxRowsRE := flag.String("outbox-rows", "", "run only the outbox rows whose title matches this regular expression")
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
 	flag.StringVar(&cfg.Redis, "redis", env("DEDUP_REDIS_ADDR", "127.0.0.1:6379"), "Redis address (host:port or redis:// URL)")
@@ -75,7 +77,15 @@ func main() {
 	defer stop()
 
 	if *outboxRows {
-		if err := runOutboxBench(ctx, os.Stdout, cfg.Postgres, *outboxN, *outboxFor); err != nil {
+		var only *regexp.Regexp
+		if *outboxRowsRE != "" {
+			var err error
+			if only, err = regexp.Compile(*outboxRowsRE); err != nil {
+				fmt.Fprintln(os.Stderr, "dedupbench: -outbox-rows:", err)
+				os.Exit(2)
+			}
+		}
+		if err := runOutboxBench(ctx, os.Stdout, cfg.Postgres, *outboxN, *outboxFor, only); err != nil {
 			fmt.Fprintln(os.Stderr, "dedupbench:", err)
 			os.Exit(1)
 		}
