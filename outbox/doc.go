@@ -9,16 +9,24 @@
 // Kafka header or SQS message attribute), so a consumer wrapped with
 // dedup.Wrap or dedup.WrapTx applies each committed event exactly once.
 //
-// Events with the same destination and key are published in the order their
-// transactions committed, with any number of relays: Add serialises the
-// writers of a key with a transaction-scoped advisory lock, so that within a
-// key the order of the rows' sequence numbers is commit order; a relay
-// publishes a key only while it holds the key's relay lock (another advisory
-// lock, for the length of its pass), and only events with no earlier event of
-// their key still pending. A sequence alone is not commit order (a lower
-// number can commit later: Watermill's SQL forwarder lost such rows, its
-// issue #311); the relays never move past a row, they take whatever is
-// pending.
+// The order promise. Events with the same destination and key are published
+// in the order their transactions committed, with any number of relays and
+// without any lock of the application's: Add serialises the writers of a
+// key with a transaction-scoped advisory lock, so that within a key the
+// order of the rows' sequence numbers is commit order (an event ID, even a
+// UUIDv7, is not: a transaction can take its ID, then commit after one that
+// took a later ID). A relay publishes a key only while it holds the key's
+// relay lock (another advisory lock, for the length of its pass), and only
+// events with no earlier event of their key still pending. An event waiting
+// out its backoff holds its key back; an event failed for good (refused by
+// the broker, or out of attempts) does not, and the key's later events go
+// out without it. Delivery is at least once: a relay that dies after
+// publishing and before marking publishes a batch again, each copy behind the
+// first in its partition or FIFO group, and the consumer drops the copies.
+// Events of different keys have no order between them. A sequence alone is
+// not commit order (a lower number can commit later: Watermill's SQL
+// forwarder lost such rows, its issue #311); the relays never move past a
+// row, they take whatever is pending.
 //
 // The publishers live in subpackages (kafkaoutbox, sqsoutbox), so that this
 // package depends on neither broker's SDK.

@@ -7,11 +7,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup/outbox"
@@ -267,3 +269,91 @@ func TestFailedHeadHoldsBackItsKey(t *testing.T) {
 		})
 	}
 }
+
+// Per-key order needs no lock of the application's: transactions of one key
+// run concurrently, each opened while the previous one is still open and
+// holding its event ID below the previous one's, so that they commit in the
+// opposite order of their IDs; a fifth roll back. Four keys at once, three
+// relays publishing meanwhile. Each transaction's position in its key's
+// commit order is witnessed without a lock: once Add returns, the committed
+// events of its key visible to its next statement are exactly those
+// committed before it (Add waited for them, and the later ones wait for
+// it). Per key, the published order is the commit order.
+func TestPerKeyOrderWithoutTheApplicationsLock(t *testing.T) {
+	e := newEnv(t, 4)
+	ctx := context.Background()
+	const keys, perKey = 4, 40
+	e.start(e.relay(outbox.WithBatchSize(5)), e.relay(outbox.WithBatchSize(11)), e.relay())
+
+	commitOrder := make([][]string, keys)
+	var wg sync.WaitGroup
+	for k := range keys {
+		key := "key-" + strconv.Itoa(k)
+		ids := make([]string, perKey)
+		for i := range ids {
+			ids[i] = outbox.NewID()
+		}
+		slices.Sort(ids)
+		slices.Reverse(ids) // the first to commit holds the highest ID
+		positions := make([]int, perKey)
+		wg.Go(func() {
+			var open sync.WaitGroup
+			for i, id := range ids {
+				added := make(chan struct{})
+				open.Go(func() {
+					positions[i] = -1
+					err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+						if _, err := e.ob.Add(ctx, tx, outbox.Event{ID: id, Destination: e.topic, Key: []byte(key), Payload: []byte(id)}); err != nil {
+							close(added)
+							return err
+						}
+						close(added)
+						if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+e.table+" WHERE key = $1 AND event_id <> $2", []byte(key), id).Scan(&positions[i]); err != nil {
+							return err
+						}
+						time.Sleep(time.Duration(rand.IntN(4)) * time.Millisecond)
+						if rand.IntN(5) == 0 {
+							positions[i] = -1
+							return errRollBack
+						}
+						return nil
+					})
+					if err != nil && !errors.Is(err, errRollBack) {
+						t.Errorf("%s: %v", key, err)
+					}
+				})
+				<-added // the next transaction opens while this one is open
+			}
+			open.Wait()
+			order := make([]string, 0, perKey)
+			for pos := 0; ; pos++ {
+				i := slices.Index(positions, pos)
+				if i < 0 {
+					break
+				}
+				order = append(order, ids[i])
+			}
+			commitOrder[k] = order
+		})
+	}
+	wg.Wait()
+
+	var committed int
+	for k, order := range commitOrder {
+		require.True(t, slices.IsSortedFunc(order, func(a, b string) int { return strings.Compare(b, a) }),
+			"key %d: the transactions did not commit in the opposite order of their IDs", k)
+		committed += len(order)
+	}
+	waitFor(t, 60*time.Second, "every event published", func() bool { return pendingRows(t, e, e.table) == 0 })
+	recs := e.consume(committed, 60*time.Second)
+	published := map[string][]string{}
+	for _, r := range recs {
+		published[string(r.Key)] = appendOnce(published[string(r.Key)], header(r, "event-id"))
+	}
+	for k, order := range commitOrder {
+		require.Equal(t, order, published["key-"+strconv.Itoa(k)], "key %d: published order differs from commit order", k)
+	}
+	require.Equal(t, map[string]int{"sent": committed}, e.statuses(), "exactly the committed events")
+}
+
+var errRollBack = errors.New("roll back")

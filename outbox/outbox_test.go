@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -118,6 +119,33 @@ func TestTableNeverMigrated(t *testing.T) {
 	require.ErrorIs(t, relay.Run(rctx), outbox.ErrNotMigrated, "Run returns at once instead of looping")
 	_, err = ob.Requeue(ctx, pool, "x")
 	require.ErrorIs(t, err, outbox.ErrNotMigrated)
+}
+
+// A relay whose database or role does not exist says so and stops: no
+// retry can fix either.
+func TestRelayStopsWhenTheServerRefusesItForGood(t *testing.T) {
+	e := newEnv(t, 1)
+	pub, err := kafkaoutbox.NewPublisher(e.producer())
+	require.NoError(t, err)
+	for name, code := range map[string]string{"database": "3D000", "role": "28000"} {
+		t.Run(name, func(t *testing.T) {
+			cfg := e.pool.Config()
+			if name == "database" {
+				cfg.ConnConfig.Database = "no_such_database_" + runID()
+			} else {
+				cfg.ConnConfig.User = "no_such_role_" + runID()
+			}
+			relay, err := outbox.NewRelay(e.ob, cfg, pub, outbox.WithLogger(quietLogger()))
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err = relay.Run(ctx)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr, "Run returns instead of retrying until cancelled")
+			require.Equal(t, code, pgErr.Code, "%v", err)
+			require.NoError(t, ctx.Err())
+		})
+	}
 }
 
 func TestConfigurationErrors(t *testing.T) {

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -86,9 +88,12 @@ func isNil(v any) bool {
 
 // Run publishes events until ctx is cancelled, then returns nil. It polls
 // adaptively (see [WithPollInterval]) and passes at once when a
-// notification arrives (see [WithNotify]). It returns
-// ErrNotMigrated when the outbox table does not exist. Other database errors
-// are logged and retried, waiting longer each time up to five seconds.
+// notification arrives (see [WithNotify]). It returns ErrNotMigrated when
+// the outbox table does not exist, and the server's *pgconn.PgError when it
+// refuses the relay's connection for good (a database or role that does not
+// exist, failed authentication): waiting cannot fix either. Other database
+// errors are logged and retried, waiting longer each time up to five
+// seconds.
 func (r *Relay) Run(ctx context.Context) error {
 	pool, err := pgxpool.NewWithConfig(ctx, r.pg)
 	if err != nil {
@@ -116,7 +121,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrNotMigrated) {
+		if errors.Is(err, ErrNotMigrated) || refused(err) {
 			return err
 		}
 		if err != nil {
@@ -151,6 +156,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-poll.C:
 		}
 	}
+}
+
+// refused reports whether err is the server refusing a connection in a way
+// no retry fixes: SQLSTATE class 28 (invalid authorization: unknown role,
+// failed authentication) or 3D000 (unknown database).
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "3D000")
 }
 
 // listen keeps a connection listening on the outbox's channel and signals
