@@ -2,8 +2,13 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -111,4 +116,60 @@ func ExampleNewRelay() {
 	// event-id: order-7-placed
 	// key order-7, value placed
 	// relay stopped: <nil>
+}
+
+// A relay runs in the same binary as the HTTP server (and the consumer):
+// the first of them to stop stops the others and its error ends the
+// process, where a relay started with a bare `go relay.Run(ctx)` would die
+// unseen. Here the relay's table was never migrated, so it stops at once
+// with ErrNotMigrated, and the server is shut down with it.
+func ExampleRelay_Run_oneBinary() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	pool := exampleDB(ctx)
+	defer pool.Close()
+	ob, _ := outbox.New(outbox.WithTable("example_never_migrated"))
+	kc, _ := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	defer kc.Close()
+	producer, _ := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...))
+	defer producer.Close()
+	pub, _ := kafkaoutbox.NewPublisher(producer)
+	relay, _ := outbox.NewRelay(ob, pool.Config(), pub)
+
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	srv := &http.Server{Handler: http.NotFoundHandler()}
+	serve := func(ctx context.Context) error {
+		go func() {
+			<-ctx.Done()
+			_ = srv.Shutdown(context.Background())
+		}()
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+
+	err := runAll(ctx, relay.Run, serve /* , consumer.Run */)
+	fmt.Println("stopped:", errors.Is(err, outbox.ErrNotMigrated))
+	// Output:
+	// stopped: true
+}
+
+// runAll runs each function until the first returns, then cancels the
+// others' context, waits for them, and returns the first error.
+func runAll(ctx context.Context, runs ...func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(runs))
+	for _, run := range runs {
+		go func() { errs <- run(ctx) }()
+	}
+	var first error
+	for range runs {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+		cancel()
+	}
+	return first
 }
