@@ -61,8 +61,8 @@ func TestPassPlanWhateverTheStatistics(t *testing.T) {
 			exec(`INSERT INTO `+table+` (event_id, destination, key, payload)
 				SELECT 'p' || g, 'orders', convert_to('k' || (g % $2), 'UTF8'), 'x'
 				FROM generate_series(0, $1 - 1) g`, backlog, keys)
-			exec(`UPDATE `+table+` SET attempts = 1, due_at = now() + interval '1 hour'
-				WHERE seq = (SELECT min(seq) FROM `+table+` WHERE status = 'pending' AND key = 'k0')`)
+			exec(`UPDATE ` + table + ` SET attempts = 1, due_at = now() + interval '1 hour'
+				WHERE seq = (SELECT min(seq) FROM ` + table + ` WHERE status = 'pending' AND key = 'k0')`)
 
 			settings, claim, read, namespace := outbox.PassStatements(ob)
 			tx, err := pool.Begin(ctx)
