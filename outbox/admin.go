@@ -96,6 +96,34 @@ func (o *Outbox) Requeue(ctx context.Context, db DB, ids ...string) (int64, erro
 	return tag.RowsAffected(), nil
 }
 
+// States returns the state ("pending", "failed" or "sent") of each of the
+// named events that exists, keyed by event ID.
+func (o *Outbox) States(ctx context.Context, db DB, ids ...string) (map[string]string, error) {
+	if isNil(db) {
+		return nil, fmt.Errorf("%w: nil DB", errConfig)
+	}
+	states := make(map[string]string, len(ids))
+	if len(ids) == 0 {
+		return states, nil
+	}
+	rows, err := db.Query(ctx, o.sql.states, ids)
+	if err != nil {
+		return nil, o.notMigrated(fmt.Errorf("outbox: states: %w", err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, state string
+		if err := rows.Scan(&id, &state); err != nil {
+			return nil, fmt.Errorf("outbox: states: %w", err)
+		}
+		states[id] = state
+	}
+	if err := rows.Err(); err != nil {
+		return nil, o.notMigrated(fmt.Errorf("outbox: states: %w", err))
+	}
+	return states, nil
+}
+
 // Purge deletes the events sent more than olderThan ago, in statements of at
 // most 1,000 rows each, and returns how many it deleted. A relay purges by
 // itself (see [WithRetention]).

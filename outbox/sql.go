@@ -8,7 +8,7 @@ type statements struct {
 	createBackoff                                                      string
 	lockKeys, insert, notify                                           string
 	claim, read, markSent, deleteSent, markFailed                      string
-	requeue, failed, purge                                             string
+	requeue, failed, states, purge                                     string
 	backlog, stats                                                     string
 }
 
@@ -116,6 +116,7 @@ func buildStatements(table, bare string) statements {
 			WHERE status = 'failed' AND event_id = ANY($1)`,
 		failed: `SELECT event_id, destination, key, attempts, COALESCE(last_error, ''), created_at, due_at
 			FROM ` + table + ` WHERE status = 'failed' ORDER BY seq LIMIT $1`,
+		states: `SELECT event_id, status FROM ` + table + ` WHERE event_id = ANY($1)`,
 		backlog: `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
 			FROM ` + table + ` WHERE status = 'pending'`,
 		stats: `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed'),

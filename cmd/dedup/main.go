@@ -8,8 +8,8 @@
 //	dedup stuck [-scope orders/charge] [-older-than 10m] [-limit 100] [-json]
 //	dedup release -scope orders/charge -id order-42 [-force] [-yes]
 //	dedup purge [-yes]
-//	dedup outbox status
-//	dedup outbox requeue [-id ID ...] [-all] [-yes]
+//	dedup outbox status [-limit 20] [-json]
+//	dedup outbox requeue [-id ID ...] [-all] [-limit 20] [-yes]
 //	dedup redrive kafka -brokers host:9092 -dlq orders.dlq [-reason handler-error] [-min-age 1h] [-rate 100] [-yes]
 //	dedup redrive sqs -dlq-url https://... [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //
@@ -19,6 +19,17 @@
 // -table. A command that changes something does nothing without -yes but
 // say what it would do. The exit status is 0 on success, 1 when the command
 // failed and 2 when it was used wrongly.
+//
+// With -json, inspect and stuck print their records as a JSON array, and
+// outbox status prints one JSON object: the events counted by state
+// (pending, failed, sent), oldest_pending_seconds (the age of the oldest
+// pending event, 0 when none is), and failed_events, the failed events
+// oldest first (up to -limit), each with event_id, destination, key (base64,
+// null when the event has none), attempts, last_error, created_at and due_at.
+//
+// outbox requeue requeues only failed events: it names the requested IDs
+// that are not failed (unknown, pending or sent) and leaves them as they are,
+// in the dry run as with -yes.
 package main
 
 import (

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -19,9 +20,29 @@ type idList []string
 func (l *idList) String() string     { return strings.Join(*l, ",") }
 func (l *idList) Set(v string) error { *l = append(*l, v); return nil }
 
+// statusView is the outbox's status as outbox status -json prints it.
+type statusView struct {
+	Pending              int64        `json:"pending"`
+	Failed               int64        `json:"failed"`
+	Sent                 int64        `json:"sent"`
+	OldestPendingSeconds float64      `json:"oldest_pending_seconds"`
+	FailedEvents         []failedView `json:"failed_events"`
+}
+
+// failedView is a failed event as outbox status -json prints it.
+type failedView struct {
+	EventID     string    `json:"event_id"`
+	Destination string    `json:"destination"`
+	Key         []byte    `json:"key"` // base64; null when the event has none
+	Attempts    int       `json:"attempts"`
+	LastError   string    `json:"last_error"`
+	CreatedAt   time.Time `json:"created_at"`
+	DueAt       time.Time `json:"due_at"`
+}
+
 func runOutbox(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || (args[0] != "status" && args[0] != "requeue") {
-		return fmt.Errorf("%w: dedup outbox status|requeue [flags]", errUsage)
+		return fmt.Errorf("%w: dedup outbox status [-json] | requeue [-id ID ...] [-all] [-yes]", errUsage)
 	}
 	sub := args[0]
 	fs := newFlags("outbox " + sub)
@@ -29,9 +50,11 @@ func runOutbox(ctx context.Context, args []string, out io.Writer) error {
 	table := fs.String("table", outbox.DefaultTable, "the outbox table")
 	limit := fs.Int("limit", 20, "failed events to list at most")
 	var ids idList
-	all := new(bool)
-	yes := new(bool)
-	if sub == "requeue" {
+	all, yes, asJSON := new(bool), new(bool), new(bool)
+	if sub == "status" {
+		asJSON = fs.Bool("json", false, "print JSON: the counts by state, the age of the oldest pending event in seconds, "+
+			"and the failed events (up to -limit; a key is base64, null when the event has none)")
+	} else {
 		fs.Var(&ids, "id", "a failed event to requeue (repeatable)")
 		all = fs.Bool("all", false, "requeue every failed event (up to -limit)")
 		yes = fs.Bool("yes", false, "do it (default: list what would be requeued)")
@@ -57,34 +80,94 @@ func runOutbox(ctx context.Context, args []string, out io.Writer) error {
 	if err := pool.Ping(ctx); err != nil {
 		return fmt.Errorf("cannot reach PostgreSQL at %s: %w", redactDSN(*dsn), err)
 	}
-	failed, err := ob.Failed(ctx, pool, *limit)
-	if err != nil {
-		return err
-	}
 	if sub == "status" {
-		st, err := ob.Stats(ctx, pool)
+		return outboxStatus(ctx, ob, pool, *limit, *asJSON, out)
+	}
+	if *all {
+		failed, err := ob.Failed(ctx, pool, *limit)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "pending %d (oldest %s), failed %d, sent %d\n", st.Pending, st.OldestPending.Round(time.Millisecond), st.Failed, st.Sent)
-		printFailed(out, failed)
-		return nil
-	}
-	if *all {
 		ids = ids[:0]
 		for _, f := range failed {
 			ids = append(ids, f.ID)
 		}
 	}
-	if !*yes {
-		fmt.Fprintf(out, "would requeue %d events: %s; run with -yes\n", len(ids), strings.Join(ids, ", "))
-		return nil
-	}
-	n, err := ob.Requeue(ctx, pool, ids...)
+	return outboxRequeue(ctx, ob, pool, ids, *yes, out)
+}
+
+func outboxStatus(ctx context.Context, ob *outbox.Outbox, pool *pgxpool.Pool, limit int, asJSON bool, out io.Writer) error {
+	st, err := ob.Stats(ctx, pool)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "requeued %d of %d events (an ID that is not a failed event is ignored)\n", n, len(ids))
+	failed, err := ob.Failed(ctx, pool, limit)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		v := statusView{Pending: st.Pending, Failed: st.Failed, Sent: st.Sent,
+			OldestPendingSeconds: st.OldestPending.Round(time.Millisecond).Seconds(),
+			FailedEvents:         make([]failedView, 0, len(failed))}
+		for _, f := range failed {
+			v.FailedEvents = append(v.FailedEvents, failedView{EventID: f.ID, Destination: f.Destination, Key: f.Key,
+				Attempts: f.Attempts, LastError: f.LastError, CreatedAt: f.CreatedAt, DueAt: f.FailedAt})
+		}
+		return json.NewEncoder(out).Encode(v)
+	}
+	fmt.Fprintf(out, "pending %d (oldest %s), failed %d, sent %d\n", st.Pending, st.OldestPending.Round(time.Millisecond), st.Failed, st.Sent)
+	printFailed(out, failed)
+	return nil
+}
+
+// outboxRequeue requeues the events of ids that are failed, or with yes
+// false says which it would; either way it names the IDs it leaves alone
+// because they are not failed events (unknown, pending or sent).
+func outboxRequeue(ctx context.Context, ob *outbox.Outbox, pool *pgxpool.Pool, ids []string, yes bool, out io.Writer) error {
+	seen := make(map[string]bool, len(ids))
+	var uniq []string
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			uniq = append(uniq, id)
+		}
+	}
+	states, err := ob.States(ctx, pool, uniq...)
+	if err != nil {
+		return err
+	}
+	var failed, others []string
+	for _, id := range uniq {
+		switch state, ok := states[id]; {
+		case state == "failed":
+			failed = append(failed, id)
+		case !ok:
+			others = append(others, id+" (unknown)")
+		default:
+			others = append(others, id+" ("+state+")")
+		}
+	}
+	switch {
+	case !yes && len(failed) > 0:
+		fmt.Fprintf(out, "would requeue %d events: %s; run with -yes\n", len(failed), strings.Join(failed, ", "))
+	case !yes:
+		fmt.Fprintln(out, "would requeue 0 events")
+	case len(failed) == 0:
+		fmt.Fprintln(out, "requeued 0 events")
+	default:
+		n, err := ob.Requeue(ctx, pool, failed...)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "requeued %d of %d events: %s", n, len(failed), strings.Join(failed, ", "))
+		if n < int64(len(failed)) {
+			fmt.Fprint(out, " (the others were no longer failed: requeued meanwhile)")
+		}
+		fmt.Fprintln(out)
+	}
+	if len(others) > 0 {
+		fmt.Fprintf(out, "not failed, left as they are: %s\n", strings.Join(others, ", "))
+	}
 	return nil
 }
 
