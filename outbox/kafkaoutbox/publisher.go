@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -44,38 +45,104 @@ func NewPublisher(client *kgo.Client) (*Publisher, error) {
 // or unknown topic, refused authorisation) are reported as permanent errors,
 // which fail their rows at once; anything else is retried by the relay.
 //
+// A broker refuses a partition's whole record batch for one record in it
+// (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE, INVALID_RECORD,
+// CORRUPT_MESSAGE), and kgo fails the partition's later records with it.
+// Publish produces the records so refused again, in two halves one after the
+// other, each halved again while refused, so that only a record refused on
+// its own fails (permanently, with its size in the reason) and the others
+// are published in their key's order. Should a record produced again fail
+// for a reason worth retrying, the later records of its key are left unsent
+// (outbox.ErrNotAttempted). Setting kgo.ProducerBatchMaxBytesFn to the
+// topics' max.message.bytes has kgo fail an oversized record alone before
+// sending it, but kgo measures records before compression, so that also
+// fails large records that would have fitted compressed.
+//
 // kgo does not give up on records it has sent (an idempotent producer cannot
 // know whether the broker wrote them), so when ctx ends first Publish reports
-// every event as not acknowledged and returns, while kgo goes on with the
-// records until they are resolved or the client is closed. The relay
-// publishes the events again later, behind the first copies in their
+// every event not yet acknowledged as such and returns, while kgo goes on
+// with the records until they are resolved or the client is closed. The
+// relay publishes the events again later, behind the first copies in their
 // partitions, so order holds and the consumer drops the copies.
 func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) []error {
-	recs := make([]*kgo.Record, len(events))
-	for i := range events {
-		recs[i] = record(&events[i])
-	}
-	done := make(chan kgo.ProduceResults, 1)
-	go func() { done <- p.client.ProduceSync(ctx, recs...) }()
 	errs := make([]error, len(events))
-	select {
-	case results := <-done:
-		index := make(map[*kgo.Record]int, len(recs))
-		for i, r := range recs {
-			index[r] = i
+	all := make([]int, len(events))
+	for i := range all {
+		all[i] = i
+	}
+	p.produce(ctx, events, all, errs, map[string]bool{})
+	return errs
+}
+
+// produce produces the events at idx (in publication order) in one
+// ProduceSync and sets their errors, skipping those whose key is in held:
+// the keys of events that failed and will be retried. The events refused
+// with their record batch are produced again in halves, the first before
+// the second.
+func (p *Publisher) produce(ctx context.Context, events []outbox.Event, idx []int, errs []error, held map[string]bool) {
+	recs := make([]*kgo.Record, 0, len(idx))
+	index := make(map[*kgo.Record]int, len(idx))
+	for _, i := range idx {
+		if held[heldKey(&events[i])] {
+			errs[i] = outbox.ErrNotAttempted
+			continue
 		}
-		for _, res := range results {
-			if res.Err != nil {
-				errs[index[res.Record]] = classify(res.Record.Topic, res.Err)
-			}
-		}
-	case <-ctx.Done():
+		r := record(&events[i])
+		recs = append(recs, r)
+		index[r] = i
+	}
+	if len(recs) == 0 {
+		return
+	}
+	notAcked := func() {
 		err := fmt.Errorf("kafkaoutbox: not acknowledged: %w", context.Cause(ctx))
-		for i := range errs {
+		for _, i := range index {
 			errs[i] = err
 		}
 	}
-	return errs
+	if ctx.Err() != nil {
+		notAcked()
+		return
+	}
+	done := make(chan kgo.ProduceResults, 1)
+	go func() { done <- p.client.ProduceSync(ctx, recs...) }()
+	var results kgo.ProduceResults
+	select {
+	case results = <-done:
+	case <-ctx.Done():
+		notAcked()
+		return
+	}
+	var refused []int
+	for _, res := range results {
+		i := index[res.Record]
+		switch {
+		case res.Err == nil:
+			errs[i] = nil
+		case len(recs) > 1 && batchRefusal(res.Err):
+			refused = append(refused, i)
+		default:
+			errs[i] = classify(res.Record, res.Err, len(recs) == 1)
+			if k := heldKey(&events[i]); k != "" && !dedup.IsPermanent(errs[i]) {
+				held[k] = true
+			}
+		}
+	}
+	if len(refused) > 0 {
+		slices.Sort(refused)
+		half := (len(refused) + 1) / 2
+		p.produce(ctx, events, refused[:half], errs, held)
+		p.produce(ctx, events, refused[half:], errs, held)
+	}
+}
+
+// heldKey identifies the key of an event, or is "" for an event without
+// one, which has no order to keep.
+func heldKey(e *outbox.Event) string {
+	if len(e.Key) == 0 {
+		return ""
+	}
+	return e.Destination + "\x00" + string(e.Key)
 }
 
 func record(e *outbox.Event) *kgo.Record {
@@ -97,20 +164,42 @@ func record(e *outbox.Event) *kgo.Record {
 	return r
 }
 
-// permanent are the produce errors no retry fixes. kgo has already retried
-// an unknown topic (see kgo.UnknownTopicRetries) before reporting it.
-var permanent = []error{
-	kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.CorruptMessage,
+// batchLevel are the errors with which a broker refuses a partition's whole
+// record batch for what may be one record in it.
+var batchLevel = []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord, kerr.CorruptMessage}
+
+// permanent are the produce errors no retry fixes, once the record is
+// refused on its own. kgo has already retried an unknown topic (see
+// kgo.UnknownTopicRetries) before reporting it.
+var permanent = append([]error{
 	kerr.InvalidTopicException, kerr.UnknownTopicOrPartition, kerr.UnknownTopicID,
 	kerr.TopicAuthorizationFailed,
+}, batchLevel...)
+
+func batchRefusal(err error) bool {
+	return slices.ContainsFunc(batchLevel, func(e error) bool { return errors.Is(err, e) })
 }
 
-func classify(topic string, err error) error {
-	err = fmt.Errorf("kafkaoutbox: produce to %q: %w", topic, err)
+// classify wraps the error of record r, produced alone or not.
+func classify(r *kgo.Record, err error, alone bool) error {
+	if alone && batchRefusal(err) {
+		err = fmt.Errorf("kafkaoutbox: produce to %q: record of %d bytes refused on its own: %w", r.Topic, size(r), err)
+	} else {
+		err = fmt.Errorf("kafkaoutbox: produce to %q: %w", r.Topic, err)
+	}
 	for _, p := range permanent {
 		if errors.Is(err, p) {
 			return dedup.Permanent(err)
 		}
 	}
 	return err
+}
+
+// size is a record's key, value and headers in bytes.
+func size(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,9 +78,14 @@ func NewPublisher(client *sqs.Client, opts ...Opt) (*Publisher, error) {
 // ten. An entry SQS reports as Failed is retried by the relay, unless SQS
 // says the sender is at fault; events SQS can never take (over the size
 // limit, a body that is not text, a queue that does not exist) fail with a
-// permanent error. On a FIFO queue a call carries at most one event per
-// message group, and once an event of a group fails the group's later events
-// are left unsent (outbox.ErrNotAttempted), so that none overtakes it.
+// permanent error. When SQS refuses a whole call for its entries' content
+// (BatchRequestTooLong, InvalidMessageContents, InvalidParameterValue and
+// the like), the call is sent again in halves, halved again while refused,
+// so that only an entry refused on its own fails, permanently, with SQS's
+// reason; other refusals of a call are retried. On a FIFO queue a call
+// carries at most one event per message group, and once an event of a group
+// fails the group's later events are left unsent (outbox.ErrNotAttempted),
+// so that none overtakes it: they go in a later pass.
 func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) []error {
 	errs := make([]error, len(events))
 	byQueue := map[string][]int{}
@@ -169,6 +175,16 @@ func (p *Publisher) send(ctx context.Context, url string, call []pendingEntry, e
 		entries[j] = pe.entry
 	}
 	out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+	if err != nil && refusesEntry(err) {
+		if len(call) == 1 {
+			errs[call[0].i] = dedup.Permanent(fmt.Errorf("sqsoutbox: send to %s: message of %d bytes refused on its own: %w", url, call[0].size, err))
+			return
+		}
+		half := (len(call) + 1) / 2
+		p.send(ctx, url, call[:half], errs)
+		p.send(ctx, url, call[half:], errs)
+		return
+	}
 	if err != nil {
 		err = classify(url, err)
 		for _, pe := range call {
@@ -184,8 +200,8 @@ func (p *Publisher) send(ctx context.Context, url string, call []pendingEntry, e
 	for _, f := range out.Failed {
 		failed[aws.ToString(f.Id)] = f
 	}
-	for j, pe := range call {
-		id := strconv.Itoa(j)
+	for _, pe := range call {
+		id := aws.ToString(pe.entry.Id)
 		if f, bad := failed[id]; bad {
 			err := fmt.Errorf("sqsoutbox: send to %s: %s: %s", url, aws.ToString(f.Code), aws.ToString(f.Message))
 			if f.SenderFault {
@@ -284,6 +300,21 @@ func classify(queue string, err error) error {
 		return dedup.Permanent(err)
 	}
 	return err
+}
+
+// entryCodes are the error codes with which SQS refuses a whole
+// SendMessageBatch call for what may be one entry in it.
+var entryCodes = []string{
+	"BatchRequestTooLong", "InvalidMessageContents", "InvalidParameterValue", "InvalidParameterValueException",
+	"InvalidAttributeName", "InvalidAttributeValue", "MissingParameter", "BatchEntryIdsNotDistinct",
+	"TooManyEntriesInBatchRequest",
+}
+
+// refusesEntry reports whether err is a refusal of a SendMessageBatch call
+// for its entries' content, rather than for the queue or the request.
+func refusesEntry(err error) bool {
+	var api smithy.APIError
+	return errors.As(err, &api) && slices.Contains(entryCodes, strings.TrimPrefix(api.ErrorCode(), "AWS.SimpleQueueService."))
 }
 
 // validText reports whether b is text SQS accepts in a body or a String
