@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup/internal/pgident"
 )
 
 // inboxSavepoint is the savepoint an inbox attempt takes after its claim.
@@ -39,15 +41,15 @@ type PostgresStore struct {
 	sql   postgresSQL
 }
 
-// TableNameError reports a table name [NewPostgresStore] refused to use. It
-// matches [ErrConfig].
+// TableNameError reports a table name [NewPostgresStore] or the outbox
+// refused to use. It matches [ErrConfig].
 type TableNameError struct {
 	Name   string
 	Reason string
 }
 
 func (e *TableNameError) Error() string {
-	return fmt.Sprintf("dedup: postgres table name %q: %s", e.Name, e.Reason)
+	return fmt.Sprintf("dedup: table name %q: %s", e.Name, e.Reason)
 }
 
 // Unwrap returns [ErrConfig].
@@ -70,29 +72,11 @@ func NewPostgresStore(pool *pgxpool.Pool, opts ...StoreOpt) (*PostgresStore, err
 // parseTableName splits name into at most a schema and a table, each a plain
 // SQL identifier, so that nothing but a name can reach the SQL text.
 func parseTableName(name string) (pgx.Identifier, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return nil, &TableNameError{Name: name, Reason: "want table or schema.table"}
+	ident, reason := pgident.Parse(name)
+	if reason != "" {
+		return nil, &TableNameError{Name: name, Reason: reason}
 	}
-	for _, p := range parts {
-		if !validIdentifier(p) {
-			return nil, &TableNameError{Name: name, Reason: fmt.Sprintf("%q is not an identifier matching ^[A-Za-z_][A-Za-z0-9_]{0,62}$", p)}
-		}
-	}
-	return pgx.Identifier(parts), nil
-}
-
-func validIdentifier(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for i, c := range []byte(s) {
-		letter := c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
-		if !letter && (i == 0 || c < '0' || c > '9') {
-			return false
-		}
-	}
-	return true
+	return ident, nil
 }
 
 // postgresSQL holds every statement of a store, built once for its table.

@@ -35,16 +35,3 @@ func (e *EventError) Error() string {
 
 // Unwrap makes every EventError match ErrInvalidEvent.
 func (e *EventError) Unwrap() error { return ErrInvalidEvent }
-
-// TableNameError reports a table name [New] refused to use.
-type TableNameError struct {
-	Name   string
-	Reason string
-}
-
-func (e *TableNameError) Error() string {
-	return fmt.Sprintf("outbox: table name %q: %s", e.Name, e.Reason)
-}
-
-// Unwrap makes a TableNameError match dedup.ErrConfig.
-func (e *TableNameError) Unwrap() error { return errConfig }

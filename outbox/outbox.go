@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/pgident"
 )
 
 // DefaultTable is the table an [Outbox] uses unless [WithTable] names another.
@@ -51,7 +51,7 @@ type config struct {
 
 // WithTable sets the table name, optionally schema-qualified ("schema.table").
 // Each part must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$, as for the dedup
-// PostgreSQL store.
+// PostgreSQL store; New reports another name as a *dedup.TableNameError.
 func WithTable(name string) Opt { return optFunc(func(c *config) { c.table = name }) }
 
 // WithNotify sets whether [Outbox.Add] notifies the relays when its
@@ -89,32 +89,13 @@ func New(opts ...Opt) (*Outbox, error) {
 }
 
 // parseTableName splits name into at most a schema and a table, each a plain
-// SQL identifier, so that nothing but a name reaches the SQL text. It is the
-// rule of the dedup PostgreSQL store, which does not export it.
+// SQL identifier, as for the dedup PostgreSQL store.
 func parseTableName(name string) (pgx.Identifier, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return nil, &TableNameError{Name: name, Reason: "want table or schema.table"}
+	ident, reason := pgident.Parse(name)
+	if reason != "" {
+		return nil, &dedup.TableNameError{Name: name, Reason: reason}
 	}
-	for _, p := range parts {
-		if !validIdentifier(p) {
-			return nil, &TableNameError{Name: name, Reason: fmt.Sprintf("%q is not an identifier matching ^[A-Za-z_][A-Za-z0-9_]{0,62}$", p)}
-		}
-	}
-	return pgx.Identifier(parts), nil
-}
-
-func validIdentifier(s string) bool {
-	if s == "" || len(s) > 63 {
-		return false
-	}
-	for i, c := range []byte(s) {
-		letter := c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
-		if !letter && (i == 0 || c < '0' || c > '9') {
-			return false
-		}
-	}
-	return true
+	return ident, nil
 }
 
 // Migrate creates the outbox table and its indexes if they do not exist. It

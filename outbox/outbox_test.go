@@ -151,7 +151,7 @@ func TestRelayStopsWhenTheServerRefusesItForGood(t *testing.T) {
 func TestConfigurationErrors(t *testing.T) {
 	for _, name := range []string{"", "a.b.c", "1table", "bad-name", "x;drop table y", strings.Repeat("a", 64)} {
 		_, err := outbox.New(outbox.WithTable(name))
-		var tne *outbox.TableNameError
+		var tne *dedup.TableNameError
 		require.ErrorAs(t, err, &tne, "%q", name)
 		require.ErrorIs(t, err, dedup.ErrConfig, "%q", name)
 	}
