@@ -21,7 +21,8 @@ func Example() {
 	defer client.Close()
 	store, err := redisstore.New(client)
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	orders := dedup.Messages[Order]{
 		EventID:    func(o Order) (string, error) { return o.ID, nil },
@@ -39,13 +40,15 @@ func Example() {
 		dedup.WithSink(dedup.NewMemorySink()),
 	)
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	// The broker delivers the same event three times.
 	for range 3 {
 		res, err := w.Handle(context.Background(), Order{ID: "order-42", Payload: `{"amount":10}`})
 		if err != nil {
-			panic(err) // Redis unreachable: do not ack, it comes back
+			fmt.Println("not acked:", err) // Redis unreachable: do not ack, it comes back
+			return
 		}
 		fmt.Println(res.Outcome, "ack:", res.Settled())
 	}

@@ -19,11 +19,15 @@ func Postgres(t testing.TB) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("DEDUP_POSTGRES_DSN: %v", err)
 	}
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	// No connect timeout of the pool's own: on a loaded machine a test's
+	// connection may take seconds, and the test's context bounds it. The
+	// availability check below is bounded, generously: a server that is not
+	// there refuses at once.
+	//
 	// Room for the 50-goroutine races to reach the server concurrently, well
 	// under the server's default max_connections of 100.
 	cfg.MaxConns = 20
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err == nil {
