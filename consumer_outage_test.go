@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -85,7 +86,7 @@ func TestStoreOutageIsLoggedOnceAtError(t *testing.T) {
 // A dead-letter sink that fails is an outage too; once it takes letters
 // again the recovery is logged and Outage clears.
 func TestSinkOutageAndRecovery(t *testing.T) {
-	sink, logs := dedup.NewMemorySink(), &logRecords{}
+	sink, logs := deduptest.NewFailingSink(), &logRecords{}
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error {
 		return dedup.Permanent(errors.New("unsupported"))
 	}, dedup.WithScope("sink-outage"), dedup.WithSink(sink), dedup.WithLogger(slog.New(logs)),

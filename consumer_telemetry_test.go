@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptest"
 )
 
 // tracedEvent is a message carrying W3C trace context headers, as a Kafka
@@ -197,7 +198,7 @@ func TestDeliverySpansAndMetrics(t *testing.T) {
 // spans of the messages it did not reach.
 func TestDeliverySpansOnStoreFailure(t *testing.T) {
 	tel := newTelemetry(t)
-	sink := dedup.NewMemorySink()
+	sink := deduptest.NewFailingSink()
 	sink.FailWith(errors.New("dead-letter topic unavailable"))
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), tracedEvents, func(context.Context, tracedEvent) error {
 		return dedup.Permanent(errors.New("bad order"))

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -251,7 +252,7 @@ func TestWrapper(t *testing.T) {
 			})
 
 			t.Run("FailingSinkAcksNothingThenRecovers", func(t *testing.T) {
-				store, sink := newStore(t), dedup.NewMemorySink()
+				store, sink := newStore(t), deduptest.NewFailingSink()
 				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
 					return dedup.Permanent(errors.New("bad"))
 				}, fastOpts(t, sink)...)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -135,7 +136,7 @@ func TestInbox(t *testing.T) {
 	})
 
 	t.Run("FailingSinkKeepsEventRetryable", func(t *testing.T) {
-		sink := dedup.NewMemorySink()
+		sink := deduptest.NewFailingSink()
 		w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
 			return dedup.Permanent(errors.New("unsupported"))
 		}, fastOpts(t, sink)...)

@@ -159,28 +159,17 @@ type Sink interface {
 type MemorySink struct {
 	mu      sync.Mutex
 	letters []DeadLetter
-	failing error
 }
 
 // NewMemorySink returns an empty MemorySink.
 func NewMemorySink() *MemorySink { return &MemorySink{} }
 
-// Send appends dl, or returns the error set by FailWith.
+// Send appends dl.
 func (s *MemorySink) Send(_ context.Context, dl DeadLetter) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.failing != nil {
-		return s.failing
-	}
 	s.letters = append(s.letters, dl)
 	return nil
-}
-
-// FailWith makes every later Send return err until called with nil.
-func (s *MemorySink) FailWith(err error) {
-	s.mu.Lock()
-	s.failing = err
-	s.mu.Unlock()
 }
 
 // Letters returns a copy of the dead letters sent so far.
