@@ -172,7 +172,7 @@ func (s *DynamoDBStore) claim(ctx context.Context, req ClaimRequest) (Claim, err
 			return Claim{Status: ClaimAcquired, Record: *won}, nil
 		case blocking == nil:
 			continue
-		case !mayTakeOver(*blocking, req.Fingerprint, now):
+		case !MayTakeOver(*blocking, req.Fingerprint, time.UnixMilli(now)):
 			return Claim{Status: Classify(*blocking, req.Fingerprint), Record: *blocking}, nil
 		}
 		taken, blocking, err := s.takeOver(ctx, req, now)
@@ -294,15 +294,6 @@ func (s *DynamoDBStore) refusal(ctx context.Context, key Key, err error, now int
 		return nil, err
 	}
 	return &rec, nil
-}
-
-// mayTakeOver reports whether a claim with fingerprint may take over rec.
-func mayTakeOver(rec Record, fingerprint string, now int64) bool {
-	if rec.Fingerprint != fingerprint {
-		return false
-	}
-	return rec.Status == StatusFailedRetryable ||
-		rec.Status == StatusProcessing && rec.LeaseUntil.UnixMilli() <= now
 }
 
 // ClaimBatch claims distinct keys concurrently, at most 16 requests at a

@@ -73,8 +73,7 @@ func (s *MemoryStore) claim(req ClaimRequest, now time.Time) Claim {
 		s.acquire(rec, req, now)
 		return Claim{Status: ClaimAcquired, Record: *rec}
 	}
-	if rec.Fingerprint == req.Fingerprint &&
-		(rec.Status == StatusFailedRetryable || rec.Status == StatusProcessing && !now.Before(rec.LeaseUntil)) {
+	if MayTakeOver(*rec, req.Fingerprint, now) {
 		previous := rec.Status
 		s.acquire(rec, req, now)
 		return Claim{Status: ClaimAcquired, Record: copyRecord(rec), Previous: previous}

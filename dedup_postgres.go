@@ -129,8 +129,7 @@ RETURNING owner, ctid, now(), previous_status, attempts, lease_until, created_at
 }
 
 // takeoverAllowed is the state machine's takeover rule for row t claimed
-// with fingerprint fp (an SQL expression); postgresObserved.allows is the
-// same rule in Go.
+// with fingerprint fp (an SQL expression): MayTakeOver in SQL, with expiry.
 func takeoverAllowed(fp string) string {
 	return `t.expires_at <= now() OR (t.fingerprint = ` + fp + ` AND
 	(t.status = 'FAILED_RETRYABLE' OR (t.status = 'PROCESSING' AND t.lease_until <= now())))`

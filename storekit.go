@@ -127,6 +127,15 @@ func Classify(rec Record, fingerprint string) ClaimStatus {
 	}
 }
 
+// MayTakeOver reports whether a claim with fingerprint takes over rec at now:
+// the same payload, and a retryable failure or a processing claim whose
+// lease has lapsed. It is exported for Store implementations, whose atomic
+// claim must apply it in the same step as the write.
+func MayTakeOver(rec Record, fingerprint string, now time.Time) bool {
+	return rec.Fingerprint == fingerprint &&
+		(rec.Status == StatusFailedRetryable || rec.Status == StatusProcessing && !now.Before(rec.LeaseUntil))
+}
+
 // ValidateBatch validates every key of a batch claim and checks that none
 // is repeated, returning the first error, for Store implementations.
 func ValidateBatch(reqs []ClaimRequest) error {
