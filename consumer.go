@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // Handler handles one message of a transport's native type M (*kgo.Record,
@@ -126,7 +128,7 @@ type Wrapper[M any] struct {
 	// in one store call; the inbox claims each in its own transaction.
 	batchClaims bool
 	heartbeats  sync.Pool // of *heartbeat
-	outage      outage
+	health      *outage.Tracker
 	tel         *telemetry // nil: no spans, no metrics
 }
 
@@ -169,7 +171,7 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if tel != nil && tel.storeCalls != nil {
 		store = timed(store, tel.storeCalls)
 	}
-	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg, tel: tel}
+	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg, tel: tel, health: outage.New(cfg.logger, cfg.outageThreshold, ErrOutage)}
 	w.heartbeats.New = func() any { return &heartbeat{store: store, logger: cfg.logger} }
 	return w, nil
 }
@@ -291,7 +293,7 @@ func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
 // observe reports one delivery's result to the observer, the outage tracker
 // and the telemetry, ending its span.
 func (w *Wrapper[M]) observe(ctx context.Context, d *delivery[M], res Result, err error) {
-	w.outage.observe(ctx, w.cfg.logger, w.cfg.outageThreshold, err)
+	w.observeOutcome(ctx, err)
 	if w.tel != nil {
 		w.tel.end(ctx, d.span, res, err)
 		d.span = nil

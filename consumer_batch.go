@@ -148,7 +148,7 @@ func (b *batch[M]) claim(ctx context.Context, from int) error {
 	b.claimedAt = time.Now()
 	claims, err := b.w.store.ClaimBatch(ctx, reqs)
 	if err != nil {
-		b.w.outage.observe(ctx, b.w.cfg.logger, b.w.cfg.outageThreshold, err)
+		b.w.observeOutcome(ctx, err)
 		return err
 	}
 	if len(claims) != len(reqs) {

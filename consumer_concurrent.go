@@ -86,7 +86,7 @@ func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M) error {
 	}
 	claims, err := w.store.ClaimBatch(ctx, reqs)
 	if err != nil {
-		w.outage.observe(ctx, w.cfg.logger, w.cfg.outageThreshold, err)
+		w.observeOutcome(ctx, err)
 		return err
 	}
 	if len(claims) != len(reqs) {

@@ -3,9 +3,6 @@ package dedup
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -14,65 +11,55 @@ import (
 // [WithOutageThreshold] says otherwise.
 const DefaultOutageThreshold = 30 * time.Second
 
-// outage follows the deliveries whose outcome could not be made durable (the
-// store or the sink failing): one failure is routine and logged where it
-// happens, but failures lasting past the threshold are reported once at
-// ERROR, and the recovery once at INFO, instead of a line per delivery.
-type outage struct {
-	since atomic.Int64 // unix nanoseconds of the first failure in a row; 0 when healthy
+// ErrOutage is matched by [Wrapper.Health]'s error while deliveries have
+// kept failing to be made durable (the store or the dead-letter sink
+// unreachable) for [WithOutageThreshold] or longer; the transport adapters'
+// Health and Run report outages with it too.
+var ErrOutage = errors.New("dedup: store or dead-letter sink failing")
 
-	mu       sync.Mutex // guards the fields below
-	last     error
-	reported bool
+// Stats is what a [Wrapper] knows of its recent attempts to make a
+// delivery's outcome durable: recorded in the store and, for a dead letter,
+// sent to the sink.
+type Stats struct {
+	// LastSuccess is when a delivery's outcome was last made durable.
+	LastSuccess time.Time
+	// LastFailure is when that last failed, and LastError why.
+	LastFailure time.Time
+	LastError   error
+	// FailingSince is when the current run of failures began; zero when
+	// the latest attempt succeeded.
+	FailingSince time.Time
 }
 
-// observe records the result of one delivery.
-func (o *outage) observe(ctx context.Context, logger *slog.Logger, threshold time.Duration, err error) {
+// observeOutcome feeds the outage tracker one delivery's result. A lease
+// lost to another worker, or a context cancelled by a shutdown, is no
+// failure of the store.
+func (w *Wrapper[M]) observeOutcome(ctx context.Context, err error) {
 	switch {
 	case err == nil:
-		if o.since.Load() == 0 {
-			return // the hot path: healthy and staying so
-		}
-		o.mu.Lock()
-		since := o.since.Swap(0)
-		if o.reported && since != 0 {
-			logger.Info("dedup: deliveries are recorded again after an outage",
-				slog.Duration("outage", time.Since(time.Unix(0, since)).Round(time.Millisecond)))
-		}
-		o.last, o.reported = nil, false
-		o.mu.Unlock()
-		return
+		w.health.Success()
 	case errors.Is(err, ErrLeaseLost), ctx.Err() != nil:
-		return // another worker's progress, or shutting down: not an outage
-	}
-	now := time.Now()
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.last = err
-	o.since.CompareAndSwap(0, now.UnixNano())
-	since := time.Unix(0, o.since.Load())
-	if !o.reported && now.Sub(since) >= threshold {
-		o.reported = true
-		logger.Error("dedup: the store or dead-letter sink has been failing; deliveries are not acknowledged and come back",
-			slog.Duration("for", now.Sub(since).Round(time.Millisecond)), slog.Any("error", err))
+	default:
+		w.health.Failure(err)
 	}
 }
 
-// state returns when the current run of failures began and its latest
-// error, or a zero time when the last delivery was made durable.
-func (o *outage) state() (time.Time, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	since := o.since.Load()
-	if since == 0 {
-		return time.Time{}, nil
-	}
-	return time.Unix(0, since), o.last
+// Stats returns what w knows of its recent attempts to make deliveries
+// durable, for every transport consuming through it.
+func (w *Wrapper[M]) Stats() Stats {
+	s := w.health.Snapshot()
+	return Stats{LastSuccess: s.LastSuccess, LastFailure: s.LastFailure, LastError: s.LastError, FailingSince: s.FailingSince}
 }
 
-// Outage reports whether the wrapper's deliveries are failing to be made
-// durable (the store or the dead-letter sink unreachable): since is when the
-// current run of failures began and err the latest one, or since is zero
-// when the latest delivery was recorded. A readiness probe can call it; a
-// lease lost to another worker or a cancelled context is no outage.
-func (w *Wrapper[M]) Outage() (since time.Time, err error) { return w.outage.state() }
+// Health returns nil, or an error matching [ErrOutage] (and wrapping the
+// latest failure) while deliveries have kept failing to be made durable for
+// [WithOutageThreshold] or longer: a readiness probe can serve it. A wrapper
+// that has handled nothing yet is healthy; a lease lost to another worker or
+// a cancelled context is no outage.
+func (w *Wrapper[M]) Health() error { return w.health.Health() }
+
+// FailingFor returns how long deliveries have been failing to be made
+// durable, and an error matching [ErrOutage] that wraps the latest failure;
+// 0 and nil once the latest was recorded. A transport adapter bounds an
+// outage with it (kafkadedup.WithMaxOutage).
+func (w *Wrapper[M]) FailingFor() (time.Duration, error) { return w.health.FailingFor() }

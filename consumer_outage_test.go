@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,8 +59,9 @@ func deliverFor(w *dedup.Wrapper[event], msg event, d time.Duration) int {
 	return failed
 }
 
-// A store that cannot be reached is reported once at ERROR when it stays
-// down past the threshold, and through Outage, not once per delivery.
+// A store that cannot be reached is reported at ERROR when it stays down
+// past the threshold (its start once, then at most a reminder each
+// threshold), not once per delivery, and through Health and Stats.
 func TestStoreOutageIsLoggedOnceAtError(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+testenv.ClosedPort(t)+"/test?connect_timeout=1")
 	require.NoError(t, err)
@@ -72,19 +74,23 @@ func TestStoreOutageIsLoggedOnceAtError(t *testing.T) {
 		dedup.WithOutageThreshold(300*time.Millisecond))
 	require.NoError(t, err)
 
-	since, oerr := w.Outage()
-	require.True(t, since.IsZero())
-	require.NoError(t, oerr)
+	require.NoError(t, w.Health())
+	require.True(t, w.Stats().FailingSince.IsZero())
+	began := time.Now()
 	failed := deliverFor(w, event{ID: "e", Body: "x"}, time.Second)
 	require.Greater(t, failed, 3)
-	require.Len(t, logs.at(slog.LevelError), 1, "one ERROR for the whole outage")
-	since, oerr = w.Outage()
-	require.False(t, since.IsZero())
-	require.Error(t, oerr)
+	require.Equal(t, 1, countContaining(logs.at(slog.LevelError), "has been failing"), "one ERROR for the outage's start")
+	require.LessOrEqual(t, len(logs.at(slog.LevelError)), 1+int(time.Since(began)/(300*time.Millisecond)),
+		"at most a reminder each threshold")
+	require.ErrorIs(t, w.Health(), dedup.ErrOutage)
+	st := w.Stats()
+	require.False(t, st.FailingSince.IsZero())
+	require.Error(t, st.LastError)
+	require.True(t, st.LastSuccess.IsZero())
 }
 
 // A dead-letter sink that fails is an outage too; once it takes letters
-// again the recovery is logged and Outage clears.
+// again the recovery is logged and Health clears.
 func TestSinkOutageAndRecovery(t *testing.T) {
 	sink, logs := deduptest.NewFailingSink(), &logRecords{}
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error {
@@ -94,15 +100,24 @@ func TestSinkOutageAndRecovery(t *testing.T) {
 	require.NoError(t, err)
 	sink.FailWith(errors.New("dlq down"))
 	require.Greater(t, deliverFor(w, event{ID: "p", Body: "x"}, time.Second), 3)
-	require.Len(t, logs.at(slog.LevelError), 1)
+	require.Equal(t, 1, countContaining(logs.at(slog.LevelError), "has been failing"))
+	require.ErrorIs(t, w.Health(), dedup.ErrOutage)
 	sink.FailWith(nil)
 	res := deliverUntilSettled(t, w, event{ID: "p", Body: "x"})
 	require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
-	since, oerr := w.Outage()
-	require.True(t, since.IsZero())
-	require.NoError(t, oerr)
+	require.NoError(t, w.Health())
+	require.True(t, w.Stats().FailingSince.IsZero())
 	require.Contains(t, logs.at(slog.LevelInfo), "dedup: deliveries are recorded again after an outage")
-	require.Len(t, logs.at(slog.LevelError), 1)
+}
+
+func countContaining(msgs []string, part string) int {
+	n := 0
+	for _, m := range msgs {
+		if strings.Contains(m, part) {
+			n++
+		}
+	}
+	return n
 }
 
 // Without WithLogger, the wrapper logs through slog.Default.

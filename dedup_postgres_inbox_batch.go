@@ -77,7 +77,7 @@ func (s inboxSteps[M]) runChunk(ctx context.Context, b *batch[M], from, to int) 
 	}
 	claims, err := s.store.claimBatchInTx(ctx, tx, reqs)
 	if err != nil {
-		w.outage.observe(ctx, w.cfg.logger, w.cfg.outageThreshold, err)
+		w.observeOutcome(ctx, err)
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return b.failChunk(ctx, from, to, err)
 	}

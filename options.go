@@ -149,9 +149,12 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger 
 
 // WithOutageThreshold sets how long deliveries must keep failing to be made
 // durable (the store or the dead-letter sink unreachable) before the wrapper
-// logs it once at ERROR, and reports it through [Wrapper.Outage]; the default
-// is [DefaultOutageThreshold]. Shorter failures are logged at WARN by the
-// transport adapters, once per delivery that was not acknowledged.
+// logs it at ERROR (once, then a reminder each threshold while it lasts, and
+// its end at INFO), and reports it through [Wrapper.Health] and the transport
+// adapters' Health; the default is [DefaultOutageThreshold]. Shorter
+// failures are logged at WARN by the transport adapters, once per delivery
+// that was not acknowledged. It is the one threshold: the adapters read the
+// wrapper's.
 func WithOutageThreshold(d time.Duration) Opt {
 	return optFunc(func(c *config) { c.outageThreshold = d })
 }

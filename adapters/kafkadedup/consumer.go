@@ -30,11 +30,11 @@ const commitTimeout = 10 * time.Second
 // Consumer is in progress.
 var ErrRunning = errors.New("kafkadedup: consumer is already running")
 
-// ErrOutage means settling records has kept failing (the store or the
-// dead-letter sink unreachable) for longer than [WithOutageThreshold], as
-// reported by [Consumer.Health], or than [WithMaxOutage], as returned by
-// [Consumer.Run].
-var ErrOutage = errors.New("kafkadedup: store or dead-letter sink failing")
+// ErrOutage is dedup.ErrOutage: settling records has kept failing (the
+// store or the dead-letter sink unreachable) for longer than the wrapper's
+// dedup.WithOutageThreshold, as reported by [Consumer.Health], or than
+// [WithMaxOutage], as returned by [Consumer.Run].
+var ErrOutage = dedup.ErrOutage
 
 // Opt configures a [Consumer].
 type Opt interface{ apply(*consumerConfig) }
@@ -44,14 +44,13 @@ type optFunc func(*consumerConfig)
 func (f optFunc) apply(x *consumerConfig) { f(x) }
 
 type consumerConfig struct {
-	clientOpts      []kgo.Opt
-	logger          *slog.Logger
-	maxPoll         int
-	buffer          int
-	drainTimeout    time.Duration
-	errBackoff      dedup.Backoff
-	outageThreshold time.Duration
-	maxOutage       time.Duration
+	clientOpts   []kgo.Opt
+	logger       *slog.Logger
+	maxPoll      int
+	buffer       int
+	drainTimeout time.Duration
+	errBackoff   dedup.Backoff
+	maxOutage    time.Duration
 }
 
 // WithClientOpts adds kgo client options: brokers, TLS, SASL, the consumer
@@ -65,8 +64,9 @@ func WithClientOpts(opts ...kgo.Opt) Opt {
 // WithLogger sets the logger for the poll loop and partition workers
 // (default: slog.Default() as of NewConsumer). They log at WARN what they
 // will retry (a fetch error, a record not settled before an outage, a lost
-// partition), and at ERROR reminders of an outage ([WithOutageThreshold]) and
-// a failed commit. The wrapper has its own logger, dedup.WithLogger.
+// partition), and at ERROR a failed commit. The wrapper has its own logger,
+// dedup.WithLogger, and logs an outage of the store or the dead-letter sink
+// (dedup.WithOutageThreshold).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *consumerConfig) { c.logger = l }) }
 
 // WithMaxPollRecords caps the records taken from the client per poll
@@ -89,16 +89,6 @@ func WithDrainTimeout(d time.Duration) Opt {
 // default dedup.ExponentialBackoff(100ms, 5s).
 func WithErrorBackoff(b dedup.Backoff) Opt {
 	return optFunc(func(c *consumerConfig) { c.errBackoff = b })
-}
-
-// WithOutageThreshold sets how long settling records must keep failing (the
-// store or the dead-letter sink unreachable) to be an outage (default
-// dedup.DefaultOutageThreshold; give the wrapper's dedup.WithOutageThreshold
-// the same). The wrapper logs the outage's start and end; the Consumer
-// reports it through [Consumer.Health], logs each retry at DEBUG instead of
-// WARN meanwhile, and reminds of it at ERROR at this interval while it lasts.
-func WithOutageThreshold(d time.Duration) Opt {
-	return optFunc(func(c *consumerConfig) { c.outageThreshold = d })
 }
 
 // WithMaxOutage makes Run shut down, as if its context were canceled, and
@@ -125,7 +115,6 @@ type Consumer struct {
 	w       *dedup.Wrapper[*kgo.Record]
 	cfg     consumerConfig
 	running atomic.Bool
-	health  *outage.Tracker
 }
 
 // NewConsumer returns a Consumer that passes records through w. The kgo
@@ -136,12 +125,11 @@ type Consumer struct {
 // missing or invalid.
 func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) {
 	cfg := consumerConfig{
-		logger:          slog.Default(),
-		outageThreshold: dedup.DefaultOutageThreshold,
-		maxPoll:         DefaultMaxPollRecords,
-		buffer:          DefaultPartitionBuffer,
-		drainTimeout:    DefaultDrainTimeout,
-		errBackoff:      dedup.ExponentialBackoff(100*time.Millisecond, 5*time.Second),
+		logger:       slog.Default(),
+		maxPoll:      DefaultMaxPollRecords,
+		buffer:       DefaultPartitionBuffer,
+		drainTimeout: DefaultDrainTimeout,
+		errBackoff:   dedup.ExponentialBackoff(100*time.Millisecond, 5*time.Second),
 	}
 	for _, o := range opts {
 		o.apply(&cfg)
@@ -156,15 +144,13 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 			dedup.ErrConfig, cfg.maxPoll, cfg.buffer)
 	case cfg.drainTimeout < 0:
 		return nil, fmt.Errorf("%w: kafkadedup: negative drain timeout", dedup.ErrConfig)
-	case cfg.outageThreshold <= 0:
-		return nil, fmt.Errorf("%w: kafkadedup: WithOutageThreshold(%v): must be positive", dedup.ErrConfig, cfg.outageThreshold)
 	case cfg.maxOutage < 0:
 		return nil, fmt.Errorf("%w: kafkadedup: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, cfg.maxOutage)
 	}
 	if err := checkClientOpts(cfg.clientOpts); err != nil {
 		return nil, err
 	}
-	return &Consumer{w: w, cfg: cfg, health: outage.New(cfg.logger, "kafkadedup:", cfg.outageThreshold, cfg.maxOutage, ErrOutage)}, nil
+	return &Consumer{w: w, cfg: cfg}, nil
 }
 
 // errOffline is what the client built by checkClientOpts gets for every
@@ -229,7 +215,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	ctx, giveUp := context.WithCancelCause(ctx)
 	defer giveUp(nil)
-	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, health: c.health, giveUp: giveUp,
+	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, giveUp: giveUp,
 		parts: make(map[topicPartition]*partition)}
 	cl, err := kgo.NewClient(append(slices.Clip(c.cfg.clientOpts), runOpts(s)...)...)
 	if err != nil {
@@ -258,7 +244,6 @@ type session struct {
 	group string
 	base  context.Context // parent of the handlers' contexts; carries the group
 
-	health *outage.Tracker
 	giveUp context.CancelCauseFunc // stops Run with an outage error (WithMaxOutage)
 
 	mu    sync.Mutex
@@ -293,8 +278,8 @@ func (s *session) poll(ctx context.Context) {
 // failed records a failure to settle a record, stops Run once failures have
 // lasted longer than WithMaxOutage, and returns the level to log this one
 // at.
-func (s *session) failed(err error) slog.Level {
-	level, stop := s.health.Failure(err)
+func (s *session) failed(error) slog.Level {
+	level, stop := outage.Failed(s.w, s.cfg.maxOutage)
 	if stop != nil {
 		s.giveUp(stop)
 	}

@@ -36,10 +36,10 @@ func unreachableStore(t *testing.T) dedup.Store {
 }
 
 // With PostgreSQL down, Run is not silent: each retry is a warning until the
-// failures have lasted WithOutageThreshold, then the outage is an ERROR (the
-// wrapper's, then the consumer's reminders each threshold, not one per
-// retry), and Health and Stats report it; nothing runs and nothing is
-// committed.
+// failures have lasted the wrapper's WithOutageThreshold, then the outage is
+// an ERROR (its start, then reminders each threshold, not one per retry, all
+// from the wrapper's one tracker), and the consumer's Health and Stats
+// report it; nothing runs and nothing is committed.
 func TestOutageIsLoggedAndReported(t *testing.T) {
 	c := newCluster(t, 1)
 	c.produce(events("down", 3, 1)...)
@@ -49,7 +49,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil },
 		dedup.WithLogger(slog.New(logs)), dedup.WithOutageThreshold(500*time.Millisecond))
 	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
-		kafkadedup.WithLogger(slog.New(logs)), kafkadedup.WithOutageThreshold(500*time.Millisecond),
+		kafkadedup.WithLogger(slog.New(logs)),
 		kafkadedup.WithErrorBackoff(func(int) time.Duration { return 20 * time.Millisecond }))
 	if err := consumer.Health(); err != nil {
 		t.Errorf("Health before any record: %v, want nil", err)
@@ -59,11 +59,10 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	const notSettled = "record not settled"
 	failures := func() int { return logs.Count(slog.LevelWarn, notSettled) + logs.Count(slog.LevelDebug, notSettled) }
 	eventually(t, 20*time.Second, func() bool {
-		return logs.Count(slog.LevelError, "kafkadedup: store or dead-letter sink still failing") >= 1 && failures() >= 20
+		return logs.Count(slog.LevelError, "dedup: store or dead-letter sink still failing") >= 1 && failures() >= 20
 	}, "no outage reminded at ERROR after many failures; logs:\n%s", logs)
-	// The wrapper logs the outage's start, the consumer only its reminders.
 	if n := logs.Count(slog.LevelError, "dedup: the store or dead-letter sink has been failing"); n != 1 {
-		t.Errorf("%d ERROR records of the outage's start, want 1 (from the wrapper)", n)
+		t.Errorf("%d ERROR records of the outage's start, want 1", n)
 	}
 	if errs, n := logs.Count(slog.LevelError, ""), failures(); errs >= n/2 {
 		t.Errorf("%d ERROR records for %d failures, want the outage reported, not each retry", errs, n)
@@ -94,7 +93,7 @@ func TestMaxOutageStopsRun(t *testing.T) {
 	w := wrap(t, unreachableStore(t), c.sink(), dedup.Scope(c.group, "apply"),
 		func(context.Context, *kgo.Record) error { return nil })
 	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
-		kafkadedup.WithOutageThreshold(200*time.Millisecond), kafkadedup.WithMaxOutage(time.Second),
+		kafkadedup.WithMaxOutage(time.Second),
 		kafkadedup.WithErrorBackoff(func(int) time.Duration { return 20 * time.Millisecond }),
 		kafkadedup.WithLogger(slog.New(slog.DiscardHandler)))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

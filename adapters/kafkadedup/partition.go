@@ -139,7 +139,6 @@ func (p *partition) run() {
 				slog.Int("consecutive_errors", errs), slog.Duration("backoff", wait), slog.Any("error", err))
 		} else {
 			errs = 0
-			p.s.health.Success()
 		}
 		if len(pending) > 0 && !p.sleep(wait) {
 			return

@@ -62,7 +62,6 @@ type Consumer struct {
 	// noReceiveCount is done once a message came without its
 	// ApproximateReceiveCount, which is then logged.
 	noReceiveCount sync.Once
-	health         *outage.Tracker
 }
 
 // NewConsumer returns a Consumer of the queue at queueURL running messages
@@ -84,10 +83,7 @@ func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Mes
 		return nil, fmt.Errorf("%w: sqsdedup: nil wrapper", dedup.ErrConfig)
 	}
 	log := cfg.logger.With(slog.String("queue", queueURL))
-	return &Consumer{
-		client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg, log: log,
-		health: outage.New(log, "sqsdedup:", cfg.outageThreshold, cfg.maxOutage, ErrOutage),
-	}, nil
+	return &Consumer{client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg, log: log}, nil
 }
 
 // VisibilityTimeout returns the visibility timeout of the queue at queueURL.
@@ -357,8 +353,8 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 // failed records a failure to settle a message, stops Run once failures
 // have lasted longer than WithMaxOutage, and returns the level to log this
 // one at.
-func (r *runner) failed(err error) slog.Level {
-	level, stop := r.health.Failure(err)
+func (r *runner) failed(error) slog.Level {
+	level, stop := outage.Failed(r.w, r.cfg.maxOutage)
 	if stop != nil {
 		r.giveUp(stop)
 	}
@@ -367,9 +363,6 @@ func (r *runner) failed(err error) slog.Level {
 
 // settle acts on the outcome of one message.
 func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result, err error) {
-	if err == nil {
-		r.health.Success()
-	}
 	switch {
 	case err != nil:
 		level := slog.LevelWarn

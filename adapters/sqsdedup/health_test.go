@@ -65,7 +65,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	}
 	fault.On()
 	consumer, err := sqsdedup.NewConsumer(c, url, w, sqsdedup.WithWaitTime(time.Second),
-		sqsdedup.WithOutageThreshold(time.Second), sqsdedup.WithLogger(slog.New(logs)))
+		sqsdedup.WithLogger(slog.New(logs)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,12 +84,12 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 
 	const notAcked = "message not acknowledged"
 	waitFor(t, 30*time.Second, "an outage reminded at ERROR and many failures", func() bool {
-		return logs.Count(slog.LevelError, "sqsdedup: store or dead-letter sink still failing") >= 1 &&
+		return logs.Count(slog.LevelError, "dedup: store or dead-letter sink still failing") >= 1 &&
 			logs.Count(slog.LevelWarn, notAcked)+logs.Count(slog.LevelDebug, notAcked) >= 9
 	})
 	failures := logs.Count(slog.LevelWarn, notAcked) + logs.Count(slog.LevelDebug, notAcked)
 	if n := logs.Count(slog.LevelError, "dedup: the store or dead-letter sink has been failing"); n != 1 {
-		t.Errorf("%d ERROR records of the outage's start, want 1 (from the wrapper)", n)
+		t.Errorf("%d ERROR records of the outage's start, want 1", n)
 	}
 	if errs := logs.Count(slog.LevelError, ""); errs >= failures/2 {
 		t.Errorf("%d ERROR records for %d failures, want the outage reported, not each message", errs, failures)
@@ -132,7 +132,7 @@ func TestMaxOutageStopsRun(t *testing.T) {
 	send(t, c, url, "m-1", "x", nil)
 	fault.On()
 	consumer, err := sqsdedup.NewConsumer(c, url, w, sqsdedup.WithWaitTime(time.Second),
-		sqsdedup.WithOutageThreshold(time.Second), sqsdedup.WithMaxOutage(2*time.Second), sqsdedup.WithLogger(testLogger(t)))
+		sqsdedup.WithMaxOutage(2*time.Second), sqsdedup.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,6 @@ type config struct {
 	inFlightDelay   time.Duration
 	deleteInterval  time.Duration
 	shutdownTimeout time.Duration
-	outageThreshold time.Duration
 	maxOutage       time.Duration
 	logger          *slog.Logger
 }
@@ -47,7 +46,6 @@ func defaultConfig() config {
 		inFlightDelay:   DefaultInFlightDelay,
 		deleteInterval:  DefaultDeleteInterval,
 		shutdownTimeout: DefaultShutdownTimeout,
-		outageThreshold: dedup.DefaultOutageThreshold,
 		logger:          slog.Default(),
 	}
 }
@@ -72,8 +70,6 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
 	case c.logger == nil:
 		return fmt.Errorf("%w: WithLogger(nil)", dedup.ErrConfig)
-	case c.outageThreshold <= 0:
-		return fmt.Errorf("%w: WithOutageThreshold(%v): must be positive", dedup.ErrConfig, c.outageThreshold)
 	case c.maxOutage < 0:
 		return fmt.Errorf("%w: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, c.maxOutage)
 	}
@@ -120,20 +116,10 @@ func WithShutdownTimeout(d time.Duration) Opt {
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
 // The Consumer logs at INFO only when it stops, at WARN what it will retry
-// (a failed receive, a message not acknowledged before an outage), and at
-// ERROR reminders of an outage ([WithOutageThreshold]).
+// (a failed receive, a message not acknowledged before an outage). The
+// wrapper has its own logger, dedup.WithLogger, and logs an outage of the
+// store or the dead-letter sink (dedup.WithOutageThreshold).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
-
-// WithOutageThreshold sets how long settling messages must keep failing (the
-// store or the dead-letter sink unreachable) to be an outage (default
-// dedup.DefaultOutageThreshold; give the wrapper's dedup.WithOutageThreshold
-// the same). The wrapper logs the outage's start and end; the Consumer
-// reports it through [Consumer.Health], logs each message it could not
-// settle at DEBUG instead of WARN meanwhile, and reminds of it at ERROR at
-// this interval while it lasts.
-func WithOutageThreshold(d time.Duration) Opt {
-	return optFunc(func(c *config) { c.outageThreshold = d })
-}
 
 // WithMaxOutage makes Run stop, as if its context were cancelled, and return
 // an error matching [ErrOutage] once handling messages has kept failing for

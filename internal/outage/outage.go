@@ -1,43 +1,45 @@
-// Package outage tracks, for a transport adapter's consumer, whether
-// settling messages (the store or the dead-letter sink) keeps failing: for
-// its health report, its reminders in the log, and its bound on an outage.
-// The wrapper (dedup.WithOutageThreshold) logs an outage's start and end.
+// Package outage tracks whether a wrapper's deliveries keep failing to be
+// made durable (the store or the dead-letter sink failing): for its health
+// report, the transport adapters' reports and their bound on an outage, and
+// the log. It is the one tracker: the wrapper feeds it, the adapters read it.
 package outage
 
 import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// Tracker records the outcome of each attempt to settle a message. A run of
-// failures lasting at least its threshold is an outage: the wrapper logs its
-// start at ERROR, the Tracker logs a reminder at ERROR each threshold after
-// that while it lasts (never per message), and Health reports it. It is safe
-// for concurrent use.
+// Tracker records the outcome of each attempt to make a delivery durable. A
+// run of failures lasting at least its threshold is an outage: it logs the
+// outage's start at ERROR, a reminder at ERROR each threshold after that
+// while it lasts (never one per failure), and its end at INFO, and Health
+// reports it. It is safe for concurrent use.
 type Tracker struct {
 	log       *slog.Logger
-	prefix    string // of log messages
 	threshold time.Duration
-	maxOutage time.Duration // an outage longer than this stops the consumer; 0: never
-	sentinel  error         // wrapped by Health's errors
+	sentinel  error // wrapped by Health's errors
 
-	mu          sync.Mutex
-	lastSuccess time.Time
+	// Now is the clock; tests drive it.
+	Now func() time.Time
+
+	failing     atomic.Bool  // a run of failures is under way: Success's slow path
+	lastSuccess atomic.Int64 // unix nanoseconds; 0: none yet
+
+	mu          sync.Mutex // guards the fields below
 	lastFailure time.Time
 	since       time.Time // start of the current run of failures; zero after a success
 	lastErr     error
 	failures    int       // since the last ERROR
-	loggedAt    time.Time // of the last ERROR of the current outage (the first is the wrapper's)
+	loggedAt    time.Time // of the last ERROR of the current outage; zero: not reported
 }
 
-// New returns a Tracker logging to log, with messages starting with prefix
-// (the package's name and a colon), for which failing for threshold is an
-// outage, and failing for longer than maxOutage (unless 0) a reason to stop;
-// Health's errors wrap sentinel.
-func New(log *slog.Logger, prefix string, threshold, maxOutage time.Duration, sentinel error) *Tracker {
-	return &Tracker{log: log, prefix: prefix, threshold: threshold, maxOutage: maxOutage, sentinel: sentinel}
+// New returns a Tracker logging to log, for which failing for threshold is
+// an outage; Health's errors wrap sentinel.
+func New(log *slog.Logger, threshold time.Duration, sentinel error) *Tracker {
+	return &Tracker{log: log, threshold: threshold, sentinel: sentinel, Now: time.Now}
 }
 
 // Snapshot is what a Tracker knows of the recent attempts.
@@ -48,52 +50,62 @@ type Snapshot struct {
 	LastError    error
 }
 
-// Success records an attempt whose outcome the store recorded.
+// Success records an attempt whose outcome was made durable.
 func (t *Tracker) Success() {
-	now := time.Now()
+	now := t.Now()
+	t.lastSuccess.Store(now.UnixNano())
+	if !t.failing.Load() {
+		return // the hot path: healthy and staying so
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.lastSuccess = now
-	t.since, t.loggedAt, t.failures = time.Time{}, time.Time{}, 0
+	if !t.loggedAt.IsZero() {
+		t.log.Info("dedup: deliveries are recorded again after an outage",
+			slog.Duration("outage", now.Sub(t.since).Round(time.Millisecond)))
+	}
+	t.since, t.loggedAt, t.failures, t.lastErr = time.Time{}, time.Time{}, 0, nil
+	t.failing.Store(false)
 }
 
 // Failure records an attempt that failed with err. It returns the level to
-// log that failure at: WARN, or DEBUG during an outage, which is logged at
-// ERROR here; and, once failures have lasted longer than the maximum, the
-// error to stop the consumer with.
-func (t *Tracker) Failure(err error) (level slog.Level, stop error) {
-	now := time.Now()
+// log that failure at where it happened: WARN, or DEBUG during an outage,
+// which the Tracker logs at ERROR.
+func (t *Tracker) Failure(err error) slog.Level {
+	now := t.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.since.IsZero() {
 		t.since = now
+		t.failing.Store(true)
 	}
 	t.lastFailure, t.lastErr = now, err
 	t.failures++
 	failingFor := now.Sub(t.since)
-	if t.maxOutage > 0 && failingFor > t.maxOutage {
-		stop = fmt.Errorf("%w; stopping after more than %v", t.errLocked(), t.maxOutage)
-	}
-	if failingFor < t.threshold {
-		return slog.LevelWarn, stop
-	}
-	if t.loggedAt.IsZero() {
-		t.loggedAt = t.since.Add(t.threshold) // when the wrapper logged the start
-	}
-	if now.Sub(t.loggedAt) >= t.threshold {
-		t.log.Error(t.prefix+" store or dead-letter sink still failing: messages are not being settled",
+	switch {
+	case failingFor < t.threshold:
+		return slog.LevelWarn
+	case t.loggedAt.IsZero():
+		t.log.Error("dedup: the store or dead-letter sink has been failing; deliveries are not acknowledged and come back",
+			slog.Duration("for", failingFor.Round(time.Millisecond)), slog.Any("error", err))
+		t.loggedAt, t.failures = now, 0
+	case now.Sub(t.loggedAt) >= t.threshold:
+		t.log.Error("dedup: store or dead-letter sink still failing: deliveries are not being acknowledged",
 			slog.Duration("failing_for", failingFor.Round(time.Millisecond)), slog.Time("since", t.since),
 			slog.Int("failures", t.failures), slog.Any("error", err))
 		t.loggedAt, t.failures = now, 0
 	}
-	return slog.LevelDebug, stop
+	return slog.LevelDebug
 }
 
 // Snapshot returns what t knows.
 func (t *Tracker) Snapshot() Snapshot {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return Snapshot{LastSuccess: t.lastSuccess, LastFailure: t.lastFailure, FailingSince: t.since, LastError: t.lastErr}
+	s := Snapshot{LastFailure: t.lastFailure, FailingSince: t.since, LastError: t.lastErr}
+	if ns := t.lastSuccess.Load(); ns != 0 {
+		s.LastSuccess = time.Unix(0, ns)
+	}
+	return s
 }
 
 // Health returns nil, or, once the attempts since the last success have
@@ -102,24 +114,46 @@ func (t *Tracker) Snapshot() Snapshot {
 func (t *Tracker) Health() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.since.IsZero() || time.Since(t.since) < t.threshold {
+	if t.since.IsZero() || t.Now().Sub(t.since) < t.threshold {
 		return nil
 	}
 	return t.errLocked()
 }
 
-// Err returns an error wrapping the sentinel and the last failure, saying
-// how long attempts have been failing; nil after a success.
-func (t *Tracker) Err() error {
+// FailingFor returns how long the attempts since the last success have been
+// failing, and an error wrapping the sentinel and the last failure; 0 and
+// nil after a success.
+func (t *Tracker) FailingFor() (time.Duration, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.since.IsZero() {
-		return nil
+		return 0, nil
 	}
-	return t.errLocked()
+	return t.Now().Sub(t.since), t.errLocked()
 }
 
 func (t *Tracker) errLocked() error {
-	return fmt.Errorf("%w for %v (since %s): %w", t.sentinel, time.Since(t.since).Round(time.Millisecond),
+	return fmt.Errorf("%w for %v (since %s): %w", t.sentinel, t.Now().Sub(t.since).Round(time.Millisecond),
 		t.since.UTC().Format(time.RFC3339), t.lastErr)
+}
+
+// Source is a wrapper's view of its tracker, as a transport adapter reads it.
+type Source interface {
+	FailingFor() (time.Duration, error)
+	Health() error
+}
+
+// Failed returns the level at which a transport adapter logs a delivery it
+// could not settle (WARN, or DEBUG during an outage, which the wrapper logs at
+// ERROR) and, once failures have lasted longer than maxOutage (unless 0),
+// the error to stop with.
+func Failed(src Source, maxOutage time.Duration) (slog.Level, error) {
+	var stop error
+	if failingFor, err := src.FailingFor(); maxOutage > 0 && failingFor > maxOutage {
+		stop = fmt.Errorf("%w; stopping after more than %v", err, maxOutage)
+	}
+	if src.Health() != nil {
+		return slog.LevelDebug, stop
+	}
+	return slog.LevelWarn, stop
 }

@@ -15,62 +15,87 @@ var (
 	errDown     = errors.New("store down")
 )
 
-// A run of failures becomes an outage at the threshold (the wrapper logs its
-// start): Health reports it with the last error, each threshold after that
-// brings one ERROR reminder, not one per failure; a success clears Health.
+// clock is a time the test moves.
+type clock struct{ now time.Time }
+
+func (c *clock) Now() time.Time          { return c.now }
+func (c *clock) advance(d time.Duration) { c.now = c.now.Add(d) }
+
+// A run of failures becomes an outage at the threshold: its start is one
+// ERROR, each threshold after that brings one ERROR reminder, not one per
+// failure, Health reports it with the last error; a success ends it with one
+// INFO and clears Health.
 func TestTrackerOutage(t *testing.T) {
 	logs := &testenv.Logs{}
-	const threshold = 50 * time.Millisecond
-	tr := outage.New(slog.New(logs), "test:", threshold, 0, errSentinel)
+	const threshold = time.Minute
+	c := &clock{now: time.Unix(1_700_000_000, 0)}
+	tr := outage.New(slog.New(logs), threshold, errSentinel)
+	tr.Now = c.Now
 
-	if level, stop := tr.Failure(errDown); level != slog.LevelWarn || stop != nil {
-		t.Errorf("the first failure: level %v, stop %v; want WARN and no stop", level, stop)
+	if level := tr.Failure(errDown); level != slog.LevelWarn {
+		t.Errorf("the first failure: level %v, want WARN", level)
 	}
 	if err := tr.Health(); err != nil {
 		t.Errorf("Health before the threshold: %v", err)
 	}
-	time.Sleep(threshold)
+	c.advance(threshold)
 	for range 5 {
-		if level, stop := tr.Failure(errDown); level != slog.LevelDebug || stop != nil {
-			t.Fatalf("a failure in the outage: level %v, stop %v; want DEBUG (the outage is the ERROR) and no stop", level, stop)
+		if level := tr.Failure(errDown); level != slog.LevelDebug {
+			t.Fatalf("a failure in the outage: level %v; want DEBUG (the outage is the ERROR)", level)
 		}
 	}
-	if n := logs.Count(slog.LevelError, "still failing"); n != 0 {
-		t.Errorf("%d ERROR reminders within the first threshold of the outage, want 0 (the wrapper logs its start)", n)
+	if n := logs.Count(slog.LevelError, "dedup: the store or dead-letter sink has been failing"); n != 1 {
+		t.Errorf("%d ERROR records of the outage's start for 5 failures, want 1", n)
 	}
-	time.Sleep(threshold)
+	if n := logs.Count(slog.LevelError, "still failing"); n != 0 {
+		t.Errorf("%d ERROR reminders within the first threshold of the outage, want 0", n)
+	}
+	c.advance(threshold)
 	for range 5 {
 		tr.Failure(errDown)
 	}
-	if n := logs.Count(slog.LevelError, "test: store or dead-letter sink still failing"); n != 1 {
+	if n := logs.Count(slog.LevelError, "dedup: store or dead-letter sink still failing"); n != 1 {
 		t.Errorf("%d ERROR reminders for 5 failures a threshold later, want 1", n)
 	}
 	err := tr.Health()
 	if !errors.Is(err, errSentinel) || !errors.Is(err, errDown) {
 		t.Errorf("Health in the outage: %v, want the sentinel wrapping the last error", err)
 	}
-	if s := tr.Snapshot(); s.FailingSince.IsZero() || !errors.Is(s.LastError, errDown) || !s.LastSuccess.IsZero() {
+	if d, err := tr.FailingFor(); d != 2*threshold || !errors.Is(err, errDown) {
+		t.Errorf("FailingFor in the outage: %v, %v", d, err)
+	}
+	if s := tr.Snapshot(); !s.FailingSince.Equal(c.now.Add(-2*threshold)) || !errors.Is(s.LastError, errDown) || !s.LastSuccess.IsZero() {
 		t.Errorf("Snapshot in the outage: %+v", s)
 	}
 
 	tr.Success()
+	if n := logs.Count(slog.LevelInfo, "recorded again after an outage"); n != 1 {
+		t.Errorf("%d INFO records of the recovery, want 1", n)
+	}
 	if err := tr.Health(); err != nil {
 		t.Errorf("Health after a success: %v", err)
 	}
-	if err := tr.Err(); err != nil {
-		t.Errorf("Err after a success: %v", err)
+	if d, err := tr.FailingFor(); d != 0 || err != nil {
+		t.Errorf("FailingFor after a success: %v, %v", d, err)
+	}
+	if s := tr.Snapshot(); !s.LastSuccess.Equal(c.now) || !s.FailingSince.IsZero() {
+		t.Errorf("Snapshot after a success: %+v", s)
 	}
 }
 
-// Failures lasting longer than the maximum give the error to stop with.
-func TestTrackerMax(t *testing.T) {
-	const maxOutage = 50 * time.Millisecond
-	tr := outage.New(slog.New(slog.DiscardHandler), "test:", time.Hour, maxOutage, errSentinel)
-	if _, stop := tr.Failure(errDown); stop != nil {
-		t.Errorf("the first failure stops: %v", stop)
+// Failures shorter than the threshold are no outage: no ERROR, no INFO when
+// they end.
+func TestTrackerShortFailures(t *testing.T) {
+	logs := &testenv.Logs{}
+	c := &clock{now: time.Unix(1_700_000_000, 0)}
+	tr := outage.New(slog.New(logs), time.Minute, errSentinel)
+	tr.Now = c.Now
+	for range 3 {
+		tr.Failure(errDown)
+		c.advance(10 * time.Second)
 	}
-	time.Sleep(2 * maxOutage)
-	if _, stop := tr.Failure(errDown); !errors.Is(stop, errSentinel) || !errors.Is(stop, errDown) {
-		t.Errorf("a failure past the maximum: stop %v, want the sentinel wrapping the last error", stop)
+	tr.Success()
+	if n := logs.Count(slog.LevelError, "") + logs.Count(slog.LevelInfo, ""); n != 0 {
+		t.Errorf("%d ERROR or INFO records for failures shorter than the threshold; logs:\n%s", n, logs)
 	}
 }
