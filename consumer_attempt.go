@@ -92,7 +92,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 		w.steps.end(ctx, d)
 		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
 	}
-	d.owner, d.attempts, d.locator = c.Record.Owner, c.Record.Attempts, c.locator
+	d.owner, d.attempts, d.locator = c.Record.Owner, c.Record.Attempts, c.Locator
 	defer w.steps.end(ctx, d)
 
 	if c.Record.Attempts > w.cfg.maxAttempts {
@@ -115,7 +115,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 		w.warnNilAfterCancel(d.key)
 	}
 	if err == nil && later != nil {
-		*later = append(*later, Completion{Key: d.key, Owner: d.owner, TTL: w.cfg.ttl, locator: d.locator})
+		*later = append(*later, Completion{Key: d.key, Owner: d.owner, TTL: w.cfg.ttl, Locator: d.locator})
 		res.Outcome = OutcomeProcessed
 		return res, nil
 	}

@@ -254,7 +254,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		if err != nil {
 			return fmt.Errorf("%s: %w", req.Key, err)
 		}
-		c.locator = tidLocator(tid)
+		c.Locator = tidLocator(tid)
 		b.claims[i] = c
 		r, previous = pgRecord{}, pgtype.Text{}
 		return nil
@@ -368,7 +368,7 @@ func (s *PostgresStore) completeLocated(ctx context.Context, cs []Completion, do
 	var tids, owners pgList
 	for i := range cs {
 		c := &cs[i]
-		if c.locator == 0 || c.Result != nil || !listable(c.Owner) || (len(byOwner) > 0 && c.TTL != ttl) {
+		if c.Locator == 0 || c.Result != nil || !listable(c.Owner) || (len(byOwner) > 0 && c.TTL != ttl) {
 			continue
 		}
 		if _, dup := byOwner[c.Owner]; dup {
@@ -380,7 +380,7 @@ func (s *PostgresStore) completeLocated(ctx context.Context, cs []Completion, do
 			owners = pgLists(1, len(cs), len(c.Owner))[0]
 		}
 		byOwner[c.Owner] = i
-		tids.addTID(c.locator)
+		tids.addTID(c.Locator)
 		owners.add(c.Owner)
 	}
 	if len(byOwner) == 0 {

@@ -938,7 +938,7 @@ func BenchmarkPostgresCompleteBatch(b *testing.B) {
 				for j, c := range claims {
 					cs[j] = Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: testTTL}
 					if bench.located {
-						cs[j].locator = c.locator
+						cs[j].Locator = c.Locator
 					}
 				}
 				before := serverCPU()
@@ -1121,10 +1121,10 @@ func TestPostgresCompleteBatchByLocator(t *testing.T) {
 		}
 		cs := make([]Completion, n)
 		for i, c := range claims {
-			if c.Status != ClaimAcquired || c.locator == 0 {
-				t.Fatalf("claim %d = %v, locator %d", i, c.Status, c.locator)
+			if c.Status != ClaimAcquired || c.Locator == 0 {
+				t.Fatalf("claim %d = %v, locator %d", i, c.Status, c.Locator)
 			}
-			cs[i] = Completion{Key: reqs[i].Key, Owner: c.Record.Owner, TTL: testTTL, locator: c.locator}
+			cs[i] = Completion{Key: reqs[i].Key, Owner: c.Record.Owner, TTL: testTTL, Locator: c.Locator}
 		}
 		return reqs, cs
 	}
@@ -1171,7 +1171,7 @@ func TestPostgresCompleteBatchByLocator(t *testing.T) {
 		t.Fatalf("takeover = %+v, %v", thief, err)
 	}
 	cs[3].Result = []byte("result")
-	cs[4].locator, cs[5].locator = cs[5].locator, cs[4].locator
+	cs[4].Locator, cs[5].Locator = cs[5].Locator, cs[4].Locator
 	errs, err = s.CompleteBatch(ctx, cs)
 	if err != nil {
 		t.Fatal(err)

@@ -59,9 +59,12 @@ type Claim struct {
 	// over; empty when the key was absent or expired. A takeover from
 	// StatusProcessing means the previous owner died mid-attempt.
 	Previous Status
-	// locator is where the store wrote an acquired record, for a faster
-	// completion; 0 when it did not say.
-	locator uint64
+	// Locator is where the store wrote an acquired record, in a form only
+	// the store reads (the PostgreSQL store: the row's ctid), or 0. The
+	// wrapper hands it back in the claim's [Completion], so that a store
+	// can find the record without a lookup by key; the owner check must
+	// still guard the write, since the record may have moved since.
+	Locator uint64
 }
 
 // Failure describes a failed attempt for [Store.Fail].
@@ -165,8 +168,8 @@ type Completion struct {
 	Owner  string
 	Result []byte
 	TTL    time.Duration
-	// locator is the acquired claim's, when the wrapper completes it.
-	locator uint64
+	// Locator is the acquired [Claim]'s, or 0.
+	Locator uint64
 }
 
 // BatchCompleter is implemented by a [Store] that can complete several
