@@ -226,9 +226,10 @@ type delivery[M any] struct {
 	span trace.Span // nil unless the wrapper traces
 }
 
-// prepare reads what the wrapper needs of msg, and starts its span.
-func (w *Wrapper[M]) prepare(ctx context.Context, msg M) (d delivery[M]) {
-	d = delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx)}
+// prepare reads what the wrapper needs of msg, and starts its span; lease is
+// the transport's suggestion (CallLease), or 0.
+func (w *Wrapper[M]) prepare(ctx context.Context, msg M, lease time.Duration) (d delivery[M]) {
+	d = delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx, lease)}
 	if w.tel != nil {
 		defer func() { d.span = w.tel.start(ctx, w.carrier(msg), d.key.EventID) }()
 	}
@@ -259,12 +260,12 @@ func (w *Wrapper[M]) prepare(ctx context.Context, msg M) (d delivery[M]) {
 	return d
 }
 
-func (w *Wrapper[M]) leaseFor(ctx context.Context) time.Duration {
+func (w *Wrapper[M]) leaseFor(ctx context.Context, suggested time.Duration) time.Duration {
 	if w.cfg.lease > 0 {
 		return w.cfg.lease
 	}
-	if lease, ok := ctx.Value(leaseKey{}).(time.Duration); ok && lease > 0 {
-		return lease
+	if suggested > 0 {
+		return suggested
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		if left := time.Until(dl); left > time.Second {
@@ -284,7 +285,7 @@ func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {
 // sink unreachable, lease lost): the transport must not acknowledge the
 // message, which will come back.
 func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
-	d := w.prepare(ctx, msg)
+	d := w.prepare(ctx, msg, 0)
 	res, err := w.process(ctx, &d)
 	w.observe(ctx, &d, res, err)
 	return res, err

@@ -25,16 +25,16 @@ import (
 // that is settled, the same OutcomeRetry or OutcomeInFlight otherwise), or,
 // when its payload differs, from a claim of its own made after the first
 // copy settled.
-func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool) error {
+func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
+	call := callOptions(opts)
 	b := &batch[M]{w: w, ds: make([]delivery[M], len(msgs)), claims: make([]*Claim, len(msgs)),
-		first: make([]int, len(msgs)), outcomes: make([]pendingResult, len(msgs)), yield: yield}
-	b.stop, _ = ctx.Value(stopKey{}).(<-chan struct{})
+		first: make([]int, len(msgs)), outcomes: make([]pendingResult, len(msgs)), yield: yield, stop: call.stop}
 	if w.tel != nil {
 		defer b.endSpans()
 	}
 	var firsts map[Key]int
 	for i, m := range msgs {
-		b.ds[i] = w.prepare(ctx, m)
+		b.ds[i] = w.prepare(ctx, m, call.lease)
 		b.first[i] = -1
 		if b.ds[i].bad != "" || len(msgs) == 1 {
 			continue
@@ -62,19 +62,6 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 	}
 	b.run(ctx)
 	return nil
-}
-
-// stopKey is the context key of [ContextWithStop].
-type stopKey struct{}
-
-// ContextWithStop returns ctx carrying a transport's stop signal: once stop
-// is closed, a HandleBatch run with the returned context runs no further
-// handler; it gives yield the results it has and gives back the claims of
-// the rest, as when yield returns false. Unlike cancelling ctx, it leaves
-// the handler running at the time alone. A transport uses it so that a
-// shutdown is not held back by completions waiting to be written together.
-func ContextWithStop(ctx context.Context, stop <-chan struct{}) context.Context {
-	return context.WithValue(ctx, stopKey{}, stop)
 }
 
 // stopped reports whether the transport asked the batch to stop.
@@ -110,7 +97,7 @@ type batch[M any] struct {
 	// outcomes are the results of the deliveries run so far.
 	outcomes []pendingResult
 	yield    func(i int, res Result, err error) bool
-	stop     <-chan struct{} // ContextWithStop's; nil: none
+	stop     <-chan struct{} // CallStop's; nil: none
 	// alone is set once a key was taken over from a worker that died: each
 	// success from then on is completed on its own.
 	alone     bool

@@ -295,7 +295,7 @@ func TestBatchCompletionNeedsNonNegativeWait(t *testing.T) {
 // A transport's stop signal ends a batch after the handler running when it
 // came, even while successes wait to be completed together: their results
 // are given, and the rest of the batch is given back unstarted.
-func TestContextWithStop(t *testing.T) {
+func TestCallStop(t *testing.T) {
 	for name, newStore := range stores() {
 		t.Run(name, func(t *testing.T) {
 			stop := make(chan struct{})
@@ -310,12 +310,12 @@ func TestContextWithStop(t *testing.T) {
 			require.NoError(t, err)
 			batch := []event{{ID: "s1", Body: "x"}, {ID: "s2", Body: "x"}, {ID: "s3", Body: "x"}}
 			var given []string
-			require.NoError(t, w.HandleBatch(dedup.ContextWithStop(context.Background(), stop), batch, func(i int, res dedup.Result, err error) bool {
+			require.NoError(t, w.HandleBatch(context.Background(), batch, func(i int, res dedup.Result, err error) bool {
 				require.NoError(t, err)
 				require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 				given = append(given, batch[i].ID)
 				return true
-			}))
+			}, dedup.CallStop(stop)))
 			require.Equal(t, []string{"s1", "s2"}, ran)
 			require.Equal(t, []string{"s1", "s2"}, given)
 			res, err := w.Handle(context.Background(), batch[2]) // s3 was given back: claimable at once

@@ -16,9 +16,9 @@ import (
 // once gets OutcomeInFlight for its later copies, which come back once the
 // first is settled. It returns an error, having processed nothing, only
 // when the batch claim itself fails.
-func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(i int, res Result, err error)) error {
+func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(i int, res Result, err error), opts ...CallOpt) error {
 	c := &concurrentBatch[M]{w: w, ds: make([]delivery[M], len(msgs)), results: make([]pendingResult, len(msgs))}
-	if err := c.claim(ctx, msgs); err != nil {
+	if err := c.claim(ctx, msgs, callOptions(opts).lease); err != nil {
 		for i := range c.ds {
 			w.observe(ctx, &c.ds[i], Result{Key: c.ds[i].key}, err)
 		}
@@ -54,14 +54,14 @@ const (
 
 // claim prepares the deliveries and claims their keys in one store call
 // when there are at least two.
-func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M) error {
+func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M, lease time.Duration) error {
 	w := c.w
 	c.claimOf = make([]int, len(msgs))
 	var reqs []ClaimRequest
 	seen := make(map[Key]struct{}, len(msgs))
 	for i, m := range msgs {
 		d := &c.ds[i]
-		*d = w.prepare(ctx, m)
+		*d = w.prepare(ctx, m, lease)
 		c.claimOf[i] = noClaim
 		if d.bad != "" {
 			continue

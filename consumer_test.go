@@ -609,7 +609,7 @@ func deliverUntilSettledTolerant[M any](t *testing.T, w *dedup.Wrapper[M], msg M
 
 // A transport's lease hint (the SQS visibility timeout) is the lease unless
 // WithLease overrides it.
-func TestContextWithLease(t *testing.T) {
+func TestCallLease(t *testing.T) {
 	store := dedup.NewMemoryStore()
 	var leased time.Duration
 	w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
@@ -618,9 +618,12 @@ func TestContextWithLease(t *testing.T) {
 		return err
 	}, dedup.WithScope("lease"), dedup.WithSink(dedup.NewMemorySink()))
 	require.NoError(t, err)
-	ctx := dedup.ContextWithLease(context.Background(), 7*time.Minute)
-	res, err := w.Handle(ctx, event{ID: "l", Body: "x"})
-	require.NoError(t, err)
+	var res dedup.Result
+	require.NoError(t, w.HandleBatch(context.Background(), []event{{ID: "l", Body: "x"}}, func(_ int, r dedup.Result, err error) bool {
+		require.NoError(t, err)
+		res = r
+		return true
+	}, dedup.CallLease(7*time.Minute)))
 	require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
 	require.InDelta(t, (7 * time.Minute).Seconds(), leased.Seconds(), 5)
 }

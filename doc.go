@@ -27,6 +27,7 @@
 // What only a store or transport author needs is in storekit.go:
 // [ClaimRequest], [Claim] and its [ClaimStatus], [Failure], [Completion],
 // [Classify] to answer a refused claim from the blocking record,
-// [ValidateBatch], [NewOwnerToken], and [ContextWithLease] for a transport
-// that knows its redelivery deadline.
+// [ValidateBatch], [NewOwnerToken], [MayTakeOver]; a transport adapter
+// passes what it knows of a call's deliveries as [CallOpt] values
+// ([CallLease], its redelivery deadline; [CallStop], its shutdown).
 package dedup

@@ -128,7 +128,7 @@ func WithBackoff(b Backoff) Opt { return optFunc(func(c *config) { c.backoff = b
 
 // WithLease sets how long a claim stays exclusive between heartbeats. By
 // default it is the transport's own deadline: the lease a transport adapter
-// put in the context with [ContextWithLease] (the SQS visibility timeout),
+// passes with [CallLease] (the SQS visibility timeout),
 // else the context's remaining time when it has a deadline, else 30 s. Too short re-runs a slow but alive handler elsewhere;
 // too long delays recovery after a crash.
 func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease = d }) }

@@ -196,16 +196,6 @@ func validateCompletions(cs []Completion) error {
 	return nil
 }
 
-// leaseKey is the context key of [ContextWithLease].
-type leaseKey struct{}
-
-// ContextWithLease returns ctx carrying the lease a transport suggests for
-// the deliveries handled with it, such as the SQS visibility timeout. A
-// wrapper without WithLease uses it.
-func ContextWithLease(ctx context.Context, lease time.Duration) context.Context {
-	return context.WithValue(ctx, leaseKey{}, lease)
-}
-
 // NewOwnerToken returns a random token identifying one claim, for Store
 // implementations.
 func NewOwnerToken() string { return ownerTokens(1, 0) }

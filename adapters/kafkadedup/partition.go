@@ -152,7 +152,7 @@ func (p *partition) run() {
 func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.Duration, err error) {
 	next := 0 // the first record not settled
 	marked, markedAt := 0, time.Now()
-	berr := p.s.w.HandleBatch(dedup.ContextWithStop(p.ctx, p.quit), recs, func(i int, res dedup.Result, rerr error) bool {
+	berr := p.s.w.HandleBatch(p.ctx, recs, func(i int, res dedup.Result, rerr error) bool {
 		switch {
 		case rerr != nil:
 			err = rerr
@@ -172,7 +172,7 @@ func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.D
 			marked, markedAt = next, now
 		}
 		return !p.stopping()
-	})
+	}, dedup.CallStop(p.quit))
 	if next > marked {
 		p.s.cl.MarkCommitRecords(recs[next-1])
 	}

@@ -176,9 +176,9 @@ type runner struct {
 // start returns a runner with its heartbeat and deleter running.
 func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
 	r := &runner{Consumer: c, vis: vis, slots: newSlots(c.cfg.workers)}
-	// The store lease defaults to the visibility timeout, unless the wrapper
-	// sets dedup.WithLease.
-	r.work, r.cancelWork = context.WithCancel(dedup.ContextWithLease(context.WithoutCancel(ctx), vis))
+	// The store lease defaults to the visibility timeout (dedup.CallLease),
+	// unless the wrapper sets dedup.WithLease.
+	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
 	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.hb = newHeartbeat(r)
 	r.del = newDeleter(r)
@@ -315,7 +315,7 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	defer r.release(len(msgs))
 	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
 		r.settle(stop, msgs[i], res, err)
-	})
+	}, dedup.CallLease(r.vis))
 	if err != nil { // the batch claim failed: none of them ran
 		for _, m := range msgs {
 			r.settle(stop, m, dedup.Result{}, err)
@@ -329,12 +329,12 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 	next := 0
 	var err error
 	if stop.Err() == nil {
-		err = r.w.HandleBatch(dedup.ContextWithStop(r.work, stop.Done()), msgs, func(i int, res dedup.Result, err error) bool {
+		err = r.w.HandleBatch(r.work, msgs, func(i int, res dedup.Result, err error) bool {
 			r.settle(stop, msgs[i], res, err)
 			r.release(1)
 			next = i + 1
 			return err == nil && res.Settled() && stop.Err() == nil
-		})
+		}, dedup.CallStop(stop.Done()), dedup.CallLease(r.vis))
 	}
 	rest := msgs[next:]
 	if len(rest) == 0 {

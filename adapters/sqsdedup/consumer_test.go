@@ -585,3 +585,48 @@ func TestRunStoppedBeforeStart(t *testing.T) {
 		t.Errorf("Run with its context done: %v, want nil", err)
 	}
 }
+
+// A wrapper without WithLease leases each message for the queue's
+// visibility timeout, which the consumer passes with dedup.CallLease: a
+// standard queue's messages (HandleConcurrent) and a FIFO group's
+// (HandleBatch) alike.
+func TestLeaseIsTheVisibilityTimeout(t *testing.T) {
+	c := client(t)
+	for name, url := range map[string]string{
+		"standard": testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "45"}),
+		"fifo":     testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "45", "FifoQueue": "true"}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			store, scope := dedup.NewMemoryStore(), uniqueScope()
+			leases := make(chan time.Duration, 1)
+			w, err := dedup.Wrap(store, sqsdedup.Messages(url), func(ctx context.Context, m types.Message) error {
+				rec, err := store.Get(ctx, dedup.Key{Scope: scope, EventID: eventID(m)})
+				if err == nil {
+					leases <- time.Until(rec.LeaseUntil)
+				}
+				return err
+			}, dedup.WithScope(scope), dedup.WithSink(dedup.NewMemorySink()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := &sqs.SendMessageInput{QueueUrl: aws.String(url), MessageBody: aws.String("x"),
+				MessageAttributes: map[string]types.MessageAttributeValue{"event-id": stringAttr("lease-1")}}
+			if name == "fifo" {
+				in.MessageGroupId, in.MessageDeduplicationId = aws.String("g"), aws.String("lease-1")
+			}
+			if _, err := c.SendMessage(context.Background(), in); err != nil {
+				t.Fatal(err)
+			}
+			stop := start(t, c, url, w)
+			defer stop()
+			select {
+			case lease := <-leases:
+				if lease < 35*time.Second || lease > 45*time.Second {
+					t.Errorf("leased for %v, want the visibility timeout, 45 s", lease)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("the message was never handled")
+			}
+		})
+	}
+}
