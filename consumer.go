@@ -223,13 +223,14 @@ type delivery[M any] struct {
 	// savepoint of their own, which its failure rolls back to.
 	savepoint bool
 
-	span trace.Span // nil unless the wrapper traces
+	span  trace.Span // nil unless the wrapper traces
+	group string     // CallGroup's
 }
 
-// prepare reads what the wrapper needs of msg, and starts its span; lease is
-// the transport's suggestion (CallLease), or 0.
-func (w *Wrapper[M]) prepare(ctx context.Context, msg M, lease time.Duration) (d delivery[M]) {
-	d = delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx, lease)}
+// prepare reads what the wrapper needs of msg, and starts its span; call
+// is what the transport said of it.
+func (w *Wrapper[M]) prepare(ctx context.Context, msg M, call *callConfig) (d delivery[M]) {
+	d = delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx, call.lease), group: call.group}
 	if w.tel != nil {
 		defer func() { d.span = w.tel.start(ctx, w.carrier(msg), d.key.EventID) }()
 	}
@@ -285,7 +286,7 @@ func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {
 // sink unreachable, lease lost): the transport must not acknowledge the
 // message, which will come back.
 func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
-	d := w.prepare(ctx, msg, 0)
+	d := w.prepare(ctx, msg, &callConfig{})
 	res, err := w.process(ctx, &d)
 	w.observe(ctx, &d, res, err)
 	return res, err
@@ -339,6 +340,9 @@ func (w *Wrapper[M]) parkConflict(ctx context.Context, d *delivery[M], rec Recor
 
 func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, cause error, rec Record) error {
 	dl := w.msgs.DeadLetter(d.msg)
+	if dl.Origin.Group == "" {
+		dl.Origin.Group = d.group
+	}
 	now := time.Now()
 	dl.Reason = reason
 	dl.Error = cause.Error()

@@ -34,7 +34,7 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 	}
 	var firsts map[Key]int
 	for i, m := range msgs {
-		b.ds[i] = w.prepare(ctx, m, call.lease)
+		b.ds[i] = w.prepare(ctx, m, &call)
 		b.first[i] = -1
 		if b.ds[i].bad != "" || len(msgs) == 1 {
 			continue

@@ -9,6 +9,7 @@ type CallOpt interface{ applyCall(*callConfig) }
 type callConfig struct {
 	lease time.Duration   // the transport's suggestion; 0: none
 	stop  <-chan struct{} // HandleBatch's stop signal; nil: none
+	group string          // for the dead letters' Origin.Group
 }
 
 type callOptFunc func(*callConfig)
@@ -29,6 +30,11 @@ func CallLease(d time.Duration) CallOpt { return callOptFunc(func(c *callConfig)
 func CallStop(stop <-chan struct{}) CallOpt {
 	return callOptFunc(func(c *callConfig) { c.stop = stop })
 }
+
+// CallGroup names the consumer group (or subscription) the call's
+// deliveries are consumed by, for their dead letters' Origin.Group where
+// the message itself does not say.
+func CallGroup(group string) CallOpt { return callOptFunc(func(c *callConfig) { c.group = group }) }
 
 func callOptions(opts []CallOpt) callConfig {
 	var c callConfig

@@ -18,7 +18,8 @@ import (
 // when the batch claim itself fails.
 func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(i int, res Result, err error), opts ...CallOpt) error {
 	c := &concurrentBatch[M]{w: w, ds: make([]delivery[M], len(msgs)), results: make([]pendingResult, len(msgs))}
-	if err := c.claim(ctx, msgs, callOptions(opts).lease); err != nil {
+	call := callOptions(opts)
+	if err := c.claim(ctx, msgs, &call); err != nil {
 		for i := range c.ds {
 			w.observe(ctx, &c.ds[i], Result{Key: c.ds[i].key}, err)
 		}
@@ -54,14 +55,14 @@ const (
 
 // claim prepares the deliveries and claims their keys in one store call
 // when there are at least two.
-func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M, lease time.Duration) error {
+func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M, call *callConfig) error {
 	w := c.w
 	c.claimOf = make([]int, len(msgs))
 	var reqs []ClaimRequest
 	seen := make(map[Key]struct{}, len(msgs))
 	for i, m := range msgs {
 		d := &c.ds[i]
-		*d = w.prepare(ctx, m, lease)
+		*d = w.prepare(ctx, m, call)
 		c.claimOf[i] = noClaim
 		if d.bad != "" {
 			continue

@@ -225,7 +225,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// callbacks, which may run earlier, do not.
 	s.cl = cl
 	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
-	s.base = withGroup(context.WithoutCancel(ctx), s.group)
+	s.base = context.WithoutCancel(ctx)
 
 	s.poll(ctx)
 	err = s.shutdown()
@@ -242,7 +242,7 @@ type session struct {
 	log   *slog.Logger
 	cl    *kgo.Client
 	group string
-	base  context.Context // parent of the handlers' contexts; carries the group
+	base  context.Context // parent of the handlers' contexts
 
 	giveUp context.CancelCauseFunc // stops Run with an outage error (WithMaxOutage)
 
@@ -354,16 +354,4 @@ func (s *session) shutdown() error {
 	}
 	s.cl.Close()
 	return err
-}
-
-type groupKey struct{}
-
-// withGroup records the consumer group in ctx, for the Sink.
-func withGroup(ctx context.Context, group string) context.Context {
-	return context.WithValue(ctx, groupKey{}, group)
-}
-
-func groupFrom(ctx context.Context) string {
-	g, _ := ctx.Value(groupKey{}).(string)
-	return g
 }

@@ -172,7 +172,7 @@ func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.D
 			marked, markedAt = next, now
 		}
 		return !p.stopping()
-	}, dedup.CallStop(p.quit))
+	}, dedup.CallStop(p.quit), dedup.CallGroup(p.s.group))
 	if next > marked {
 		p.s.cl.MarkCommitRecords(recs[next-1])
 	}

@@ -86,12 +86,9 @@ func defaultDLQTopic(origin string) string {
 
 // Send produces dl with the original key, value and headers, its dedup-*
 // metadata replacing any earlier one, and waits for the broker's
-// acknowledgement. The consumer group of a letter sent by a [Consumer] is
-// filled in from ctx.
+// acknowledgement. A [Consumer] has the wrapper fill in the consumer group
+// of its letters (dedup.CallGroup).
 func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
-	if dl.Origin.Group == "" {
-		dl.Origin.Group = groupFrom(ctx)
-	}
 	topic := s.topic(dl.Origin.Topic)
 	if topic == "" {
 		return fmt.Errorf("%w: %s/%s from topic %q", ErrNoDLQTopic, dl.Scope, dl.EventID, dl.Origin.Topic)
