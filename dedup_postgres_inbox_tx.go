@@ -8,10 +8,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrTxOwned is returned by Commit and Rollback of the transaction a
-// TxHandler is given in a batch: the wrapper ends that transaction, which
-// holds the batch's other events too.
-var ErrTxOwned = errors.New("dedup: a TxHandler must neither commit nor roll back its transaction; the wrapper ends it")
+// ErrTxOwned is returned by Commit and Rollback of a transaction dedup gives
+// a handler and ends itself: a TxHandler's in a batch (the transaction holds
+// the batch's other events too) and idemhttp's transactional handler's (the
+// middleware commits it with the stored response).
+var ErrTxOwned = errors.New("dedup: the handler must neither commit nor roll back its transaction; dedup ends it")
 
 // batchTx is a batch's shared transaction as one of its handlers sees it.
 // Before the handler's first statement it takes the savepoint a failure of

@@ -25,9 +25,10 @@ import (
 // (tx.Begin, a savepoint), as under dedup.WrapTx.
 type TxHandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx)
 
-// ErrTxOwned is returned to a [TxHandlerFunc] that commits or rolls back its
-// transaction: the middleware commits it with the stored response.
-var ErrTxOwned = errors.New("idemhttp: the handler must neither commit nor roll back its transaction; the middleware commits it with the stored response")
+// ErrTxOwned is dedup.ErrTxOwned, returned to a [TxHandlerFunc] that
+// commits or rolls back its transaction: the middleware commits it with the
+// stored response.
+var ErrTxOwned = dedup.ErrTxOwned
 
 // handlerTx is the transaction a TxHandlerFunc gets: the middleware's own,
 // which the handler may use but not end.
