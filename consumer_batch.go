@@ -205,18 +205,27 @@ func (b *batch[M]) run(ctx context.Context) {
 }
 
 // copyOf answers delivery i, a later copy of a key with the same payload,
-// from the outcome of the key's first copy, without asking the store.
+// from the outcome of the key's first copy, without asking the store; a
+// duplicate of a success waiting to be completed waits for that completion.
 func (b *batch[M]) copyOf(i int) pendingResult {
 	f := b.outcomes[b.first[i]]
-	p := pendingResult{i: i, comp: -1, err: f.err}
-	switch f.res.Outcome {
-	case OutcomeProcessed, OutcomeDeadLettered, OutcomeDuplicate, OutcomeConflict:
-		p.res = Result{Outcome: OutcomeDuplicate, Key: f.res.Key, Attempts: f.res.Attempts}
+	p := pendingResult{i: i, comp: -1, err: f.err, res: copyResult(f.res)}
+	if p.res.Outcome == OutcomeDuplicate {
 		p.comp, p.dup = f.comp, f.comp >= 0
-	default: // OutcomeRetry or OutcomeInFlight: this copy comes back too; or an error
-		p.res = f.res
 	}
 	return p
+}
+
+// copyResult is the one rule for a later copy of a key in a batch, with the
+// same payload as the first: once the first settled, a duplicate of it;
+// otherwise the first's own answer (OutcomeRetry or OutcomeInFlight), so that
+// the copy comes back too.
+func copyResult(first Result) Result {
+	switch first.Outcome {
+	case OutcomeProcessed, OutcomeDeadLettered, OutcomeDuplicate, OutcomeConflict:
+		return Result{Outcome: OutcomeDuplicate, Key: first.Key, Attempts: first.Attempts}
+	}
+	return first
 }
 
 // handle settles one message whose claim was made up front (c), or claims

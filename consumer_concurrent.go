@@ -13,9 +13,11 @@ import (
 // see [WithBatchCompletion]) the successes are then completed together, in
 // as few writes as the wait allows. Once every message is settled it calls
 // yield with each one's index and result, in order. A key held more than
-// once gets OutcomeInFlight for its later copies, which come back once the
-// first is settled. It returns an error, having processed nothing, only
-// when the batch claim itself fails.
+// once runs once: a later copy with the same payload is answered from the
+// first copy's outcome, as in HandleBatch (see [Wrapper.HandleBatch]); one
+// with another payload gets OutcomeInFlight and comes back, to be claimed on
+// its own. It returns an error, having processed nothing, only when the
+// batch claim itself fails.
 func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(i int, res Result, err error), opts ...CallOpt) error {
 	c := &concurrentBatch[M]{w: w, ds: make([]delivery[M], len(msgs)), results: make([]pendingResult, len(msgs))}
 	call := callOptions(opts)
@@ -26,6 +28,7 @@ func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(
 		return err
 	}
 	c.run(ctx)
+	c.answerCopies()
 	for i := range c.ds {
 		p := c.results[i]
 		w.observe(ctx, &c.ds[i], p.res, p.err)
@@ -40,6 +43,7 @@ type concurrentBatch[M any] struct {
 	ds      []delivery[M]
 	claims  []Claim
 	claimOf []int // per delivery: its index in claims, or noClaim, or laterCopy
+	firstOf []int // per later copy: the delivery of its key's first copy
 	results []pendingResult
 
 	completer BatchCompleter // nil: each success is completed on its own
@@ -59,7 +63,7 @@ func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M, call *callConf
 	w := c.w
 	c.claimOf = make([]int, len(msgs))
 	var reqs []ClaimRequest
-	seen := make(map[Key]struct{}, len(msgs))
+	seen := make(map[Key]int, len(msgs))
 	for i, m := range msgs {
 		d := &c.ds[i]
 		*d = w.prepare(ctx, m, call)
@@ -67,11 +71,15 @@ func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M, call *callConf
 		if d.bad != "" {
 			continue
 		}
-		if _, ok := seen[d.key]; ok {
+		if first, ok := seen[d.key]; ok {
 			c.claimOf[i] = laterCopy
+			if c.firstOf == nil {
+				c.firstOf = make([]int, len(msgs))
+			}
+			c.firstOf[i] = first
 			continue
 		}
-		seen[d.key] = struct{}{}
+		seen[d.key] = i
 		if w.batchClaims {
 			c.claimOf[i] = len(reqs)
 			reqs = append(reqs, d.request(w.cfg.ttl))
@@ -137,6 +145,21 @@ func (c *concurrentBatch[M]) run(ctx context.Context) {
 		case <-tick.C:
 			c.complete(ctx)
 		}
+	}
+}
+
+// answerCopies answers each later copy of a key from its first copy, once
+// every first copy is settled and completed.
+func (c *concurrentBatch[M]) answerCopies() {
+	for i, k := range c.claimOf {
+		if k != laterCopy {
+			continue
+		}
+		f, d := &c.results[c.firstOf[i]], &c.ds[i]
+		if d.fp != c.ds[c.firstOf[i]].fp {
+			continue // another payload: it keeps OutcomeInFlight, and comes back
+		}
+		c.results[i] = pendingResult{i: i, comp: -1, res: copyResult(f.res), err: f.err}
 	}
 }
 

@@ -14,7 +14,9 @@ import (
 
 // HandleConcurrent claims a batch in one call, runs its handlers at the same
 // time and completes their successes in one write; a failure, a later copy
-// of a key and a message without an ID each get their own answer.
+// of a key (a duplicate of its first copy's success, as in HandleBatch; in
+// flight when its payload differs) and a message without an ID each get
+// their own answer.
 func TestHandleConcurrent(t *testing.T) {
 	for name, newStore := range stores() {
 		t.Run(name, func(t *testing.T) {
@@ -36,15 +38,16 @@ func TestHandleConcurrent(t *testing.T) {
 				return nil
 			}, fastOpts(t, sink, dedup.WithLease(time.Minute))...)
 			require.NoError(t, err)
-			batch := []event{{ID: "a", Body: "1"}, {ID: "b", Body: "1"}, {ID: "a", Body: "1"}, {ID: "c", Body: "1"}, {ID: "", Body: "no id"}}
+			batch := []event{{ID: "a", Body: "1"}, {ID: "b", Body: "1"}, {ID: "a", Body: "1"}, {ID: "c", Body: "1"}, {ID: "", Body: "no id"},
+				{ID: "c", Body: "2"}}
 			var outcomes []dedup.Outcome
 			require.NoError(t, w.HandleConcurrent(context.Background(), batch, func(i int, res dedup.Result, err error) {
 				require.NoError(t, err)
 				require.Len(t, outcomes, i, "in order")
 				outcomes = append(outcomes, res.Outcome)
 			}))
-			require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeRetry, dedup.OutcomeInFlight,
-				dedup.OutcomeProcessed, dedup.OutcomeDeadLettered}, outcomes)
+			require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeRetry, dedup.OutcomeDuplicate,
+				dedup.OutcomeProcessed, dedup.OutcomeDeadLettered, dedup.OutcomeInFlight}, outcomes)
 			require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, ran)
 			require.EqualValues(t, 1, store.batches.Load(), "a and c completed in one write")
 			require.Zero(t, store.completes.Load())

@@ -17,8 +17,19 @@
 // adapters/sqsdedup packages run the poll loop and provide the [Messages]
 // and the [Sink] for their transport. Each delivery's [Result] carries an
 // [Outcome] (OutcomeProcessed, OutcomeDuplicate, ...) that says whether the
-// transport may acknowledge it; [Wrapper.Outage] tells a readiness probe
+// transport may acknowledge it; [Wrapper.Health] tells a readiness probe
 // whether the store or the sink keeps failing.
+//
+// # A key more than once in a batch
+//
+// HandleBatch and HandleConcurrent run a key once however often a batch
+// holds it. A later copy with the same payload is answered from the first
+// copy's outcome: OutcomeDuplicate once the first is settled (and, with
+// batch completion, once its completion is written), else the first's own
+// OutcomeRetry or OutcomeInFlight, so that it comes back too. A later copy
+// with another payload is claimed on its own: after the first settled in
+// HandleBatch, which runs in order; in HandleConcurrent, which runs copies
+// at once, it is OutcomeInFlight and claimed when it comes back.
 //
 // # Writing a store
 //
