@@ -223,14 +223,14 @@ type delivery[M any] struct {
 	// savepoint of their own, which its failure rolls back to.
 	savepoint bool
 
-	span  trace.Span // nil unless the wrapper traces
-	group string     // CallGroup's
+	span trace.Span  // nil unless the wrapper traces
+	call *callConfig // what the transport said of the call; nil for Handle
 }
 
 // prepare reads what the wrapper needs of msg, and starts its span; call
-// is what the transport said of it.
+// is what the transport said of it, nil for Handle.
 func (w *Wrapper[M]) prepare(ctx context.Context, msg M, call *callConfig) (d delivery[M]) {
-	d = delivery[M]{msg: msg, leaseTime: w.leaseFor(ctx, call.lease), group: call.group}
+	d = delivery[M]{msg: msg, call: call, leaseTime: w.leaseFor(ctx, call.suggestedLease())}
 	if w.tel != nil {
 		defer func() { d.span = w.tel.start(ctx, w.carrier(msg), d.key.EventID) }()
 	}
@@ -286,16 +286,19 @@ func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {
 // sink unreachable, lease lost): the transport must not acknowledge the
 // message, which will come back.
 func (w *Wrapper[M]) Handle(ctx context.Context, msg M) (Result, error) {
-	d := w.prepare(ctx, msg, &callConfig{})
+	d := w.prepare(ctx, msg, nil)
 	res, err := w.process(ctx, &d)
-	w.observe(ctx, &d, res, err)
+	if w.observe(ctx, &d, res, err) {
+		w.health.Stamp()
+	}
 	return res, err
 }
 
 // observe reports one delivery's result to the observer, the outage tracker
-// and the telemetry, ending its span.
-func (w *Wrapper[M]) observe(ctx context.Context, d *delivery[M], res Result, err error) {
-	w.observeOutcome(ctx, err)
+// and the telemetry, ending its span. It reports whether the outcome was
+// made durable; the caller stamps the tracker once per call.
+func (w *Wrapper[M]) observe(ctx context.Context, d *delivery[M], res Result, err error) (durable bool) {
+	durable = w.observeOutcome(ctx, err)
 	if w.tel != nil {
 		w.tel.end(ctx, d.span, res, err)
 		d.span = nil
@@ -303,6 +306,7 @@ func (w *Wrapper[M]) observe(ctx context.Context, d *delivery[M], res Result, er
 	if err == nil && w.cfg.observer != nil {
 		w.cfg.observer(ctx, res)
 	}
+	return durable
 }
 
 // process claims d's key and settles the attempt.
@@ -340,8 +344,8 @@ func (w *Wrapper[M]) parkConflict(ctx context.Context, d *delivery[M], rec Recor
 
 func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, cause error, rec Record) error {
 	dl := w.msgs.DeadLetter(d.msg)
-	if dl.Origin.Group == "" {
-		dl.Origin.Group = d.group
+	if dl.Origin.Group == "" && d.call != nil {
+		dl.Origin.Group = d.call.group
 	}
 	now := time.Now()
 	dl.Reason = reason

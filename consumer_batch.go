@@ -278,7 +278,12 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 	}
 	pending := b.pending
 	b.pending, b.comps = b.pending[:0], b.comps[:0]
-	stopped := false
+	stopped, durable := false, false
+	defer func() {
+		if durable {
+			w.health.Stamp()
+		}
+	}()
 	for _, p := range pending {
 		if p.comp >= 0 {
 			if cerr := errs[p.comp]; cerr != nil {
@@ -291,7 +296,7 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 		if stopped && (p.err != nil || !p.res.Settled()) {
 			break
 		}
-		w.observe(ctx, &b.ds[p.i], p.res, p.err)
+		durable = w.observe(ctx, &b.ds[p.i], p.res, p.err) || durable
 		if !b.yield(p.i, p.res, p.err) {
 			stopped = true
 			if p.err != nil || !p.res.Settled() {

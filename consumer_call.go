@@ -36,6 +36,14 @@ func CallStop(stop <-chan struct{}) CallOpt {
 // the message itself does not say.
 func CallGroup(group string) CallOpt { return callOptFunc(func(c *callConfig) { c.group = group }) }
 
+// suggestedLease is CallLease's, or 0 for none (c nil: a Handle call).
+func (c *callConfig) suggestedLease() time.Duration {
+	if c == nil {
+		return 0
+	}
+	return c.lease
+}
+
 func callOptions(opts []CallOpt) callConfig {
 	var c callConfig
 	for _, o := range opts {

@@ -29,10 +29,14 @@ func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(
 	}
 	c.run(ctx)
 	c.answerCopies()
+	durable := false
 	for i := range c.ds {
 		p := c.results[i]
-		w.observe(ctx, &c.ds[i], p.res, p.err)
+		durable = w.observe(ctx, &c.ds[i], p.res, p.err) || durable
 		yield(i, p.res, p.err)
+	}
+	if durable {
+		w.health.Stamp()
 	}
 	return nil
 }

@@ -31,17 +31,20 @@ type Stats struct {
 	FailingSince time.Time
 }
 
-// observeOutcome feeds the outage tracker one delivery's result. A lease
-// lost to another worker, or a context cancelled by a shutdown, is no
-// failure of the store.
-func (w *Wrapper[M]) observeOutcome(ctx context.Context, err error) {
+// observeOutcome feeds the outage tracker one delivery's result, and
+// reports whether it was a success, for the caller to stamp once per call
+// (see outage.Tracker.Success). A lease lost to another worker, or a context
+// cancelled by a shutdown, is no failure of the store.
+func (w *Wrapper[M]) observeOutcome(ctx context.Context, err error) bool {
 	switch {
 	case err == nil:
 		w.health.Success()
+		return true
 	case errors.Is(err, ErrLeaseLost), ctx.Err() != nil:
 	default:
 		w.health.Failure(err)
 	}
+	return false
 }
 
 // Stats returns what w knows of its recent attempts to make deliveries

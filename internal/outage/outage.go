@@ -50,13 +50,16 @@ type Snapshot struct {
 	LastError    error
 }
 
-// Success records an attempt whose outcome was made durable.
+// Success records an attempt whose outcome was made durable. It reads no
+// clock unless it ends a run of failures (a clock read costs as much as the
+// rest of a duplicate's path): the wrapper stamps the time with Stamp once
+// per call, however many deliveries the call settled.
 func (t *Tracker) Success() {
-	now := t.Now()
-	t.lastSuccess.Store(now.UnixNano())
 	if !t.failing.Load() {
 		return // the hot path: healthy and staying so
 	}
+	now := t.Now()
+	t.lastSuccess.Store(now.UnixNano())
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.loggedAt.IsZero() {
@@ -66,6 +69,9 @@ func (t *Tracker) Success() {
 	t.since, t.loggedAt, t.failures, t.lastErr = time.Time{}, time.Time{}, 0, nil
 	t.failing.Store(false)
 }
+
+// Stamp records now as the time of the latest success.
+func (t *Tracker) Stamp() { t.lastSuccess.Store(t.Now().UnixNano()) }
 
 // Failure records an attempt that failed with err. It returns the level to
 // log that failure at where it happened: WARN, or DEBUG during an outage,
