@@ -54,6 +54,7 @@ func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.busyPoll = min(cfg.busyPoll, cfg.poll)
 	log := cfg.logger
 	if log == nil {
 		log = slog.Default()
@@ -114,7 +115,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	var failures int
-	wait := min(r.cfg.busyPoll, r.cfg.poll) // until the next pass, unless woken
+	wait := r.cfg.busyPoll // until the next pass, unless woken
 	nextPurge := time.Now()
 	for {
 		n, err := r.pass(ctx, pool)
@@ -144,7 +145,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case n >= r.cfg.batch:
 			continue // a full batch settled: more is probably due
 		case n > 0:
-			wait = min(r.cfg.busyPoll, r.cfg.poll)
+			wait = r.cfg.busyPoll
 		default:
 			wait = min(2*wait, r.cfg.poll)
 		}

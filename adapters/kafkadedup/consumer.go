@@ -275,10 +275,10 @@ func (s *session) poll(ctx context.Context) {
 	}
 }
 
-// failed records a failure to settle a record, stops Run once failures have
-// lasted longer than WithMaxOutage, and returns the level to log this one
-// at.
-func (s *session) failed(error) slog.Level {
+// failed is called for each record that could not be settled (the wrapper
+// has recorded the failure): it stops Run once failures have lasted longer
+// than WithMaxOutage, and returns the level to log this one at.
+func (s *session) failed() slog.Level {
 	level, stop := outage.Failed(s.w, s.cfg.maxOutage)
 	if stop != nil {
 		s.giveUp(stop)

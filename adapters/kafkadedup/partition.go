@@ -135,7 +135,7 @@ func (p *partition) run() {
 		if err != nil {
 			errs++
 			wait = p.s.cfg.errBackoff(errs)
-			p.log.Log(p.ctx, p.s.failed(err), "kafkadedup: record not settled; retrying it in place", slog.Int64("offset", pending[0].Offset),
+			p.log.Log(p.ctx, p.s.failed(), "kafkadedup: record not settled; retrying it in place", slog.Int64("offset", pending[0].Offset),
 				slog.Int("consecutive_errors", errs), slog.Duration("backoff", wait), slog.Any("error", err))
 		} else {
 			errs = 0

@@ -341,7 +341,7 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 		return
 	}
 	if err != nil && stop.Err() == nil {
-		r.log.Log(r.work, r.failed(err), "sqsdedup: claiming a group's messages failed; they come back when their visibility timeout runs out",
+		r.log.Log(r.work, r.failed(), "sqsdedup: claiming a group's messages failed; they come back when their visibility timeout runs out",
 			slog.Int("messages", len(rest)), slog.Any("error", err))
 		r.hb.remove(rest...)
 	} else {
@@ -350,10 +350,10 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 	r.release(len(rest))
 }
 
-// failed records a failure to settle a message, stops Run once failures
-// have lasted longer than WithMaxOutage, and returns the level to log this
-// one at.
-func (r *runner) failed(error) slog.Level {
+// failed is called for each message that could not be settled (the wrapper
+// has recorded the failure): it stops Run once failures have lasted longer
+// than WithMaxOutage, and returns the level to log this one at.
+func (r *runner) failed() slog.Level {
 	level, stop := outage.Failed(r.w, r.cfg.maxOutage)
 	if stop != nil {
 		r.giveUp(stop)
@@ -367,7 +367,7 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 	case err != nil:
 		level := slog.LevelWarn
 		if stop.Err() == nil { // not a handler cancelled by the shutdown
-			level = r.failed(err)
+			level = r.failed()
 		}
 		r.log.Log(r.work, level, "sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
 			slog.String("key", res.Key.String()), slog.Any("error", err))

@@ -83,7 +83,7 @@ func (p *Publisher) produce(ctx context.Context, events []outbox.Event, idx []in
 	recs := make([]*kgo.Record, 0, len(idx))
 	index := make(map[*kgo.Record]int, len(idx))
 	for _, i := range idx {
-		if held[heldKey(&events[i])] {
+		if len(held) > 0 && held[heldKey(&events[i])] { // only after a refusal: no key built per event otherwise
 			errs[i] = outbox.ErrNotAttempted
 			continue
 		}
