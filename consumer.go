@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -122,14 +121,16 @@ type Wrapper[M any] struct {
 	msgs    Messages[M]
 	handler Handler[M]
 	cfg     config
-	// steps are the store claim path's, or the transactional inbox's.
-	steps steps[M]
-	// batchClaims says whether HandleBatch claims a batch's keys up front
-	// in one store call; the inbox claims each in its own transaction.
-	batchClaims bool
-	heartbeats  sync.Pool // of *heartbeat
-	health      *outage.Tracker
-	tel         *telemetry // nil: no spans, no metrics
+	// claimer claims a delivery for an attempt of its own; runner runs a
+	// HandleBatch. Both are chosen by Wrap or WrapTx and its options.
+	claimer claimer[M]
+	runner  func(*batch[M]) batchRunner[M]
+	// batchClaim claims a HandleConcurrent's keys in one call; nil: each
+	// is claimed by the claimer.
+	batchClaim func(ctx context.Context, reqs []ClaimRequest) ([]Claim, error)
+	heartbeats sync.Pool // of *heartbeat
+	health     *outage.Tracker
+	tel        *telemetry // nil: no spans, no metrics
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -143,7 +144,7 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
 	w.handler = h
-	w.steps, w.batchClaims = storeSteps[M]{w}, true
+	w.claimer, w.runner, w.batchClaim = storeAttempt[M]{w}, newStoreRunner[M], w.store.ClaimBatch
 	return w, nil
 }
 
@@ -210,18 +211,12 @@ type delivery[M any] struct {
 	badErr    error
 	leaseTime time.Duration
 
-	// What an acquired claim holds, kept by the steps: the owner token
-	// and attempt count of a store claim, the inbox's open transaction.
+	// The attempt of an acquired claim, and what the claim said: the owner
+	// token, the attempt count and the store's locator.
+	att      attempt[M]
 	owner    string
 	attempts int
 	locator  uint64
-	tx       pgx.Tx
-	// sharedTx says that tx belongs to a batch of the inbox, which commits
-	// it, rather than to this delivery alone.
-	sharedTx bool
-	// savepoint says that the handler's writes in a shared tx follow a
-	// savepoint of their own, which its failure rolls back to.
-	savepoint bool
 
 	span trace.Span  // nil unless the wrapper traces
 	call *callConfig // what the transport said of the call; nil for Handle
@@ -314,11 +309,11 @@ func (w *Wrapper[M]) process(ctx context.Context, d *delivery[M]) (Result, error
 	if d.bad != "" {
 		return w.parkBad(ctx, d)
 	}
-	c, err := w.steps.claim(ctx, d)
+	c, att, err := w.claimer.claim(ctx, d)
 	if err != nil {
 		return Result{Key: d.key}, err
 	}
-	return w.settle(ctx, d, c, nil)
+	return w.settle(ctx, d, c, att, nil)
 }
 
 // parkBad dead-letters a message that cannot be processed at all. Nothing is
@@ -407,13 +402,10 @@ func settleContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 }
 
-// callHandler runs the handler through run, turning a panic into a
-// *PanicError.
-func callHandler[M any](ctx context.Context, run func(context.Context, *delivery[M]) error, d *delivery[M]) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return run(ctx, d)
+// capturePanic, deferred by a function running a handler, turns a panic
+// into a *PanicError in *err.
+func capturePanic(err *error) {
+	if v := recover(); v != nil {
+		*err = &PanicError{Value: v, Stack: debug.Stack()}
+	}
 }

@@ -10,29 +10,33 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// steps carries out the steps of one attempt: claim, run, complete, fail.
-// The store claim path and the transactional inbox each implement them once;
-// [Wrapper.settle] is the one routine around them that decides what an
-// attempt's outcome is and in which order it is made durable.
-type steps[M any] interface {
-	// claim claims d's key. An acquired claim is held, and whatever it holds
-	// kept in d, until complete, fail or end.
-	claim(ctx context.Context, d *delivery[M]) (Claim, error)
-	// leased reports whether a held claim is a lease to extend while the
-	// handler runs.
-	leased() bool
-	// run runs the handler on d's message.
+// attempt is one acquired claim on its way to an outcome. Each way of
+// claiming has one implementation: a store claim with a lease
+// (storeAttempt), a transaction of its own (the transactional inbox's
+// txAttempt), a place in a batch's shared transaction (inboxChunk's
+// chunkAttempt). [Wrapper.settle] is the one routine around them that
+// decides what an attempt's outcome is and in which order it is made
+// durable; it never asks which kind it holds.
+type attempt[M any] interface {
+	// run runs the handler on d's message, keeping the claim meanwhile.
 	run(ctx context.Context, d *delivery[M]) error
 	// hold makes sure the claim is still d's, for as long as a lease, or
 	// returns an error matching ErrLeaseLost.
 	hold(ctx context.Context, d *delivery[M]) error
-	// complete records the attempt's success.
-	complete(ctx context.Context, d *delivery[M]) error
+	// complete records the attempt's success; retried says that an earlier
+	// try may have been applied, its answer lost.
+	complete(ctx context.Context, d *delivery[M], retried bool) error
 	// fail records the attempt's failure, the handler's effects undone where
-	// the steps can, and returns the attempts recorded.
-	fail(ctx context.Context, d *delivery[M], f Failure) (int, error)
+	// the attempt can, and returns the attempts recorded.
+	fail(ctx context.Context, d *delivery[M], f Failure, retried bool) (int, error)
 	// end lets go of whatever the attempt still holds.
 	end(ctx context.Context, d *delivery[M])
+}
+
+// claimer claims one delivery's key for an attempt of its own: the store's
+// Claim, or the inbox's transaction.
+type claimer[M any] interface {
+	claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error)
 }
 
 // unrepeatable marks a settling write's error that trying again cannot mend.
@@ -40,42 +44,61 @@ type unrepeatable struct{ error }
 
 func (e unrepeatable) Unwrap() error { return e.error }
 
-// storeSteps are the steps of an attempt on the store claim path: a claim
-// with a lease, fenced writes on its owner token.
-type storeSteps[M any] struct{ w *Wrapper[M] }
+// storeAttempt is an attempt on the store claim path: a claim with a lease,
+// extended while the handler runs, and fenced writes on its owner token.
+type storeAttempt[M any] struct{ w *Wrapper[M] }
 
-func (s storeSteps[M]) claim(ctx context.Context, d *delivery[M]) (Claim, error) {
+func (s storeAttempt[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error) {
 	// A store's error names its package, operation and key already.
-	return s.w.store.Claim(ctx, d.request(s.w.cfg.ttl))
+	c, err := s.w.store.Claim(ctx, d.request(s.w.cfg.ttl))
+	return c, s, err
 }
 
-func (s storeSteps[M]) leased() bool { return true }
-
-func (s storeSteps[M]) run(ctx context.Context, d *delivery[M]) error { return s.w.handler(ctx, d.msg) }
+// run runs the handler with a heartbeat: a lost lease cancels it.
+func (s storeAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
+	hctx, cancel := context.WithCancelCause(ctx)
+	hb := s.w.heartbeats.Get().(*heartbeat)
+	hb.start(hctx, cancel, d.key, d.owner, d.leaseTime)
+	defer func() {
+		hb.stop()
+		s.w.heartbeats.Put(hb)
+		cancel(nil)
+	}()
+	defer capturePanic(&err)
+	return s.w.handler(hctx, d.msg)
+}
 
 // hold renews the lease: a refusal means another worker took the key over.
-func (s storeSteps[M]) hold(ctx context.Context, d *delivery[M]) error {
+func (s storeAttempt[M]) hold(ctx context.Context, d *delivery[M]) error {
 	return s.w.store.Extend(ctx, d.key, d.owner, d.leaseTime)
 }
 
-func (s storeSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
-	return s.w.store.Complete(ctx, d.key, d.owner, nil, s.w.cfg.ttl)
+func (s storeAttempt[M]) complete(ctx context.Context, d *delivery[M], retried bool) error {
+	err := s.w.store.Complete(ctx, d.key, d.owner, nil, s.w.cfg.ttl)
+	if retried && errors.Is(err, ErrLeaseLost) && s.w.landed(ctx, d.key, d.owner) {
+		return nil // an earlier try was applied but its answer lost
+	}
+	return err
 }
 
 // fail returns the claim's attempt count: the write is fenced on the claim,
 // so no other attempt was counted since.
-func (s storeSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
-	return d.attempts, s.w.store.Fail(ctx, d.key, d.owner, f)
+func (s storeAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, retried bool) (int, error) {
+	err := s.w.store.Fail(ctx, d.key, d.owner, f)
+	if retried && errors.Is(err, ErrLeaseLost) && s.w.landed(ctx, d.key, d.owner) {
+		err = nil
+	}
+	return d.attempts, err
 }
 
-func (s storeSteps[M]) end(context.Context, *delivery[M]) {}
+func (s storeAttempt[M]) end(context.Context, *delivery[M]) {}
 
 // settle carries one claimed delivery through its attempt: it answers a
 // claim that was not acquired, parks an event whose attempts are exhausted,
 // runs the handler with a heartbeat and panic recovery, and records the
 // outcome. When later is not nil, a success is appended to it, for the
 // caller to complete with others, instead of being completed here.
-func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later *[]Completion) (Result, error) {
+func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att attempt[M], later *[]Completion) (Result, error) {
 	res := Result{Key: d.key, Attempts: c.Record.Attempts}
 	switch c.Status {
 	case ClaimDuplicate, ClaimFinal:
@@ -89,11 +112,13 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 		return w.parkConflict(ctx, d, c.Record)
 	case ClaimAcquired:
 	default:
-		w.steps.end(ctx, d)
+		if att != nil {
+			att.end(ctx, d)
+		}
 		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
 	}
-	d.owner, d.attempts, d.locator = c.Record.Owner, c.Record.Attempts, c.Locator
-	defer w.steps.end(ctx, d)
+	d.att, d.owner, d.attempts, d.locator = att, c.Record.Owner, c.Record.Attempts, c.Locator
+	defer att.end(ctx, d)
 
 	if c.Record.Attempts > w.cfg.maxAttempts {
 		// The last attempt never reached a verdict (its worker died) or its
@@ -123,11 +148,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 	defer cancel()
 	if err == nil {
 		err := w.retryHeld(sctx, d.leaseTime, func(ctx context.Context, retried bool) error {
-			err := w.steps.complete(ctx, d)
-			if retried && errors.Is(err, ErrLeaseLost) && w.landed(ctx, d.key, d.owner) {
-				return nil // an earlier try was applied but its answer lost
-			}
-			return err
+			return att.complete(ctx, d, retried)
 		})
 		if err != nil {
 			return res, w.settleError("complete", d.key, err, true)
@@ -143,8 +164,8 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, later 
 	return res, serr
 }
 
-// run runs the handler of a held claim, extending a lease meanwhile and
-// turning a panic into a *PanicError. A lost lease cancels the handler.
+// run runs the handler of a held claim through its attempt, within the
+// delivery's span.
 func (w *Wrapper[M]) run(ctx context.Context, d *delivery[M]) error {
 	if w.tel != nil {
 		if d.span != nil {
@@ -152,17 +173,7 @@ func (w *Wrapper[M]) run(ctx context.Context, d *delivery[M]) error {
 		}
 		defer w.tel.handled(ctx, time.Now())
 	}
-	if !w.steps.leased() {
-		return callHandler(ctx, w.steps.run, d)
-	}
-	hctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	hb := w.heartbeats.Get().(*heartbeat)
-	hb.start(hctx, cancel, d.key, d.owner, d.leaseTime)
-	err := callHandler(hctx, w.steps.run, d)
-	hb.stop()
-	w.heartbeats.Put(hb)
-	return err
+	return d.att.run(ctx, d)
 }
 
 // afterFailure decides between retry and dead letter after a failed attempt
@@ -208,14 +219,11 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 // refused and reported, and the letter carries the event ID by which
 // whoever drains the dead letters finds the event settled.
 func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error) (Result, error) {
-	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, _ bool) error { return w.steps.hold(ctx, d) })
+	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, _ bool) error { return d.att.hold(ctx, d) })
 	if err != nil {
 		return Result{Key: d.key}, w.settleError("dead-letter", d.key, err, false)
 	}
-	pctx, cancel := ctx, context.CancelFunc(func() {})
-	if w.steps.leased() {
-		pctx, cancel = context.WithTimeout(ctx, d.leaseTime)
-	}
+	pctx, cancel := context.WithTimeout(ctx, d.leaseTime)
 	err = w.park(pctx, d, reason, cause, rec)
 	cancel()
 	if err != nil {
@@ -235,10 +243,7 @@ func (w *Wrapper[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, 
 	var attempts int
 	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, retried bool) error {
 		var err error
-		attempts, err = w.steps.fail(ctx, d, f)
-		if retried && errors.Is(err, ErrLeaseLost) && w.landed(ctx, d.key, d.owner) {
-			return nil
-		}
+		attempts, err = d.att.fail(ctx, d, f, retried)
 		return err
 	})
 	return attempts, err
@@ -297,7 +302,7 @@ func isUnrepeatable(err error) bool {
 // token, no longer processing. Only owner settles its own claim, and a
 // takeover replaces the token.
 func (w *Wrapper[M]) landed(ctx context.Context, key Key, owner string) bool {
-	if owner == "" || !w.steps.leased() {
+	if owner == "" {
 		return false
 	}
 	rec, err := w.store.Get(ctx, key)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -27,45 +26,229 @@ import (
 // copy settled.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
 	call := callOptions(opts)
-	b := &batch[M]{w: w, ds: make([]delivery[M], len(msgs)), claims: make([]*Claim, len(msgs)),
-		first: make([]int, len(msgs)), outcomes: make([]pendingResult, len(msgs)), yield: yield, stop: call.stop}
+	ds, first := w.prepareBatch(ctx, msgs, &call)
+	b := &batch[M]{w: w, ds: ds, first: first, outcomes: make([]pendingResult, len(msgs)), yield: yield, stop: call.stop}
 	if w.tel != nil {
 		defer b.endSpans()
 	}
+	b.r = w.runner(b)
+	return b.run(ctx)
+}
+
+// prepareBatch prepares the deliveries of msgs and finds the copies of a
+// key: first is, per delivery, the index of the batch's first copy of its
+// key when it is a later copy, else -1.
+func (w *Wrapper[M]) prepareBatch(ctx context.Context, msgs []M, call *callConfig) (ds []delivery[M], first []int) {
+	ds, first = make([]delivery[M], len(msgs)), make([]int, len(msgs))
 	var firsts map[Key]int
 	for i, m := range msgs {
-		b.ds[i] = w.prepare(ctx, m, &call)
-		b.first[i] = -1
-		if b.ds[i].bad != "" || len(msgs) == 1 {
+		ds[i] = w.prepare(ctx, m, call)
+		first[i] = -1
+		if ds[i].bad != "" || len(msgs) == 1 {
 			continue
 		}
 		if firsts == nil {
 			firsts = make(map[Key]int, len(msgs))
 		}
-		if f, ok := firsts[b.ds[i].key]; ok {
-			b.first[i] = f
+		if f, ok := firsts[ds[i].key]; ok {
+			first[i] = f
 		} else {
-			firsts[b.ds[i].key] = i
+			firsts[ds[i].key] = i
 		}
 	}
-	if s, ok := w.steps.(inboxSteps[M]); ok && !w.cfg.txPerEvent && len(msgs) > 1 {
-		s.runBatch(ctx, b)
-		return nil
-	}
-	if w.batchClaims {
-		if err := b.claim(ctx, 0); err != nil {
-			return err
+	return ds, first
+}
+
+// batchRunner is where the claims and commits of one HandleBatch fall: the
+// store claim path claims a batch's keys in one call and completes their
+// successes together (storeRunner), the transactional inbox runs them in
+// shared transactions (inboxChunk), or each event has an attempt of its own
+// (eachRunner). The batch's loop ([batch.run]) owns the rest: bad input,
+// the copies of a key, the order of the results, stopping.
+//
+// The loop cuts the batch into segments, each opened, its deliveries settled
+// in order, and closed.
+type batchRunner[M any] interface {
+	// open claims the deliveries of a segment beginning at from and returns
+	// its end, at most [batch.segmentEnd]'s.
+	open(ctx context.Context, from int) (to int, err error)
+	// settle settles delivery i of the open segment, one the segment claims.
+	// An error matching errRedo says that the segment's results are
+	// discarded and the segment opened again from its beginning; the runner
+	// marked what must run apart.
+	settle(ctx context.Context, i int) pendingResult
+	// settled is told of each result of the segment, in order; it returns
+	// false when yield asked to stop.
+	settled(ctx context.Context, p pendingResult) bool
+	// close makes the segment's results durable and gives them to yield.
+	close(ctx context.Context) segmentClose
+	// abandon gives back what the open segment holds from delivery i on,
+	// for the batch to stop there, having given yield what is durable. It
+	// returns false when the segment cannot stop before its end.
+	abandon(ctx context.Context, i int) bool
+}
+
+// segmentClose is what a closed segment tells the batch's loop.
+type segmentClose int
+
+const (
+	carryOn   segmentClose = iota // the segment is settled: go on
+	stopBatch                     // yield asked to stop, or the batch cannot go on
+	redo                          // open the segment again; the runner marked what runs apart
+)
+
+// errRedo is the error of a result that a runner discards: see
+// batchRunner.settle.
+var errRedo = errors.New("dedup: segment run again")
+
+// batch is the progress of one HandleBatch.
+type batch[M any] struct {
+	w  *Wrapper[M]
+	r  batchRunner[M]
+	ds []delivery[M]
+	// first is, per delivery, the index of the batch's first copy of its key
+	// when it is a later copy, else -1.
+	first []int
+	// apart marks the deliveries a runner took out of its segments: each
+	// runs in a segment of its own, on the claimer's path. nil: none.
+	apart []bool
+	// outcomes are the results of the deliveries run so far.
+	outcomes []pendingResult
+	yield    func(i int, res Result, err error) bool
+	stop     <-chan struct{} // CallStop's; nil: none
+	// pending are the results not yet given to yield, in order.
+	pending []pendingResult
+}
+
+type pendingResult struct {
+	i    int
+	res  Result
+	err  error
+	comp int  // index into the runner's deferred completions, or -1
+	dup  bool // a later copy answered from its first, valid once comp is written
+}
+
+// run runs the batch segment by segment. It returns an error, having given
+// yield nothing, only when the first segment's claim fails.
+func (b *batch[M]) run(ctx context.Context) error {
+	for from := 0; from < len(b.ds); {
+		if b.stopping(ctx) {
+			return nil
 		}
-		if bc, ok := w.store.(BatchCompleter); ok && w.cfg.batchWait > 0 {
-			b.completer = bc
+		to, err := b.r.open(ctx, from)
+		if err != nil {
+			if from == 0 {
+				b.w.observeOutcome(ctx, err)
+				return err
+			}
+			b.w.observe(ctx, &b.ds[from], Result{Key: b.ds[from].key}, err)
+			b.yield(from, Result{Key: b.ds[from].key}, err)
+			return nil
+		}
+		mark := len(b.pending)
+		again := false
+		for i := from; i < to; i++ {
+			if i > from && b.stopping(ctx) && b.r.abandon(ctx, i) {
+				return nil
+			}
+			p := b.result(ctx, i)
+			if errors.Is(p.err, errRedo) {
+				b.pending, again = b.pending[:mark], true
+				break
+			}
+			b.outcomes[i] = p
+			b.pending = append(b.pending, p)
+			if !b.r.settled(ctx, p) {
+				b.r.abandon(ctx, i+1)
+				return nil
+			}
+		}
+		if !again {
+			switch b.r.close(ctx) {
+			case stopBatch:
+				return nil
+			case redo:
+				b.pending = b.pending[:mark]
+			case carryOn:
+				from = to
+			}
 		}
 	}
-	b.run(ctx)
 	return nil
 }
 
-// stopped reports whether the transport asked the batch to stop.
-func (b *batch[M]) stopped() bool {
+// result settles delivery i: bad input is dead-lettered (once, however
+// often its segment runs), a later copy with the same payload is answered
+// from its first, and the runner settles the rest.
+func (b *batch[M]) result(ctx context.Context, i int) pendingResult {
+	d := &b.ds[i]
+	switch {
+	case d.bad != "":
+		if p := b.outcomes[i]; p.res.Outcome != 0 {
+			return p
+		}
+		p := pendingResult{i: i, comp: -1}
+		p.res, p.err = b.w.parkBad(ctx, d)
+		return p
+	case !b.claims(i):
+		return b.copyOf(i)
+	}
+	return b.r.settle(ctx, i)
+}
+
+// claims reports whether delivery i is claimed: the batch's first copy of
+// its key, or a later copy with another payload, which the store must judge
+// against the first's settled record.
+func (b *batch[M]) claims(i int) bool {
+	return b.ds[i].bad == "" && (b.first[i] < 0 || b.ds[i].fp != b.ds[b.first[i]].fp)
+}
+
+// segmentEnd returns the end of a segment beginning at from, of at most max
+// deliveries: a delivery marked apart is a segment of its own, and a segment
+// claims a key once, so that a later copy with another payload is judged
+// against its first's settled record.
+func (b *batch[M]) segmentEnd(from, max int) int {
+	if b.apart != nil && b.apart[from] {
+		return from + 1
+	}
+	to := min(len(b.ds), from+max)
+	for i := from; i < to; i++ {
+		if b.apart != nil && b.apart[i] {
+			return i
+		}
+		if b.claims(i) && b.first[i] >= 0 && b.claimedSince(from, i) {
+			return i
+		}
+	}
+	return to
+}
+
+// claimedSince reports whether a delivery in [from, i) claims the key of
+// delivery i, a later copy.
+func (b *batch[M]) claimedSince(from, i int) bool {
+	f := b.first[i]
+	for j := max(from, f); j < i; j++ {
+		if (j == f || b.first[j] == f) && b.claims(j) {
+			return true
+		}
+	}
+	return false
+}
+
+// setApart marks delivery i to run in a segment of its own.
+func (b *batch[M]) setApart(i int) {
+	if b.apart == nil {
+		b.apart = make([]bool, len(b.ds))
+	}
+	b.apart[i] = true
+}
+
+// stopping reports whether the transport asked the batch to stop, or its
+// context is done.
+func (b *batch[M]) stopping(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
 	select {
 	case <-b.stop:
 		return true
@@ -84,124 +267,6 @@ func (b *batch[M]) endSpans() {
 			span.End()
 		}
 	}
-}
-
-// batch is the progress of one HandleBatch.
-type batch[M any] struct {
-	w      *Wrapper[M]
-	ds     []delivery[M]
-	claims []*Claim // per delivery; nil for one not claimed up front
-	// first is, per delivery, the index of the batch's first copy of its key
-	// when it is a later copy, else -1.
-	first []int
-	// outcomes are the results of the deliveries run so far.
-	outcomes []pendingResult
-	yield    func(i int, res Result, err error) bool
-	stop     <-chan struct{} // CallStop's; nil: none
-	// alone is set once a key was taken over from a worker that died: each
-	// success from then on is completed on its own.
-	alone     bool
-	claimedAt time.Time
-	// completer is set when successes are completed together.
-	completer BatchCompleter
-	// pending are the results not yet given to yield, in order. The first
-	// len(comps) successes among them wait for their completion in comps.
-	pending []pendingResult
-	comps   []Completion
-	flushBy time.Time // when comps must be written, at the latest
-}
-
-type pendingResult struct {
-	i    int
-	res  Result
-	err  error
-	comp int  // index into comps, or -1
-	dup  bool // a later copy answered from its first, valid once comp is written
-}
-
-// claim claims, in one store call, the keys of the deliveries from index
-// from on that are first copies. With at most one such key, each is
-// claimed when it runs.
-func (b *batch[M]) claim(ctx context.Context, from int) error {
-	var reqs []ClaimRequest
-	for j := from; j < len(b.ds); j++ {
-		if b.ds[j].bad == "" && b.first[j] < 0 {
-			reqs = append(reqs, b.ds[j].request(b.w.cfg.ttl))
-		}
-	}
-	if len(reqs) <= 1 {
-		return nil
-	}
-	b.claimedAt = time.Now()
-	claims, err := b.w.store.ClaimBatch(ctx, reqs)
-	if err != nil {
-		b.w.observeOutcome(ctx, err)
-		return err
-	}
-	if len(claims) != len(reqs) {
-		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
-	}
-	for j, k := from, 0; j < len(b.ds); j++ {
-		if b.ds[j].bad == "" && b.first[j] < 0 {
-			b.claims[j] = &claims[k]
-			k++
-		}
-	}
-	return nil
-}
-
-func (b *batch[M]) run(ctx context.Context) {
-	reclaimAt := -1 // claim the messages from here on again, in one call
-	for i := range b.ds {
-		if i == reclaimAt {
-			_ = b.claim(ctx, i) // on failure they are claimed one by one
-		}
-		d, c := &b.ds[i], b.claims[i]
-		due := len(b.comps) > 0 && !time.Now().Before(b.flushBy)
-		// A copy with another payload asks the store, which must see its
-		// first copy's completion.
-		ownClaim := b.first[i] >= 0 && d.fp != b.ds[b.first[i]].fp
-		// A key taken over from a worker that died may kill this one too:
-		// the successes before it are made durable first, and it is
-		// completed on its own, so that a crash loop does not repeat them.
-		takeover := c != nil && c.Status == ClaimAcquired && c.Previous == StatusProcessing
-		// The claims given back behind it no longer show that their worker
-		// died: the rest of the batch is completed one event at a time.
-		b.alone = b.alone || takeover
-		stop := ctx.Err() != nil || b.stopped()
-		if stop || due || (ownClaim || takeover) && len(b.comps) > 0 {
-			if !b.flush(ctx) || stop {
-				b.releaseFrom(ctx, i)
-				return
-			}
-		}
-		if takeover && i+1 < len(b.ds) {
-			// A worker died running this key, and this attempt may kill its
-			// worker too. Claims held behind it would then count an attempt
-			// for messages that never ran, and after a few such deaths park
-			// them as a crash loop: give them back, and claim those messages
-			// again once this one is settled.
-			b.releaseFrom(ctx, i+1)
-			clear(b.claims[i+1:])
-			reclaimAt = i + 1
-		}
-		var p pendingResult
-		if b.first[i] >= 0 && !ownClaim {
-			p = b.copyOf(i)
-		} else {
-			p = pendingResult{i: i, comp: -1}
-			p.res, p.comp, p.err = b.handle(ctx, d, c, b.alone)
-		}
-		b.outcomes[i] = p
-		b.pending = append(b.pending, p)
-		if b.completer == nil || p.err != nil || !p.res.Settled() {
-			if !b.flush(ctx) {
-				b.releaseFrom(ctx, i+1)
-				return
-			}
-		}
-	}
-	b.flush(ctx)
 }
 
 // copyOf answers delivery i, a later copy of a key with the same payload,
@@ -228,56 +293,16 @@ func copyResult(first Result) Result {
 	return first
 }
 
-// handle settles one message whose claim was made up front (c), or claims
-// it now (c nil); alone completes it at once. comp is the index of its
-// deferred completion, or -1.
-func (b *batch[M]) handle(ctx context.Context, d *delivery[M], c *Claim, alone bool) (res Result, comp int, err error) {
+// give gives the pending results to yield in order; errs are the errors of
+// the deferred completions they point at. Once yield asked to stop at a
+// settled result, it still gives the settled results that follow, which ran
+// and are durable, up to the first that is not, so that a transport
+// stopping acknowledges what is done; yield stopping at an unsettled result
+// gets nothing more. It returns false when yield asked to stop.
+func (b *batch[M]) give(ctx context.Context, errs []error) bool {
 	w := b.w
-	if c == nil {
-		res, err := w.process(ctx, d)
-		return res, -1, err
-	}
-	if c.Status == ClaimAcquired && time.Since(b.claimedAt) > d.leaseTime/2 {
-		// Earlier messages of the batch took a while: renew before running.
-		if err := w.store.Extend(ctx, d.key, c.Record.Owner, d.leaseTime); err != nil {
-			if errors.Is(err, ErrLeaseLost) {
-				res, err := w.process(ctx, d)
-				return res, -1, err
-			}
-			return Result{Key: d.key}, -1, err
-		}
-	}
-	var later *[]Completion
-	if b.completer != nil && !alone {
-		later = &b.comps
-	}
-	n := len(b.comps)
-	res, err = w.settle(ctx, d, *c, later)
-	if len(b.comps) > n {
-		if n == 0 {
-			b.flushBy = time.Now().Add(min(w.cfg.batchWait, d.leaseTime/3))
-		}
-		return res, n, err
-	}
-	return res, -1, err
-}
-
-// flush writes the deferred completions, then gives the pending results to
-// yield in order. Once yield asked to stop at a settled result, it still
-// gives the settled results that follow, which ran and are durable, up to
-// the first that is not, so that a transport stopping acknowledges what is
-// done; yield stopping at an unsettled result gets nothing more. It returns
-// false when yield asked to stop.
-func (b *batch[M]) flush(ctx context.Context) bool {
-	w := b.w
-	var errs []error
-	if len(b.comps) > 0 {
-		sctx, cancel := settleContext(ctx)
-		errs = w.completeHeld(sctx, b.completer, b.comps, b.ds[0].leaseTime)
-		cancel()
-	}
 	pending := b.pending
-	b.pending, b.comps = b.pending[:0], b.comps[:0]
+	b.pending = b.pending[:0]
 	stopped, durable := false, false
 	defer func() {
 		if durable {
@@ -306,6 +331,26 @@ func (b *batch[M]) flush(ctx context.Context) bool {
 	}
 	return !stopped
 }
+
+// eachRunner gives each event of a batch an attempt of its own, claimed
+// when it runs: the transactional inbox with [WithTxPerEvent].
+type eachRunner[M any] struct{ b *batch[M] }
+
+func newEachRunner[M any](b *batch[M]) batchRunner[M] { return eachRunner[M]{b} }
+
+func (r eachRunner[M]) open(_ context.Context, from int) (int, error) { return from + 1, nil }
+
+func (r eachRunner[M]) settle(ctx context.Context, i int) pendingResult {
+	p := pendingResult{i: i, comp: -1}
+	p.res, p.err = r.b.w.process(ctx, &r.b.ds[i])
+	return p
+}
+
+func (r eachRunner[M]) settled(ctx context.Context, _ pendingResult) bool { return r.b.give(ctx, nil) }
+
+func (r eachRunner[M]) close(context.Context) segmentClose { return carryOn }
+
+func (r eachRunner[M]) abandon(context.Context, int) bool { return true }
 
 // completeHeld writes comps with bc, trying again while the claims hold, as
 // a single completion is: the handlers ran, and giving up would run them
@@ -353,20 +398,4 @@ func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps 
 		}
 	}
 	return errs
-}
-
-// releaseFrom gives back the acquired claims of the messages from index i
-// on, which will not run.
-func (b *batch[M]) releaseFrom(ctx context.Context, i int) {
-	ctx, cancel := settleContext(ctx)
-	defer cancel()
-	for _, c := range b.claims[i:] {
-		if c == nil || c.Status != ClaimAcquired {
-			continue
-		}
-		if err := b.w.store.Release(ctx, c.Record.Key, c.Record.Owner); err != nil {
-			b.w.cfg.logger.Warn("dedup: releasing an unstarted claim failed; it frees when its lease expires",
-				slog.String("key", c.Record.Key.String()), slog.Any("error", err))
-		}
-	}
 }

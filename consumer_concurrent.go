@@ -13,22 +13,23 @@ import (
 // see [WithBatchCompletion]) the successes are then completed together, in
 // as few writes as the wait allows. Once every message is settled it calls
 // yield with each one's index and result, in order. A key held more than
-// once runs once: a later copy with the same payload is answered from the
-// first copy's outcome, as in HandleBatch (see [Wrapper.HandleBatch]); one
-// with another payload gets OutcomeInFlight and comes back, to be claimed on
-// its own. It returns an error, having processed nothing, only when the
-// batch claim itself fails.
+// once follows HandleBatch's rule (see [Wrapper.HandleBatch]): a later copy
+// with the same payload is answered from the first copy's outcome, one with
+// another payload is claimed on its own once the first copy settled. It
+// returns an error, having processed nothing, only when the batch claim
+// itself fails.
 func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(i int, res Result, err error), opts ...CallOpt) error {
-	c := &concurrentBatch[M]{w: w, ds: make([]delivery[M], len(msgs)), results: make([]pendingResult, len(msgs))}
 	call := callOptions(opts)
-	if err := c.claim(ctx, msgs, &call); err != nil {
+	ds, first := w.prepareBatch(ctx, msgs, &call)
+	c := &concurrentBatch[M]{w: w, ds: ds, first: first, results: make([]pendingResult, len(msgs))}
+	if err := c.claim(ctx); err != nil {
 		for i := range c.ds {
 			w.observe(ctx, &c.ds[i], Result{Key: c.ds[i].key}, err)
 		}
 		return err
 	}
 	c.run(ctx)
-	c.answerCopies()
+	c.answerCopies(ctx)
 	durable := false
 	for i := range c.ds {
 		p := c.results[i]
@@ -45,9 +46,9 @@ func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(
 type concurrentBatch[M any] struct {
 	w       *Wrapper[M]
 	ds      []delivery[M]
+	first   []int // as batch.first
 	claims  []Claim
 	claimOf []int // per delivery: its index in claims, or noClaim, or laterCopy
-	firstOf []int // per later copy: the delivery of its key's first copy
 	results []pendingResult
 
 	completer BatchCompleter // nil: each success is completed on its own
@@ -61,30 +62,20 @@ const (
 	laterCopy = -2 // a key held earlier in the batch
 )
 
-// claim prepares the deliveries and claims their keys in one store call
-// when there are at least two.
-func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M, call *callConfig) error {
+// claim claims the first copies' keys in one store call when there are at
+// least two and the wrapper claims from a store.
+func (c *concurrentBatch[M]) claim(ctx context.Context) error {
 	w := c.w
-	c.claimOf = make([]int, len(msgs))
+	c.claimOf = make([]int, len(c.ds))
 	var reqs []ClaimRequest
-	seen := make(map[Key]int, len(msgs))
-	for i, m := range msgs {
+	for i := range c.ds {
 		d := &c.ds[i]
-		*d = w.prepare(ctx, m, call)
 		c.claimOf[i] = noClaim
-		if d.bad != "" {
-			continue
-		}
-		if first, ok := seen[d.key]; ok {
+		switch {
+		case d.bad != "":
+		case c.first[i] >= 0:
 			c.claimOf[i] = laterCopy
-			if c.firstOf == nil {
-				c.firstOf = make([]int, len(msgs))
-			}
-			c.firstOf[i] = first
-			continue
-		}
-		seen[d.key] = i
-		if w.batchClaims {
+		case w.batchClaim != nil:
 			c.claimOf[i] = len(reqs)
 			reqs = append(reqs, d.request(w.cfg.ttl))
 		}
@@ -97,7 +88,7 @@ func (c *concurrentBatch[M]) claim(ctx context.Context, msgs []M, call *callConf
 		}
 		return nil
 	}
-	claims, err := w.store.ClaimBatch(ctx, reqs)
+	claims, err := w.batchClaim(ctx, reqs)
 	if err != nil {
 		w.observeOutcome(ctx, err)
 		return err
@@ -123,7 +114,6 @@ func (c *concurrentBatch[M]) run(ctx context.Context) {
 		*p = pendingResult{i: i, comp: -1}
 		switch k := c.claimOf[i]; {
 		case k == laterCopy:
-			p.res = Result{Outcome: OutcomeInFlight, Key: d.key, RetryAfter: min(d.leaseTime, maxInFlightWait)}
 		case k == noClaim:
 			wg.Go(func() { p.res, p.err = c.w.process(ctx, d) })
 		default:
@@ -152,18 +142,20 @@ func (c *concurrentBatch[M]) run(ctx context.Context) {
 	}
 }
 
-// answerCopies answers each later copy of a key from its first copy, once
-// every first copy is settled and completed.
-func (c *concurrentBatch[M]) answerCopies() {
+// answerCopies answers each later copy of a key once every first copy is
+// settled and completed: from its first copy's outcome, or, when its
+// payload differs, from a claim of its own.
+func (c *concurrentBatch[M]) answerCopies(ctx context.Context) {
 	for i, k := range c.claimOf {
 		if k != laterCopy {
 			continue
 		}
-		f, d := &c.results[c.firstOf[i]], &c.ds[i]
-		if d.fp != c.ds[c.firstOf[i]].fp {
-			continue // another payload: it keeps OutcomeInFlight, and comes back
+		p := &c.results[i]
+		if f := c.first[i]; c.ds[i].fp == c.ds[f].fp {
+			*p = pendingResult{i: i, comp: -1, res: copyResult(c.results[f].res), err: c.results[f].err}
+		} else {
+			p.res, p.err = c.w.process(ctx, &c.ds[i])
 		}
-		c.results[i] = pendingResult{i: i, comp: -1, res: copyResult(f.res), err: f.err}
 	}
 }
 
@@ -176,7 +168,7 @@ func (c *concurrentBatch[M]) settle(ctx context.Context, i int, claim Claim) {
 	if c.completer != nil {
 		later = &comps
 	}
-	res, err := c.w.settle(ctx, &c.ds[i], claim, later)
+	res, err := c.w.settle(ctx, &c.ds[i], claim, storeAttempt[M]{c.w}, later)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.results[i].res, c.results[i].err = res, err

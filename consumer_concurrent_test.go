@@ -14,9 +14,9 @@ import (
 
 // HandleConcurrent claims a batch in one call, runs its handlers at the same
 // time and completes their successes in one write; a failure, a later copy
-// of a key (a duplicate of its first copy's success, as in HandleBatch; in
-// flight when its payload differs) and a message without an ID each get
-// their own answer.
+// of a key (a duplicate of its first copy's success; when its payload
+// differs, claimed on its own after it, a conflict, as in HandleBatch) and a
+// message without an ID each get their own answer.
 func TestHandleConcurrent(t *testing.T) {
 	for name, newStore := range stores() {
 		t.Run(name, func(t *testing.T) {
@@ -47,11 +47,11 @@ func TestHandleConcurrent(t *testing.T) {
 				outcomes = append(outcomes, res.Outcome)
 			}))
 			require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeRetry, dedup.OutcomeDuplicate,
-				dedup.OutcomeProcessed, dedup.OutcomeDeadLettered, dedup.OutcomeInFlight}, outcomes)
+				dedup.OutcomeProcessed, dedup.OutcomeDeadLettered, dedup.OutcomeConflict}, outcomes)
 			require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, ran)
 			require.EqualValues(t, 1, store.batches.Load(), "a and c completed in one write")
 			require.Zero(t, store.completes.Load())
-			require.Len(t, sink.Letters(), 1)
+			require.Len(t, sink.Letters(), 2, "no ID, and the conflict")
 
 			// The later copy of a comes back as a duplicate; b runs again.
 			started.Add(1)

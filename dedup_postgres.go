@@ -85,6 +85,7 @@ type postgresSQL struct {
 	claim, claimBatch, claimInTx, recordFailure string
 	claimBatchInTx                              string
 	savepoint, rollbackToSavepoint, failInTx    string
+	leaseInTx                                   string
 	read, readBatch, get                        string
 	complete, completeBatch, completeLocated    string
 	fail, extend, release, purge                string
@@ -212,6 +213,11 @@ RETURNING true, previous_status, ` + recordColumns,
 		failInTx: `UPDATE ` + table + ` SET status = $3, last_error = $4,
 	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
 	expires_at = now() + $5::interval ` + where + ` RETURNING attempts`,
+
+		// The claim in the same transaction wrote the row as succeeded; the
+		// attempt's outcome will be written on the store claim path instead.
+		leaseInTx: `UPDATE ` + table + ` SET status = 'PROCESSING', lease_until = now() + $3::interval,
+	updated_at = now() ` + where,
 
 		recordFailure: `INSERT INTO ` + table + ` AS t (scope, event_id, status, fingerprint, attempts, owner,
 	lease_until, created_at, updated_at, expires_at, last_error, first_failure, last_failure)
@@ -561,6 +567,16 @@ func (s *PostgresStore) failInBatchTx(ctx context.Context, tx pgx.Tx, key Key, f
 		return 0, s.opError("record failure "+key.String(), err)
 	}
 	return attempts, nil
+}
+
+// leaseInTx turns the record of key, which a claim in tx wrote as succeeded,
+// into a claim in progress with a lease, committed with tx: its outcome is
+// then settled by fenced writes on the claim's owner token.
+func (s *PostgresStore) leaseInTx(ctx context.Context, tx pgx.Tx, key Key, lease time.Duration) error {
+	if _, err := tx.Exec(ctx, s.sql.leaseInTx, key.Scope, key.EventID, lease); err != nil {
+		return s.opError("lease in tx "+key.String(), err)
+	}
+	return nil
 }
 
 // recordFailure counts a failed inbox attempt whose transaction was lost

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -14,10 +13,10 @@ import (
 // vanishes together with the dedup record.
 //
 // The handler must neither commit nor roll back tx: the wrapper commits it
-// with the record after a success, and after a failure rolls the handler's
-// writes back to a savepoint and records the failure in it. To undo part of
-// its own work, a handler nests a transaction (tx.Begin, a savepoint). A
-// handler that ends tx itself makes Handle return an error that says so.
+// with the record after a success, and after a failure undoes the handler's
+// writes and records the failure. To undo part of its own work, a handler
+// nests a transaction (tx.Begin, a savepoint). A handler that ends tx
+// itself makes Handle return an error that says so.
 type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 
 // WrapTx returns a Wrapper running the transactional inbox, the strongest
@@ -28,8 +27,9 @@ type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 // until the first transaction ends. A failed attempt rolls back the
 // handler's writes to a savepoint taken after the claim and records the
 // failure in the same transaction, so that the attempt is counted before
-// the row is let go. Use it when the handler's effects live in the same
-// database.
+// the row is let go. HandleBatch runs a batch's events in shared
+// transactions (see [WithTxPerEvent]). Use it when the handler's effects
+// live in the same database.
 func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts ...Opt) (*Wrapper[M], error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
@@ -44,64 +44,59 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 	if w.cfg.batchWaitSet && w.cfg.batchWait > 0 {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: WrapTx records each event in its handler's transaction", ErrConfig)
 	}
-	w.steps = inboxSteps[M]{store: store, handler: h, ttl: w.cfg.ttl}
+	in := &inbox[M]{w: w, store: store, handler: h}
+	w.claimer, w.runner = in, in.newChunk
+	if w.cfg.txPerEvent {
+		w.runner = newEachRunner[M]
+	}
 	return w, nil
 }
 
-// inboxSteps are the steps of an attempt in the transactional inbox: the
-// claim is made in a transaction that stays open, holding the record's row,
-// until the attempt is committed or its failure recorded in it.
-type inboxSteps[M any] struct {
+// inbox claims an event of the transactional inbox in a transaction of its
+// own, which stays open, holding the record's row, until the attempt is
+// committed or its failure recorded in it.
+type inbox[M any] struct {
+	w       *Wrapper[M]
 	store   *PostgresStore
 	handler TxHandler[M]
-	ttl     time.Duration
 }
 
-func (s inboxSteps[M]) claim(ctx context.Context, d *delivery[M]) (Claim, error) {
-	tx, err := s.store.pool.Begin(ctx)
+func (in *inbox[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error) {
+	tx, err := in.store.pool.Begin(ctx)
 	if err != nil {
-		return Claim{}, fmt.Errorf("dedup: inbox begin %s: %w", d.key, err)
+		return Claim{}, nil, fmt.Errorf("dedup: inbox begin %s: %w", d.key, err)
 	}
-	c, err := s.store.claimInTx(ctx, tx, d.request(s.ttl))
+	c, err := in.store.claimInTx(ctx, tx, d.request(in.w.cfg.ttl))
 	if err != nil || c.Status != ClaimAcquired {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return c, err
+		return c, nil, err
 	}
-	d.tx = tx
-	return c, nil
+	return c, &txAttempt[M]{in: in, tx: tx}, nil
 }
 
-func (s inboxSteps[M]) leased() bool { return false }
-
-func (s inboxSteps[M]) run(ctx context.Context, d *delivery[M]) error {
-	if !d.sharedTx {
-		return s.handler(ctx, d.tx, d.msg)
-	}
-	tx := &batchTx{Tx: d.tx, savepoint: s.store.sql.savepoint}
-	defer func() { d.savepoint = tx.taken }() // a panic too must roll back what it wrote
-	err := s.handler(ctx, tx, d.msg)
-	if err != nil {
-		return err
-	}
-	if d.tx.Conn().PgConn().TxStatus() == 'E' {
-		// Its writes must not be committed as if it had succeeded.
-		return errTxAborted
-	}
-	return nil
+// txAttempt is an attempt of the inbox in a transaction of its own. Its row
+// lock is its lease: nobody takes the event over while tx is open.
+type txAttempt[M any] struct {
+	in *inbox[M]
+	tx pgx.Tx // nil once committed or rolled back
+	// verdict, when set, is the failure of this attempt's handler in a
+	// batch's transaction that was rolled back: it does not run again.
+	verdict error
 }
 
-// errTxAborted is the failure of a batched inbox handler that returned nil
-// after a statement of its transaction failed.
-var errTxAborted = errors.New("dedup: the TxHandler returned nil after a statement of its transaction failed; its writes are rolled back")
-
-func (s inboxSteps[M]) hold(context.Context, *delivery[M]) error { return nil }
-
-func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
-	if d.sharedTx {
-		return nil // the claim wrote the record as succeeded: the batch commits it
+func (a *txAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
+	if a.verdict != nil {
+		return a.verdict
 	}
-	tx := d.tx
-	d.tx = nil
+	defer capturePanic(&err)
+	return a.in.handler(ctx, a.tx, d.msg)
+}
+
+func (a *txAttempt[M]) hold(context.Context, *delivery[M]) error { return nil }
+
+func (a *txAttempt[M]) complete(ctx context.Context, d *delivery[M], _ bool) error {
+	tx := a.tx
+	a.tx = nil
 	if err := tx.Commit(ctx); err != nil {
 		if errors.Is(err, pgx.ErrTxClosed) {
 			err = fmt.Errorf("the TxHandler committed or rolled back the transaction itself; it must do neither: %w", err)
@@ -116,26 +111,17 @@ func (s inboxSteps[M]) complete(ctx context.Context, d *delivery[M]) error {
 // row. When that transaction is lost first (its connection broke), the
 // claim's attempt went with it, and the failure is counted by a write of its
 // own.
-func (s inboxSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
-	if d.sharedTx {
-		attempts, err := s.store.failInBatchTx(ctx, d.tx, d.key, f, d.savepoint)
-		if err != nil {
-			// The batch's transaction is broken: it ends, and with it
-			// the whole batch.
-			return 0, unrepeatable{err}
-		}
-		return attempts, nil
-	}
-	if tx := d.tx; tx != nil {
-		d.tx = nil
-		attempts, err := s.store.failInTx(ctx, tx, d.key, f)
+func (a *txAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, _ bool) (int, error) {
+	if tx := a.tx; tx != nil {
+		a.tx = nil
+		attempts, err := a.in.store.failInTx(ctx, tx, d.key, f)
 		if err == nil {
 			return attempts, nil
 		}
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return 0, err
 	}
-	attempts, err := s.store.recordFailure(ctx, d.request(s.ttl), f)
+	attempts, err := a.in.store.recordFailure(ctx, d.request(a.in.w.cfg.ttl), f)
 	if errors.Is(err, ErrLeaseLost) {
 		// Another delivery settled the event once this one let go of it.
 		return 0, unrepeatable{err}
@@ -143,13 +129,9 @@ func (s inboxSteps[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int
 	return attempts, err
 }
 
-func (s inboxSteps[M]) end(ctx context.Context, d *delivery[M]) {
-	if d.sharedTx {
-		d.tx, d.sharedTx, d.savepoint = nil, false, false
-		return
-	}
-	if d.tx != nil {
-		_ = d.tx.Rollback(context.WithoutCancel(ctx))
-		d.tx = nil
+func (a *txAttempt[M]) end(ctx context.Context, _ *delivery[M]) {
+	if a.tx != nil {
+		_ = a.tx.Rollback(context.WithoutCancel(ctx))
+		a.tx = nil
 	}
 }

@@ -2,146 +2,232 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // maxTxEvents is how many events one transaction of a batched inbox holds
-// at most: it keeps their rows locked until it commits, and each handler
-// runs after a savepoint of its own, while PostgreSQL caches the
-// subtransactions of a transaction up to 64, past which every other
-// session's snapshots get slower.
+// at most: it keeps their rows locked until it commits.
 const maxTxEvents = 64
 
-// runBatch runs a HandleBatch of the transactional inbox: the events of a
-// batch share transactions of up to maxTxEvents, each claiming its keys in
-// one statement and committing once. Each handler runs after a savepoint of
-// its own; a failure rolls back to it and records the failure in the same
-// transaction, so that one event's failure takes neither the others' effects
-// nor its own attempt with it. No result is given to yield before its
-// transaction committed.
-func (s inboxSteps[M]) runBatch(ctx context.Context, b *batch[M]) {
-	for from := 0; from < len(b.ds); {
-		if ctx.Err() != nil || b.stopped() {
-			return
-		}
-		to := s.chunkEnd(b, from)
-		if !s.runChunk(ctx, b, from, to) {
-			return
-		}
-		from = to
+// inboxChunk runs a HandleBatch of the transactional inbox: the events of a
+// segment share one transaction, which claims their keys in one statement,
+// writing each record straight in its final state, and commits once. No
+// savepoint is taken: the uncommitted rows are the events' leases.
+//
+// A failed handler's verdict stands: it does not run again within the
+// batch. When it wrote nothing, its failure is recorded in the segment's
+// transaction; when it wrote, the segment is rolled back and run again
+// up to it (the handlers that succeeded before it run again, their first
+// run's writes gone) with its verdict in place of its handler. An event to be
+// dead-lettered has its record turned into a leased claim in progress,
+// committed with the segment; its dead letter and final write then follow
+// on the store claim path, fenced on that claim, so that no letter is sent
+// for an event whose transaction may still roll back. No result is given
+// to yield before its transaction committed.
+type inboxChunk[M any] struct {
+	in       *inbox[M]
+	b        *batch[M]
+	from, to int
+	tx       pgx.Tx  // nil: the segment claims nothing
+	claims   []Claim // by delivery from from, for those the segment claims
+	// verdicts are the errors of the handlers that failed, by delivery.
+	verdicts map[int]error
+	// later are the deliveries of the segment settled once it committed.
+	later []int
+	// cut ends the segment opened again after a rollback right after the
+	// handler that caused it, so that no handler runs more than twice.
+	cut int
+}
+
+func (in *inbox[M]) newChunk(b *batch[M]) batchRunner[M] { return &inboxChunk[M]{in: in, b: b} }
+
+// Answers of a chunk attempt to a step it cannot take in a shared
+// transaction.
+var (
+	// errRolledBack: its handler wrote, then failed; the segment runs again.
+	errRolledBack = unrepeatable{errors.New("dedup: the handler wrote, then failed: its batch transaction is rolled back")}
+	// errLater: its outcome is settled once the segment committed.
+	errLater = unrepeatable{errors.New("dedup: settled once the batch transaction committed")}
+)
+
+func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
+	b := r.b
+	r.from, r.tx, r.later = from, nil, r.later[:0]
+	if b.apart != nil && b.apart[from] {
+		r.to = from + 1
+		return r.to, nil
 	}
-}
-
-// ownClaim reports whether delivery i is claimed: the batch's first copy of
-// its key, or a later copy with another payload, which the store must judge
-// against the first's committed record.
-func (b *batch[M]) ownClaim(i int) bool {
-	return b.ds[i].bad == "" && (b.first[i] < 0 || b.ds[i].fp != b.ds[b.first[i]].fp)
-}
-
-// chunkEnd returns the end of the transaction starting at from: at most
-// maxTxEvents, and before a key the transaction claimed already.
-func (s inboxSteps[M]) chunkEnd(b *batch[M], from int) int {
-	to := min(len(b.ds), from+maxTxEvents)
-	claimed := make(map[Key]struct{}, to-from)
-	for i := from; i < to; i++ {
-		if !b.ownClaim(i) {
-			continue
-		}
-		if _, ok := claimed[b.ds[i].key]; ok {
-			return i
-		}
-		claimed[b.ds[i].key] = struct{}{}
-	}
-	return to
-}
-
-// runChunk runs deliveries [from, to) in one transaction and gives their
-// results to yield once it committed. It returns false when the batch must
-// stop: the transaction failed, yield asked to stop, or the transport is
-// stopping, which is noticed between transactions.
-func (s inboxSteps[M]) runChunk(ctx context.Context, b *batch[M], from, to int) bool {
-	w := b.w
-	tx, err := s.store.pool.Begin(ctx)
-	if err != nil {
-		return b.failChunk(ctx, from, to, fmt.Errorf("dedup: inbox begin: %w", err))
+	r.to = b.segmentEnd(from, maxTxEvents)
+	if r.cut > from {
+		r.to = min(r.to, r.cut)
 	}
 	var reqs []ClaimRequest
-	for i := from; i < to; i++ {
-		if b.ownClaim(i) {
-			reqs = append(reqs, b.ds[i].request(s.ttl))
+	for i := from; i < r.to; i++ {
+		if b.claims(i) {
+			reqs = append(reqs, b.ds[i].request(b.w.cfg.ttl))
 		}
 	}
-	claims, err := s.store.claimBatchInTx(ctx, tx, reqs)
+	if len(reqs) == 0 {
+		return r.to, nil
+	}
+	tx, err := r.in.store.pool.Begin(ctx)
 	if err != nil {
-		w.observeOutcome(ctx, err)
+		return 0, fmt.Errorf("dedup: inbox begin: %w", err)
+	}
+	claims, err := r.in.store.claimBatchInTx(ctx, tx, reqs)
+	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return b.failChunk(ctx, from, to, err)
+		return 0, err
 	}
-	k := 0
-	for i := from; i < to; i++ {
-		d := &b.ds[i]
-		p := pendingResult{i: i, comp: -1}
-		switch {
-		case d.bad != "":
-			p.res, p.err = w.parkBad(ctx, d)
-		case !b.ownClaim(i):
-			p = b.copyOf(i)
-		default:
-			c := claims[k]
+	r.tx, r.claims = tx, r.claims[:0]
+	for i, k := from, 0; i < r.to; i++ {
+		var c Claim
+		if b.claims(i) {
+			c = claims[k]
 			k++
-			p.res, p.err = s.settleInTx(ctx, w, d, tx, c)
 		}
-		b.outcomes[i] = p
-		b.pending = append(b.pending, p)
-		if p.err != nil && txBroken(tx) {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			return s.runEach(ctx, b, from, to, p.err)
-		}
+		r.claims = append(r.claims, c)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return s.runEach(ctx, b, from, to, fmt.Errorf("dedup: inbox commit of %d events: %w", to-from, err))
-	}
-	return b.flush(ctx) && ctx.Err() == nil && !b.stopped()
+	return r.to, nil
 }
 
-// runEach runs deliveries [from, to) again, each in a transaction of its
-// own, after their shared transaction failed with err: the event that broke
-// it (a deferred constraint its handler violated, a statement that ended
-// the connection) then fails alone, and the others are settled. Their
-// handlers run twice; the first run's writes were rolled back.
-func (s inboxSteps[M]) runEach(ctx context.Context, b *batch[M], from, to int, err error) bool {
-	if ctx.Err() != nil {
-		return b.failChunk(ctx, from, to, err)
+func (r *inboxChunk[M]) settle(ctx context.Context, i int) pendingResult {
+	w, d := r.b.w, &r.b.ds[i]
+	p := pendingResult{i: i, comp: -1}
+	if r.tx == nil {
+		p.res, p.err = r.settleApart(ctx, i)
+		return p
 	}
-	w := b.w
-	w.cfg.logger.Warn("dedup: an inbox batch's transaction failed; running its events one transaction each",
-		slog.Int("events", to-from), slog.Any("error", err))
-	b.pending = b.pending[:0]
-	for i := from; i < to; i++ {
-		d := &b.ds[i]
-		p := b.outcomes[i] // a bad ID was dead-lettered already
-		switch {
-		case d.bad != "":
-		case !b.ownClaim(i):
-			p = b.copyOf(i)
-		default:
-			p = pendingResult{i: i, comp: -1}
-			p.res, p.err = w.process(ctx, d)
+	c := r.claims[i-r.from]
+	att := &chunkAttempt[M]{r: r, i: i, tx: handlerTx{Tx: r.tx}}
+	p.res, p.err = w.settle(ctx, d, c, att, nil)
+	switch {
+	case errors.Is(p.err, errRolledBack):
+		r.rollback(ctx)
+		r.cut, p.err = i+1, errRedo
+	case errors.Is(p.err, errLater):
+		if err := r.in.store.leaseInTx(ctx, r.tx, d.key, d.leaseTime); err != nil {
+			r.runApart(ctx, err)
+			p.err = errRedo
+			break
 		}
-		b.outcomes[i] = p
-		b.pending = append(b.pending, p)
+		r.later = append(r.later, i)
+	case p.err != nil && txBroken(r.tx):
+		r.runApart(ctx, fmt.Errorf("dedup: inbox batch transaction broken at %s: %w", d.key, p.err))
+		p.err = errRedo
 	}
-	return b.flush(ctx) && ctx.Err() == nil && !b.stopped()
+	return p
 }
 
-// settleInTx settles one claimed delivery of a batch in its transaction.
-func (s inboxSteps[M]) settleInTx(ctx context.Context, w *Wrapper[M], d *delivery[M], tx pgx.Tx, c Claim) (Result, error) {
-	d.tx, d.sharedTx = tx, true
-	return w.settle(ctx, d, c, nil)
+// settleLater settles, once the segment committed, the events whose
+// records it committed as leased claims: their verdict is recorded on the
+// store claim path, fenced on the claim.
+func (r *inboxChunk[M]) settleLater(ctx context.Context) {
+	if len(r.later) == 0 {
+		return
+	}
+	b, w := r.b, r.b.w
+	for _, i := range r.later {
+		c := r.claims[i-r.from]
+		c.Record.Status = StatusProcessing
+		att := verdictAttempt[M]{storeAttempt: storeAttempt[M]{w}, verdict: r.verdicts[i]}
+		p := pendingResult{i: i, comp: -1}
+		p.res, p.err = w.settle(ctx, &b.ds[i], c, att, nil)
+		b.outcomes[i] = p
+	}
+	for k, p := range b.pending {
+		if slices.Contains(r.later, p.i) {
+			b.pending[k] = b.outcomes[p.i]
+		} else if !b.claims(p.i) && b.ds[p.i].bad == "" {
+			b.pending[k] = b.copyOf(p.i)
+		}
+	}
+}
+
+// verdictAttempt settles on the store claim path an attempt whose handler
+// already ran: its verdict is the handler's error, or nil when the claim's
+// attempts were exhausted before it ran.
+type verdictAttempt[M any] struct {
+	storeAttempt[M]
+	verdict error
+}
+
+func (a verdictAttempt[M]) run(context.Context, *delivery[M]) error { return a.verdict }
+
+// settleApart settles delivery i in a transaction of its own. When its
+// handler already failed in a segment that was rolled back, that failure is
+// its attempt's: the handler does not run again.
+func (r *inboxChunk[M]) settleApart(ctx context.Context, i int) (Result, error) {
+	w, d := r.b.w, &r.b.ds[i]
+	verdict, ok := r.verdicts[i]
+	if !ok {
+		return w.process(ctx, d)
+	}
+	c, att, err := r.in.claim(ctx, d)
+	if err != nil {
+		return Result{Key: d.key}, err
+	}
+	if att != nil {
+		att.(*txAttempt[M]).verdict = verdict
+	}
+	return w.settle(ctx, d, c, att, nil)
+}
+
+func (r *inboxChunk[M]) settled(context.Context, pendingResult) bool { return true }
+
+func (r *inboxChunk[M]) close(ctx context.Context) segmentClose {
+	if r.tx != nil {
+		tx := r.tx
+		r.tx = nil
+		if err := tx.Commit(ctx); err != nil {
+			r.runApart(ctx, fmt.Errorf("dedup: inbox commit of %d events: %w", r.to-r.from, err))
+			return redo
+		}
+		r.settleLater(ctx)
+	}
+	if !r.b.give(ctx, nil) {
+		return stopBatch
+	}
+	return carryOn
+}
+
+// abandon stops the segment only when ctx is done, which its handlers'
+// writes will not outlive: the transaction is rolled back and its events
+// come back. A transport's stop signal lets the segment finish.
+func (r *inboxChunk[M]) abandon(ctx context.Context, _ int) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	r.rollback(ctx)
+	return true
+}
+
+// runApart rolls back the segment, whose transaction failed with err, and
+// marks its claimed events to run each in a transaction of its own: the
+// event that broke it (a deferred constraint its handler violated, a
+// statement that ended the connection) then fails alone, and the others are
+// settled.
+func (r *inboxChunk[M]) runApart(ctx context.Context, err error) {
+	r.rollback(ctx)
+	r.b.w.cfg.logger.Warn("dedup: an inbox batch's transaction failed; running its events one transaction each",
+		slog.Int("events", r.to-r.from), slog.Any("error", err))
+	for i := r.from; i < r.to; i++ {
+		if r.b.claims(i) {
+			r.b.setApart(i)
+		}
+	}
+}
+
+func (r *inboxChunk[M]) rollback(ctx context.Context) {
+	if r.tx != nil {
+		_ = r.tx.Rollback(context.WithoutCancel(ctx))
+		r.tx = nil
+	}
 }
 
 // txBroken reports whether tx can no longer commit.
@@ -150,14 +236,65 @@ func txBroken(tx pgx.Tx) bool {
 	return conn.IsClosed() || conn.TxStatus() != 'T'
 }
 
-// failChunk answers deliveries [from, to) with err: their transaction did
-// not commit, so none of them is settled, and the batch stops.
-func (b *batch[M]) failChunk(ctx context.Context, from, to int, err error) bool {
-	b.pending = b.pending[:0]
-	for i := from; i < to; i++ {
-		b.outcomes[i] = pendingResult{i: i, comp: -1, res: Result{Key: b.ds[i].key}, err: err}
-	}
-	b.w.observe(ctx, &b.ds[from], Result{Key: b.ds[from].key}, err)
-	b.yield(from, Result{Key: b.ds[from].key}, err)
-	return false
+// chunkAttempt is an event's attempt in its segment's shared transaction.
+// The record was written as succeeded by the segment's claim, and commits
+// with it; a failure that needs more than one write in the transaction
+// makes the event run apart.
+type chunkAttempt[M any] struct {
+	r  *inboxChunk[M]
+	i  int // the delivery's index
+	tx handlerTx
 }
+
+func (a *chunkAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
+	if verdict, ok := a.r.verdicts[a.i]; ok {
+		return verdict
+	}
+	defer func() {
+		if err != nil {
+			if a.r.verdicts == nil {
+				a.r.verdicts = make(map[int]error)
+			}
+			a.r.verdicts[a.i] = err
+		}
+	}()
+	defer capturePanic(&err)
+	if err := a.r.in.handler(ctx, &a.tx, d.msg); err != nil {
+		return err
+	}
+	if a.r.tx.Conn().PgConn().TxStatus() == 'E' {
+		// Its writes must not be committed as if it had succeeded.
+		return errTxAborted
+	}
+	return nil
+}
+
+// errTxAborted is the failure of a batched inbox handler that returned nil
+// after a statement of its transaction failed.
+var errTxAborted = errors.New("dedup: the TxHandler returned nil after a statement of its transaction failed; its writes are rolled back")
+
+// hold is asked before a dead letter, which is sent once the segment
+// committed the event's record as a leased claim.
+func (a *chunkAttempt[M]) hold(context.Context, *delivery[M]) error {
+	if a.tx.used {
+		return errRolledBack
+	}
+	return errLater
+}
+
+func (a *chunkAttempt[M]) complete(context.Context, *delivery[M], bool) error { return nil }
+
+// fail records the failure in the shared transaction when the handler wrote
+// nothing there; otherwise its writes can only go with the transaction.
+func (a *chunkAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, _ bool) (int, error) {
+	if a.tx.used {
+		return 0, errRolledBack
+	}
+	attempts, err := a.r.in.store.failInBatchTx(ctx, a.r.tx, d.key, f, false)
+	if err != nil {
+		return 0, unrepeatable{err} // the transaction is broken: the segment runs apart
+	}
+	return attempts, nil
+}
+
+func (a *chunkAttempt[M]) end(context.Context, *delivery[M]) {}

@@ -27,9 +27,10 @@
 // copy's outcome: OutcomeDuplicate once the first is settled (and, with
 // batch completion, once its completion is written), else the first's own
 // OutcomeRetry or OutcomeInFlight, so that it comes back too. A later copy
-// with another payload is claimed on its own: after the first settled in
-// HandleBatch, which runs in order; in HandleConcurrent, which runs copies
-// at once, it is OutcomeInFlight and claimed when it comes back.
+// with another payload is claimed on its own once the first settled, and
+// the store judges it against the first's record (typically a conflict).
+// The rule is the same whatever the store, the runner (claims up front, the
+// inbox's shared transactions, one transaction per event) or the call.
 //
 // # Writing a store
 //

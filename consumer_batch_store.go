@@ -1,0 +1,197 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// storeRunner runs a HandleBatch on the store claim path: a segment's keys
+// are claimed in one store call, and with batch completion its successes
+// are completed together, in as few writes as the wait allows.
+type storeRunner[M any] struct {
+	b        *batch[M]
+	from, to int
+	claims   []Claim // the open segment's, by delivery from from; nil: claimed when run
+	has      []bool  // which of claims are set
+	// takenOver is a claim of a key taken over from a worker that died,
+	// kept for the segment of its own that it starts at takenAt.
+	takenOver *Claim
+	takenAt   int
+	// alone is set once a key was taken over: each success from then on is
+	// completed on its own, because the claims given back behind it no
+	// longer show that their worker died.
+	alone     bool
+	claimedAt time.Time
+	completer BatchCompleter // nil: each success is completed on its own
+	comps     []Completion   // successes waiting to be completed
+	flushBy   time.Time      // when comps must be written, at the latest
+}
+
+func newStoreRunner[M any](b *batch[M]) batchRunner[M] {
+	r := &storeRunner[M]{b: b}
+	if bc, ok := b.w.store.(BatchCompleter); ok && b.w.cfg.batchWait > 0 {
+		r.completer = bc
+	}
+	return r
+}
+
+// open claims the segment's keys in one call. A key taken over from a
+// worker that died may kill this one too: the segment ends before it, so
+// that the successes before it are made durable first, and it runs in a
+// segment of its own; the claims behind it are given back and claimed again
+// once it is settled, so that a crash loop does not count an attempt for
+// messages that never ran (and after a few deaths park them).
+func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
+	b := r.b
+	r.from, r.claims, r.has = from, r.claims[:0], r.has[:0]
+	if r.takenOver != nil && r.takenAt == from {
+		r.to, r.alone = from+1, true
+		r.claims, r.has = append(r.claims, *r.takenOver), append(r.has, true)
+		r.takenOver = nil
+		return r.to, nil
+	}
+	r.to = b.segmentEnd(from, len(b.ds))
+	var reqs []ClaimRequest
+	for i := from; i < r.to; i++ {
+		if b.claims(i) {
+			reqs = append(reqs, b.ds[i].request(b.w.cfg.ttl))
+		}
+	}
+	if len(reqs) <= 1 {
+		return r.to, nil // claimed when it runs
+	}
+	r.claimedAt = time.Now()
+	claims, err := b.w.store.ClaimBatch(ctx, reqs)
+	if err != nil {
+		return 0, err
+	}
+	if len(claims) != len(reqs) {
+		return 0, fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
+	}
+	r.claims, r.has = make([]Claim, r.to-from), make([]bool, r.to-from)
+	for i, k := from, 0; i < r.to; i++ {
+		if b.claims(i) {
+			r.claims[i-from], r.has[i-from] = claims[k], true
+			k++
+		}
+	}
+	for i := from; i < r.to; i++ {
+		c := r.claims[i-from]
+		if !r.has[i-from] || c.Status != ClaimAcquired || c.Previous != StatusProcessing {
+			continue
+		}
+		end := i
+		if i == from {
+			end, r.alone = i+1, true
+		} else {
+			r.takenOver, r.takenAt = &c, i
+			r.has[i-from] = false
+		}
+		r.release(ctx, i+1)
+		r.to = end
+		break
+	}
+	return r.to, nil
+}
+
+// settle settles delivery i with its claim, or claims it now.
+func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
+	w, d := r.b.w, &r.b.ds[i]
+	p := pendingResult{i: i, comp: -1}
+	k := i - r.from
+	if k >= len(r.has) || !r.has[k] {
+		p.res, p.err = w.process(ctx, d)
+		return p
+	}
+	c := r.claims[k]
+	r.has[k] = false
+	if c.Status == ClaimAcquired && time.Since(r.claimedAt) > d.leaseTime/2 {
+		// Earlier messages of the batch took a while: renew before running.
+		if err := w.store.Extend(ctx, d.key, c.Record.Owner, d.leaseTime); err != nil {
+			if errors.Is(err, ErrLeaseLost) {
+				p.res, p.err = w.process(ctx, d)
+				return p
+			}
+			p.res, p.err = Result{Key: d.key}, err
+			return p
+		}
+	}
+	var later *[]Completion
+	if r.completer != nil && !r.alone {
+		later = &r.comps
+	}
+	n := len(r.comps)
+	p.res, p.err = w.settle(ctx, d, c, storeAttempt[M]{w}, later)
+	if len(r.comps) > n {
+		if n == 0 {
+			r.flushBy = time.Now().Add(min(w.cfg.batchWait, d.leaseTime/3))
+		}
+		p.comp = n
+	}
+	return p
+}
+
+// settled gives the results so far to yield when p cannot wait (it is not
+// settled, or nothing is completed together) or the completions are due.
+func (r *storeRunner[M]) settled(ctx context.Context, p pendingResult) bool {
+	if r.completer == nil || p.err != nil || !p.res.Settled() || len(r.comps) > 0 && !time.Now().Before(r.flushBy) {
+		return r.flush(ctx)
+	}
+	return true
+}
+
+func (r *storeRunner[M]) close(ctx context.Context) segmentClose {
+	if !r.flush(ctx) {
+		return stopBatch
+	}
+	return carryOn
+}
+
+func (r *storeRunner[M]) abandon(ctx context.Context, i int) bool {
+	r.flush(ctx)
+	r.release(ctx, i)
+	return true
+}
+
+// flush writes the deferred completions, then gives the pending results to
+// yield; it returns false when yield asked to stop.
+func (r *storeRunner[M]) flush(ctx context.Context) bool {
+	var errs []error
+	if len(r.comps) > 0 {
+		sctx, cancel := settleContext(ctx)
+		errs = r.b.w.completeHeld(sctx, r.completer, r.comps, r.b.ds[0].leaseTime)
+		cancel()
+		r.comps = r.comps[:0]
+	}
+	return r.b.give(ctx, errs)
+}
+
+// release gives back the acquired claims of the open segment's deliveries
+// from index i on, which will not run, and the claim of a key taken over
+// that has not run yet.
+func (r *storeRunner[M]) release(ctx context.Context, i int) {
+	ctx, cancel := settleContext(ctx)
+	defer cancel()
+	give := func(c *Claim) {
+		if c.Status != ClaimAcquired {
+			return
+		}
+		if err := r.b.w.store.Release(ctx, c.Record.Key, c.Record.Owner); err != nil {
+			r.b.w.cfg.logger.Warn("dedup: releasing an unstarted claim failed; it frees when its lease expires",
+				slog.String("key", c.Record.Key.String()), slog.Any("error", err))
+		}
+	}
+	for k := max(i-r.from, 0); k < len(r.has); k++ {
+		if r.has[k] {
+			r.has[k] = false
+			give(&r.claims[k])
+		}
+	}
+	if r.takenOver != nil && r.takenAt >= i {
+		give(r.takenOver)
+		r.takenOver = nil
+	}
+}
