@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/dedupkit/dedup/internal/nilcheck"
 	"github.com/dedupkit/dedup/internal/outage"
 )
 
@@ -156,7 +157,7 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if isNil(store) {
+	if nilcheck.IsNil(store) {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
 	if _, ok := store.(BatchCompleter); cfg.batchWaitSet && cfg.batchWait > 0 && !ok {

@@ -74,21 +74,13 @@ func (s storeAttempt[M]) hold(ctx context.Context, d *delivery[M]) error {
 }
 
 func (s storeAttempt[M]) complete(ctx context.Context, d *delivery[M], retried bool) error {
-	err := s.w.store.Complete(ctx, d.key, d.owner, nil, s.w.cfg.ttl)
-	if retried && errors.Is(err, ErrLeaseLost) && s.w.landed(ctx, d.key, d.owner) {
-		return nil // an earlier try was applied but its answer lost
-	}
-	return err
+	return completeFenced(ctx, s.w.store, d.key, d.owner, nil, s.w.cfg.ttl, retried)
 }
 
 // fail returns the claim's attempt count: the write is fenced on the claim,
 // so no other attempt was counted since.
 func (s storeAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, retried bool) (int, error) {
-	err := s.w.store.Fail(ctx, d.key, d.owner, f)
-	if retried && errors.Is(err, ErrLeaseLost) && s.w.landed(ctx, d.key, d.owner) {
-		err = nil
-	}
-	return d.attempts, err
+	return d.attempts, failFenced(ctx, s.w.store, d.key, d.owner, f, retried)
 }
 
 func (s storeAttempt[M]) end(context.Context, *delivery[M]) {}
@@ -147,7 +139,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 	sctx, cancel := settleContext(ctx)
 	defer cancel()
 	if err == nil {
-		err := w.retryHeld(sctx, d.leaseTime, func(ctx context.Context, retried bool) error {
+		err := retryHeld(sctx, w.cfg.logger, d.leaseTime, func(ctx context.Context, retried bool) error {
 			return att.complete(ctx, d, retried)
 		})
 		if err != nil {
@@ -219,7 +211,7 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 // refused and reported, and the letter carries the event ID by which
 // whoever drains the dead letters finds the event settled.
 func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error) (Result, error) {
-	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, _ bool) error { return d.att.hold(ctx, d) })
+	err := retryHeld(ctx, w.cfg.logger, d.leaseTime, func(ctx context.Context, _ bool) error { return d.att.hold(ctx, d) })
 	if err != nil {
 		return Result{Key: d.key}, w.settleError("dead-letter", d.key, err, false)
 	}
@@ -241,7 +233,7 @@ func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, 
 // fail records a failed attempt, trying again while the claim holds.
 func (w *Wrapper[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
 	var attempts int
-	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, retried bool) error {
+	err := retryHeld(ctx, w.cfg.logger, d.leaseTime, func(ctx context.Context, retried bool) error {
 		var err error
 		attempts, err = d.att.fail(ctx, d, f, retried)
 		return err
@@ -262,7 +254,7 @@ const (
 // held, so waiting for the store to come back records the outcome once,
 // where giving up would have the message redelivered and the handler, whose
 // effect is already applied, run again once the lease lapsed.
-func (w *Wrapper[M]) retryHeld(ctx context.Context, lease time.Duration, write func(ctx context.Context, retried bool) error) error {
+func retryHeld(ctx context.Context, logger *slog.Logger, lease time.Duration, write func(ctx context.Context, retried bool) error) error {
 	deadline := time.Now().Add(lease)
 	wait := settleRetryMin
 	for tries := 1; ; tries++ {
@@ -276,7 +268,7 @@ func (w *Wrapper[M]) retryHeld(ctx context.Context, lease time.Duration, write f
 			return err
 		}
 		if tries == 1 {
-			w.cfg.logger.Warn("dedup: outcome not recorded; retrying it while the claim is held",
+			logger.Warn("dedup: outcome not recorded; retrying it while the claim is held",
 				slog.Duration("for_up_to", time.Until(deadline).Round(time.Millisecond)), slog.Any("error", err))
 		}
 		t := time.NewTimer(wait)
@@ -296,17 +288,6 @@ func (w *Wrapper[M]) retryHeld(ctx context.Context, lease time.Duration, write f
 func isUnrepeatable(err error) bool {
 	var final unrepeatable
 	return errors.As(err, &final)
-}
-
-// landed reports whether the record of key was settled by owner: still its
-// token, no longer processing. Only owner settles its own claim, and a
-// takeover replaces the token.
-func (w *Wrapper[M]) landed(ctx context.Context, key Key, owner string) bool {
-	if owner == "" {
-		return false
-	}
-	rec, err := w.store.Get(ctx, key)
-	return err == nil && rec.Owner == owner && rec.Status != StatusProcessing
 }
 
 // settleError reports a write that could not record an attempt's outcome.

@@ -366,7 +366,7 @@ func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps 
 		pending[i] = i
 	}
 	batch := comps
-	err := w.retryHeld(ctx, lease, func(ctx context.Context, retried bool) error {
+	err := retryHeld(ctx, w.cfg.logger, lease, func(ctx context.Context, retried bool) error {
 		res, err := bc.CompleteBatch(ctx, batch)
 		if err != nil {
 			return err
@@ -378,7 +378,7 @@ func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps 
 		var retry error
 		for k, i := range pending {
 			cerr := res[k]
-			if retried && errors.Is(cerr, ErrLeaseLost) && w.landed(ctx, comps[i].Key, comps[i].Owner) {
+			if retried && errors.Is(cerr, ErrLeaseLost) && landed(ctx, w.store, comps[i].Key, comps[i].Owner) {
 				cerr = nil
 			}
 			errs[i] = cerr

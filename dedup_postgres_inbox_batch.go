@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dedupkit/dedup/internal/txguard"
 )
 
 // maxTxEvents is how many events one transaction of a batched inbox holds
@@ -104,7 +106,7 @@ func (r *inboxChunk[M]) settle(ctx context.Context, i int) pendingResult {
 		return p
 	}
 	c := r.claims[i-r.from]
-	att := &chunkAttempt[M]{r: r, i: i, tx: handlerTx{Tx: r.tx}}
+	att := &chunkAttempt[M]{r: r, i: i, tx: txguard.Tx{Tx: r.tx, Owned: ErrTxOwned}}
 	p.res, p.err = w.settle(ctx, d, c, att, nil)
 	switch {
 	case errors.Is(p.err, errRolledBack):
@@ -243,7 +245,7 @@ func txBroken(tx pgx.Tx) bool {
 type chunkAttempt[M any] struct {
 	r  *inboxChunk[M]
 	i  int // the delivery's index
-	tx handlerTx
+	tx txguard.Tx
 }
 
 func (a *chunkAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
@@ -276,7 +278,7 @@ var errTxAborted = errors.New("dedup: the TxHandler returned nil after a stateme
 // hold is asked before a dead letter, which is sent once the segment
 // committed the event's record as a leased claim.
 func (a *chunkAttempt[M]) hold(context.Context, *delivery[M]) error {
-	if a.tx.used {
+	if a.tx.Used() {
 		return errRolledBack
 	}
 	return errLater
@@ -287,7 +289,7 @@ func (a *chunkAttempt[M]) complete(context.Context, *delivery[M], bool) error { 
 // fail records the failure in the shared transaction when the handler wrote
 // nothing there; otherwise its writes can only go with the transaction.
 func (a *chunkAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, _ bool) (int, error) {
-	if a.tx.used {
+	if a.tx.Used() {
 		return 0, errRolledBack
 	}
 	attempts, err := a.r.in.store.failInBatchTx(ctx, a.r.tx, d.key, f, false)

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"reflect"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
 // Defaults applied by [Wrap] when an option is not given.
@@ -69,26 +70,12 @@ func defaultConfig() config {
 // ErrConfig is matched by every error [Wrap] returns for a bad option.
 var ErrConfig = errors.New("dedup: invalid configuration")
 
-// isNil reports whether v is nil or a nil pointer, map, func, channel or
-// slice behind an interface: a typed nil passes a plain v == nil check and
-// panics at first use.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	switch rv := reflect.ValueOf(v); rv.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
-		return rv.IsNil()
-	}
-	return false
-}
-
 func (c *config) validate() error {
 	if reason := checkID(c.scope); reason != "" {
 		return fmt.Errorf("%w: WithScope(%q): scope %s", ErrConfig, c.scope, reason)
 	}
 	switch {
-	case isNil(c.sink):
+	case nilcheck.IsNil(c.sink):
 		return fmt.Errorf("%w: a dead-letter sink is required (WithSink)", ErrConfig)
 	case c.maxAttempts < 1:
 		return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, c.maxAttempts)
@@ -100,7 +87,7 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithOutageThreshold(%v): must be positive", ErrConfig, c.outageThreshold)
 	case c.ttl <= 0:
 		return fmt.Errorf("%w: WithTTL(%v): must be positive", ErrConfig, c.ttl)
-	case c.fingerprint == nil || c.backoff == nil || isNil(c.logger):
+	case c.fingerprint == nil || c.backoff == nil || nilcheck.IsNil(c.logger):
 		return fmt.Errorf("%w: nil fingerprint, backoff or logger", ErrConfig)
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
 // front is what both modes share: reading a request into a claim, and
@@ -20,7 +21,7 @@ type front struct {
 func newFront(opts []Opt) (front, error) {
 	cfg := defaultConfig()
 	for _, o := range opts {
-		if isNil(o) {
+		if nilcheck.IsNil(o) {
 			return front{}, fmt.Errorf("%w: idemhttp: nil option", dedup.ErrConfig)
 		}
 		o.apply(&cfg)

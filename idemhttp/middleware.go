@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"reflect"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
 // ReplayHeader marks a replayed response: its value is "true" on every
@@ -28,7 +26,7 @@ type Middleware struct {
 
 // New returns a Middleware over store. [WithScope] is required.
 func New(store dedup.Store, opts ...Opt) (*Middleware, error) {
-	if isNil(store) {
+	if nilcheck.IsNil(store) {
 		return nil, fmt.Errorf("%w: idemhttp: nil store", dedup.ErrConfig)
 	}
 	f, err := newFront(opts)
@@ -36,15 +34,6 @@ func New(store dedup.Store, opts ...Opt) (*Middleware, error) {
 		return nil, err
 	}
 	return &Middleware{front: f, store: store}, nil
-}
-
-// isNil reports whether v is nil or a nil pointer inside an interface.
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // Wrap returns next behind the middleware. It panics if next is nil, as
@@ -71,7 +60,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			m.answerClaim(w, r, p, c)
 			return
 		}
-		m.run(w, r, next, p, c.Record.Owner)
+		m.run(w, r, next, p, c)
 	}))
 }
 
@@ -81,36 +70,41 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 // away; the heartbeat and the settling writes do not: the claim is held for
 // as long as the handler runs, whether anyone waits for its answer or not,
 // so a retry never runs the operation beside it.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, p *prepared, owner string) {
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	stopBeat := m.heartbeat(context.WithoutCancel(r.Context()), cancel, p.key, owner)
-	defer stopBeat() // also when the handler ends the goroutine (runtime.Goexit)
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, p *prepared, c dedup.Claim) {
+	held, err := dedup.Hold(m.store, c, m.cfg.lease, m.cfg.logger)
+	if err != nil {
+		m.storeError(w, p, "claim", err)
+		return
+	}
 	rec := newRecorder(w, m.cfg.maxSnapshot, true)
-	panicked, value := serve(next, rec, r.WithContext(ctx))
-	stopBeat() // before settling, so no extension races the settling write
+	var ended error // why the handler's request ended before it returned, if it did
+	err = held.Run(r.Context(), func(ctx context.Context) error {
+		next.ServeHTTP(rec, r.WithContext(ctx))
+		ended = endedCause(ctx)
+		return nil
+	})
 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.lease)
 	defer scancel()
 	fail := func(reason string) {
-		err := m.store.Fail(sctx, p.key, owner, dedup.Failure{Error: reason, TTL: m.cfg.ttl})
-		if err != nil {
+		if err := held.Fail(sctx, dedup.Failure{Error: reason, TTL: m.cfg.ttl}); err != nil {
 			m.cfg.logger.Warn("idemhttp: could not leave the key retryable; it is freed when its lease lapses",
 				slog.String("key", p.key.String()), slog.String("reason", reason), slog.Any("error", err))
 		}
 	}
+	var perr *dedup.PanicError
 	switch {
-	case panicked:
-		fail(fmt.Sprintf("handler panic: %v", value))
-		panic(value)
+	case errors.As(err, &perr):
+		fail(fmt.Sprintf("handler panic: %v", perr.Value))
+		panic(perr.Value)
 	case rec.over:
 		fail("response over the snapshot limit")
 		m.cfg.logger.Warn("idemhttp: response answered but not stored (over the snapshot limit); a retry runs the handler again",
 			slog.String("key", p.key.String()), slog.Int("limit", m.cfg.maxSnapshot))
 		return
-	case !m.storable(ctx, rec):
+	case !m.storable(ended, rec):
 		fail("status " + strconv.Itoa(rec.status))
-		m.answer(ctx, w, rec)
+		m.answer(ended, w, rec)
 		return
 	}
 	snap, err := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
@@ -121,7 +115,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		rec.flush()
 		return
 	}
-	err = m.complete(sctx, p.key, owner, snap)
+	err = held.Complete(sctx, snap, m.cfg.ttl)
 	switch {
 	case errors.Is(err, dedup.ErrLeaseLost):
 		m.cfg.logger.Error("idemhttp: handler outlived its lease; its response was not stored and another request may have run it again",
@@ -140,12 +134,13 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 }
 
 // answer sends an answer that is not stored: the handler's own, or, when
-// its request ended before it wrote anything, a problem saying why.
-func (f *front) answer(ctx context.Context, w http.ResponseWriter, rec *recorder) {
+// its request ended (ended, see endedCause) before it wrote anything, a
+// problem saying why.
+func (f *front) answer(ended error, w http.ResponseWriter, rec *recorder) {
 	switch {
-	case rec.wrote || ctx.Err() == nil:
+	case rec.wrote || ended == nil:
 		rec.flush()
-	case errors.Is(context.Cause(ctx), errLeaseLost):
+	case errors.Is(ended, dedup.ErrLeaseLost):
 		f.cfg.writeProblem(w, ProblemLeaseLost, http.StatusServiceUnavailable,
 			"the request's claim on its key was lost; retry with the same key", f.cfg.retryAfter)
 	default:
@@ -158,107 +153,17 @@ func (f *front) answer(ctx context.Context, w http.ResponseWriter, rec *recorder
 // 4xx, written by the handler or returned normally. A handler whose request
 // ended (client gone, timeout, lease lost) without writing anything
 // answered nothing.
-func (f *front) storable(ctx context.Context, rec *recorder) bool {
-	if !rec.wrote && ctx.Err() != nil {
+func (f *front) storable(ended error, rec *recorder) bool {
+	if !rec.wrote && ended != nil {
 		return false
 	}
 	return (rec.status >= 200 && rec.status < 300) || f.cfg.final[rec.status]
 }
 
-// serve runs h, reporting a panic instead of letting it through.
-func serve(h http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool, value any) {
-	defer func() {
-		if v := recover(); v != nil {
-			panicked, value = true, v
-		}
-	}()
-	h.ServeHTTP(w, r)
-	return false, nil
-}
-
-// Bounds of the waits between tries of a completion.
-const (
-	retryMin = 50 * time.Millisecond
-	retryMax = time.Second
-)
-
-// complete stores the snapshot, trying again while the store fails for
-// another reason than a lost lease and ctx lasts: the claim is still ours.
-func (m *Middleware) complete(ctx context.Context, key dedup.Key, owner string, snap []byte) error {
-	wait := retryMin
-	for tries := 1; ; tries++ {
-		err := m.store.Complete(ctx, key, owner, snap, m.cfg.ttl)
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, dedup.ErrLeaseLost):
-			if tries > 1 { // an earlier try may have landed, its answer lost
-				if rec, gerr := m.store.Get(ctx, key); gerr == nil && rec.Owner == owner && rec.Status == dedup.StatusSucceeded {
-					return nil
-				}
-			}
-			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		wait = min(2*wait, retryMax)
+// endedCause returns why ctx ended, or nil while it has not.
+func endedCause(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
 	}
-}
-
-// errLeaseLost is the cause of a handler's cancellation by its heartbeat.
-var errLeaseLost = errors.New("idemhttp: the key's lease was lost")
-
-// heartbeat extends the lease every third of its length until stop is
-// called, and calls cancel when the lease is lost. Its extensions run on ctx,
-// which must outlive the request (the handler may run on after its client
-// left); stop cancels an extension in progress and waits for it, and may be
-// called more than once. It runs on a timer, so a request that ends within a
-// third of its lease starts no goroutine.
-func (m *Middleware) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, key dedup.Key, owner string) (stop func()) {
-	ctx, end := context.WithCancel(ctx)
-	var (
-		mu      sync.Mutex // guards stopped and the timer's resets
-		stopped bool
-		running sync.WaitGroup // an extension in progress
-		timer   *time.Timer
-	)
-	beat := func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		running.Add(1)
-		mu.Unlock()
-		defer running.Done()
-		err := m.store.Extend(ctx, key, owner, m.cfg.lease)
-		switch {
-		case errors.Is(err, dedup.ErrLeaseLost):
-			cancel(errLeaseLost)
-			return
-		case err != nil && ctx.Err() == nil:
-			m.cfg.logger.Warn("idemhttp: lease extension failed", slog.String("key", key.String()), slog.Any("error", err))
-		}
-		mu.Lock()
-		if !stopped {
-			timer.Reset(m.cfg.lease / 3)
-		}
-		mu.Unlock()
-	}
-	mu.Lock()
-	timer = time.AfterFunc(m.cfg.lease/3, beat)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		stopped = true
-		timer.Stop()
-		mu.Unlock()
-		end()
-		running.Wait()
-	}
+	return context.Cause(ctx)
 }

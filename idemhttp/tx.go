@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/inmodule"
+	"github.com/dedupkit/dedup/internal/nilcheck"
+	"github.com/dedupkit/dedup/internal/txguard"
 )
 
 // TxHandlerFunc handles a request inside the PostgreSQL transaction that
@@ -29,25 +31,6 @@ type TxHandlerFunc func(w http.ResponseWriter, r *http.Request, tx pgx.Tx)
 // commits or rolls back its transaction: the middleware commits it with the
 // stored response.
 var ErrTxOwned = dedup.ErrTxOwned
-
-// handlerTx is the transaction a TxHandlerFunc gets: the middleware's own,
-// which the handler may use but not end.
-type handlerTx struct {
-	pgx.Tx
-	ended atomic.Bool // the handler called Commit or Rollback
-}
-
-// Commit refuses: see [TxHandlerFunc].
-func (t *handlerTx) Commit(context.Context) error {
-	t.ended.Store(true)
-	return ErrTxOwned
-}
-
-// Rollback refuses: see [TxHandlerFunc].
-func (t *handlerTx) Rollback(context.Context) error {
-	t.ended.Store(true)
-	return ErrTxOwned
-}
 
 // TxBeginner begins transactions; *pgxpool.Pool is one. It must reach the
 // database of the store's table.
@@ -107,7 +90,7 @@ type TxMiddleware struct {
 // holding the first can exhaust the pool, every request then waiting for a
 // connection held by another.
 func NewTx(store *dedup.PostgresStore, db TxBeginner, opts ...Opt) (*TxMiddleware, error) {
-	if isNil(store) || isNil(db) {
+	if nilcheck.IsNil(store) || nilcheck.IsNil(db) {
 		return nil, fmt.Errorf("%w: idemhttp: nil store or database", dedup.ErrConfig)
 	}
 	f, err := newFront(opts)
@@ -146,7 +129,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 
 	var owner string
 	if p != nil {
-		c, err := m.store.ClaimTx(ctx, tx, p.claimRequest(m.cfg))
+		c, err := m.store.ClaimTx(ctx, inmodule.Token{}, tx, p.claimRequest(m.cfg))
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
@@ -164,15 +147,12 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		}
 		owner = c.Record.Owner
 	}
-	htx := &handlerTx{Tx: tx}
+	htx := &txguard.Tx{Tx: tx, Owned: ErrTxOwned}
 	rec := newRecorder(w, m.cfg.maxSnapshot, false)
-	panicked, value := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(w, r, htx) }), rec, r)
+	h(rec, r, htx) // a panic goes on up, the transaction rolled back by the deferred Rollback
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.lease)
 	defer cancel()
 	switch {
-	case panicked:
-		_ = tx.Rollback(sctx)
-		panic(value)
 	case rec.over:
 		_ = tx.Rollback(sctx)
 		m.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
@@ -180,7 +160,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		m.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
 			"the answer is too large to be stored, so the operation was not applied", 0)
 		return
-	case htx.ended.Load():
+	case htx.Ended():
 		_ = tx.Rollback(sctx)
 		m.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back, not stored",
 			slog.String("key", keyName(p)))
@@ -188,12 +168,13 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 			"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
 		return
 	}
-	store := p != nil && m.storable(ctx, rec)
-	commit := store || (p == nil && rec.status < 400 && (rec.wrote || ctx.Err() == nil))
+	ended := endedCause(ctx)
+	store := p != nil && m.storable(ended, rec)
+	commit := store || (p == nil && rec.status < 400 && (rec.wrote || ended == nil))
 	if commit && aborted(tx) {
 		// A statement of the handler failed: none of its writes can
 		// commit. A final 4xx stands without them; a success does not.
-		if !store || rec.status < 400 || m.store.RollbackToClaimTx(sctx, tx) != nil {
+		if !store || rec.status < 400 || m.store.RollbackToClaimTx(sctx, inmodule.Token{}, tx) != nil {
 			_ = tx.Rollback(sctx)
 			m.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back, not stored",
 				slog.String("key", keyName(p)), slog.Int("status", rec.status))
@@ -210,7 +191,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 			}
 		}
 		_ = tx.Rollback(sctx)
-		m.answer(ctx, w, rec)
+		m.answer(ended, w, rec)
 		return
 	}
 	snap, err := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
@@ -222,7 +203,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 			"the answer's headers cannot be stored for replay, so the operation was not applied", 0)
 		return
 	}
-	if err := m.store.CompleteTx(sctx, tx, p.key, owner, snap); err != nil {
+	if err := m.store.CompleteTx(sctx, inmodule.Token{}, tx, p.key, owner, snap); err != nil {
 		m.storeError(w, p, "complete", err)
 		return
 	}

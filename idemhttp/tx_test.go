@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/idemhttp"
+	"github.com/dedupkit/dedup/internal/inmodule"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -178,7 +179,7 @@ func TestTxRetryingClient(t *testing.T) {
 func TestClaimTxHooks(t *testing.T) {
 	store, pool := postgresStore(t)
 	ctx := context.Background()
-	if _, err := store.ClaimTx(ctx, nil, dedup.ClaimRequest{}); err == nil {
+	if _, err := store.ClaimTx(ctx, inmodule.Token{}, nil, dedup.ClaimRequest{}); err == nil {
 		t.Error("ClaimTx(nil tx) succeeded")
 	}
 	tx, err := pool.Begin(ctx)
@@ -187,11 +188,11 @@ func TestClaimTxHooks(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	key := dedup.Key{Scope: "s", EventID: newKey()}
-	c, err := store.ClaimTx(ctx, tx, dedup.ClaimRequest{Key: key, Fingerprint: "f", TTL: dedup.DefaultTTL})
+	c, err := store.ClaimTx(ctx, inmodule.Token{}, tx, dedup.ClaimRequest{Key: key, Fingerprint: "f", TTL: dedup.DefaultTTL})
 	if err != nil || c.Status != dedup.ClaimAcquired {
 		t.Fatalf("claim: %v %v", c.Status, err)
 	}
-	if err := store.CompleteTx(ctx, tx, key, "another owner", []byte("r")); err == nil {
+	if err := store.CompleteTx(ctx, inmodule.Token{}, tx, key, "another owner", []byte("r")); err == nil {
 		t.Error("CompleteTx with another owner succeeded")
 	}
 	// A write, then a failed statement: rolling back to the claim undoes
@@ -203,13 +204,13 @@ func TestClaimTxHooks(t *testing.T) {
 	if _, err := tx.Exec(ctx, "INSERT INTO "+charges+" (amount) VALUES (NULL)"); err == nil {
 		t.Fatal("NULL amount inserted")
 	}
-	if err := store.RollbackToClaimTx(ctx, tx); err != nil {
+	if err := store.RollbackToClaimTx(ctx, inmodule.Token{}, tx); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.RollbackToClaimTx(ctx, nil); !errors.Is(err, dedup.ErrConfig) {
+	if err := store.RollbackToClaimTx(ctx, inmodule.Token{}, nil); !errors.Is(err, dedup.ErrConfig) {
 		t.Errorf("RollbackToClaimTx(nil tx): %v, want ErrConfig", err)
 	}
-	if err := store.CompleteTx(ctx, tx, key, c.Record.Owner, []byte("r")); err != nil {
+	if err := store.CompleteTx(ctx, inmodule.Token{}, tx, key, c.Record.Owner, []byte("r")); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {

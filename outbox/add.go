@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
 // Add writes events in tx, the caller's transaction (begun on a *pgx.Conn or
@@ -32,7 +34,7 @@ import (
 // header gets its W3C trace context as headers, so that the consumer's span
 // continues the trace of the request that wrote it.
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, events ...Event) ([]string, error) {
-	if isNil(tx) {
+	if nilcheck.IsNil(tx) {
 		return nil, fmt.Errorf("%w: nil transaction", errConfig)
 	}
 	if len(events) == 0 {

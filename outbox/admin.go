@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
 // purgeBatch bounds the rows one purge statement deletes, so purging a large
@@ -20,7 +22,7 @@ type Stats struct {
 // Stats returns the outbox's events counted by state and the age of its
 // oldest pending event. It reads the whole table: an operator's query.
 func (o *Outbox) Stats(ctx context.Context, db DB) (Stats, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return Stats{}, fmt.Errorf("%w: nil DB", errConfig)
 	}
 	rows, err := db.Query(ctx, o.sql.stats)
@@ -55,7 +57,7 @@ type FailedEvent struct {
 
 // Failed returns up to limit failed events, oldest first.
 func (o *Outbox) Failed(ctx context.Context, db DB, limit int) ([]FailedEvent, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return nil, fmt.Errorf("%w: nil DB", errConfig)
 	}
 	rows, err := db.Query(ctx, o.sql.failed, limit)
@@ -83,7 +85,7 @@ func (o *Outbox) Failed(ctx context.Context, db DB, limit int) ([]FailedEvent, e
 // published before the events of its key still pending, and after those
 // already sent while it was failed.
 func (o *Outbox) Requeue(ctx context.Context, db DB, ids ...string) (int64, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return 0, fmt.Errorf("%w: nil DB", errConfig)
 	}
 	tag, err := db.Exec(ctx, o.sql.requeue, ids)
@@ -99,7 +101,7 @@ func (o *Outbox) Requeue(ctx context.Context, db DB, ids ...string) (int64, erro
 // States returns the state ("pending", "failed" or "sent") of each of the
 // named events that exists, keyed by event ID.
 func (o *Outbox) States(ctx context.Context, db DB, ids ...string) (map[string]string, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return nil, fmt.Errorf("%w: nil DB", errConfig)
 	}
 	states := make(map[string]string, len(ids))
@@ -128,7 +130,7 @@ func (o *Outbox) States(ctx context.Context, db DB, ids ...string) (map[string]s
 // most 1,000 rows each, and returns how many it deleted. A relay purges by
 // itself (see [WithRetention]).
 func (o *Outbox) Purge(ctx context.Context, db DB, olderThan time.Duration) (int64, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return 0, fmt.Errorf("%w: nil DB", errConfig)
 	}
 	var total int64

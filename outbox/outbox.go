@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/nilcheck"
 	"github.com/dedupkit/dedup/internal/pgident"
 )
 
@@ -103,7 +104,7 @@ func parseTableName(name string) (pgx.Identifier, error) {
 // migration runs in a transaction of its own (a savepoint when db is a
 // transaction).
 func (o *Outbox) Migrate(ctx context.Context, db DB) error {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return fmt.Errorf("%w: nil DB", errConfig)
 	}
 	// The advisory lock makes concurrent migrations wait for each other

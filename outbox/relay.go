@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
 // Relay publishes the committed events of an [Outbox]. Run as many relays as
@@ -44,7 +45,7 @@ func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (
 		return nil, fmt.Errorf("%w: nil outbox", errConfig)
 	case pg == nil:
 		return nil, fmt.Errorf("%w: nil pgxpool.Config", errConfig)
-	case isNil(pub):
+	case nilcheck.IsNil(pub):
 		return nil, fmt.Errorf("%w: nil publisher", errConfig)
 	}
 	cfg := defaultRelayConfig()
@@ -73,18 +74,6 @@ func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (
 	}
 	return &Relay{ob: ob, pg: pg, pub: pub, cfg: cfg, tel: tel, log: log.With(slog.String("outbox", ob.table)),
 		purg: min(max(cfg.retention/2, 10*time.Millisecond), time.Minute)}, nil
-}
-
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
 }
 
 // Run publishes events until ctx is cancelled, then returns nil. It polls
