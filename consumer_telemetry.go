@@ -3,7 +3,6 @@ package dedup
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -11,6 +10,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/otelkit"
 )
 
 // instrumentation is the name under which the wrapper's spans and metrics are
@@ -59,18 +60,15 @@ type telemetry struct {
 }
 
 func newTelemetry(cfg *config) (*telemetry, error) {
-	if cfg.tracerProvider == nil && cfg.meterProvider == nil {
+	tracer, m, ok := otelkit.TracerMeter(cfg.tracerProvider, cfg.meterProvider, instrumentation)
+	if !ok {
 		return nil, nil
 	}
 	t := &telemetry{scope: attribute.String("dedup.scope", cfg.scope), spanName: "process " + cfg.scope,
-		propagator: propagation.TraceContext{}}
-	if cfg.tracerProvider != nil {
-		t.tracer = cfg.tracerProvider.Tracer(instrumentation)
-	}
-	if cfg.meterProvider == nil {
+		tracer: tracer, propagator: propagation.TraceContext{}}
+	if m == nil {
 		return t, nil
 	}
-	m := cfg.meterProvider.Meter(instrumentation)
 	var errs [3]error
 	t.deliveries, errs[0] = m.Int64Counter("dedup.deliveries", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries handled, by scope and outcome; outcome \"error\" when the outcome could not be made durable."))
@@ -152,36 +150,15 @@ func (t *telemetry) end(ctx context.Context, span trace.Span, res Result, err er
 // withTraceContext returns headers with the W3C trace context of ctx's span
 // in place of any they held: a dead letter continues its delivery's trace.
 func withTraceContext(ctx context.Context, headers []Header) []Header {
-	c := headerCarrier{headers: slices.DeleteFunc(slices.Clone(headers), func(h Header) bool {
-		return h.Key == "traceparent" || h.Key == "tracestate"
-	})}
-	propagation.TraceContext{}.Inject(ctx, &c)
-	return c.headers
+	return otelkit.ReplaceTraceContext(ctx, headerFields{}, headers)
 }
 
-// headerCarrier writes a trace context into headers.
-type headerCarrier struct{ headers []Header }
+// headerFields reads and makes a dead letter's headers for otelkit.
+type headerFields struct{}
 
-func (c *headerCarrier) Get(key string) string {
-	for _, h := range c.headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-func (c *headerCarrier) Set(key, value string) {
-	c.headers = append(c.headers, Header{Key: key, Value: []byte(value)})
-}
-
-func (c *headerCarrier) Keys() []string {
-	keys := make([]string, len(c.headers))
-	for i, h := range c.headers {
-		keys[i] = h.Key
-	}
-	return keys
-}
+func (headerFields) Key(h Header) string                  { return h.Key }
+func (headerFields) Value(h Header) []byte                { return h.Value }
+func (headerFields) Make(key string, value []byte) Header { return Header{Key: key, Value: value} }
 
 // handled records one run of the handler.
 func (t *telemetry) handled(ctx context.Context, began time.Time) {

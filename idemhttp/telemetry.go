@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/otelkit"
 )
 
 // instrumentation is the name under which the middleware's spans and
@@ -42,16 +44,14 @@ type httpTelemetry struct {
 }
 
 func newHTTPTelemetry(cfg *config) (*httpTelemetry, error) {
-	if cfg.tracerProvider == nil && cfg.meterProvider == nil {
+	tracer, meter, ok := otelkit.TracerMeter(cfg.tracerProvider, cfg.meterProvider, instrumentation)
+	if !ok {
 		return nil, nil
 	}
-	t := &httpTelemetry{scope: attribute.String("dedup.scope", cfg.scope)}
-	if cfg.tracerProvider != nil {
-		t.tracer = cfg.tracerProvider.Tracer(instrumentation)
-	}
-	if cfg.meterProvider != nil {
+	t := &httpTelemetry{scope: attribute.String("dedup.scope", cfg.scope), tracer: tracer}
+	if meter != nil {
 		var err error
-		t.requests, err = cfg.meterProvider.Meter(instrumentation).Int64Counter("idemhttp.requests", metric.WithUnit("{request}"),
+		t.requests, err = meter.Int64Counter("idemhttp.requests", metric.WithUnit("{request}"),
 			metric.WithDescription("Requests answered behind an Idempotency-Key middleware, by replayed and status code."))
 		if err != nil {
 			return nil, err

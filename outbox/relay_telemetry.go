@@ -8,8 +8,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/otelkit"
 )
 
 // instrumentation is the name under which the relay's spans and metrics are
@@ -49,18 +50,15 @@ type relayTelemetry struct {
 }
 
 func newRelayTelemetry(cfg *relayConfig, table string) (*relayTelemetry, error) {
-	if cfg.tracerProvider == nil && cfg.meterProvider == nil {
+	tracer, m, ok := otelkit.TracerMeter(cfg.tracerProvider, cfg.meterProvider, instrumentation)
+	if !ok {
 		return nil, nil
 	}
-	t := &relayTelemetry{table: attribute.String("outbox.table", table)}
+	t := &relayTelemetry{table: attribute.String("outbox.table", table), tracer: tracer}
 	t.byTable = metric.WithAttributeSet(attribute.NewSet(t.table))
-	if cfg.tracerProvider != nil {
-		t.tracer = cfg.tracerProvider.Tracer(instrumentation)
-	}
-	if cfg.meterProvider == nil {
+	if m == nil {
 		return t, nil
 	}
-	m := cfg.meterProvider.Meter(instrumentation)
 	var errs [5]error
 	t.published, errs[0] = m.Int64Counter("outbox.events.published", metric.WithUnit("{event}"),
 		metric.WithDescription("Events the broker acknowledged."))
@@ -117,8 +115,7 @@ func (t *relayTelemetry) startPublish(ctx context.Context, events []Event) (cont
 	}
 	var links []trace.Link
 	for i := range events {
-		c := headerCarrier{headers: events[i].Headers}
-		if sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), &c)); sc.IsValid() {
+		if sc := otelkit.SpanContext(headerFields{}, events[i].Headers); sc.IsValid() {
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
