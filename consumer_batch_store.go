@@ -145,6 +145,7 @@ func (r *storeRunner[M]) settled(ctx context.Context, p pendingResult) bool {
 
 func (r *storeRunner[M]) close(ctx context.Context) segmentClose {
 	if !r.flush(ctx) {
+		r.release(ctx, r.to) // a key taken over, waiting for its own segment
 		return stopBatch
 	}
 	return carryOn

@@ -62,6 +62,13 @@ type inbox[M any] struct {
 }
 
 func (in *inbox[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error) {
+	return in.claimWith(ctx, d, nil)
+}
+
+// claimWith claims d's key in a transaction of its own for an attempt whose
+// handler, when verdict is set, already failed with it and does not run
+// again.
+func (in *inbox[M]) claimWith(ctx context.Context, d *delivery[M], verdict error) (Claim, attempt[M], error) {
 	tx, err := in.store.pool.Begin(ctx)
 	if err != nil {
 		return Claim{}, nil, fmt.Errorf("dedup: inbox begin %s: %w", d.key, err)
@@ -71,7 +78,7 @@ func (in *inbox[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return c, nil, err
 	}
-	return c, &txAttempt[M]{in: in, tx: tx}, nil
+	return c, &txAttempt[M]{in: in, tx: tx, verdict: verdict}, nil
 }
 
 // txAttempt is an attempt of the inbox in a transaction of its own. Its row

@@ -170,12 +170,9 @@ func (r *inboxChunk[M]) settleApart(ctx context.Context, i int) (Result, error) 
 	if !ok {
 		return w.process(ctx, d)
 	}
-	c, att, err := r.in.claim(ctx, d)
+	c, att, err := r.in.claimWith(ctx, d, verdict)
 	if err != nil {
 		return Result{Key: d.key}, err
-	}
-	if att != nil {
-		att.(*txAttempt[M]).verdict = verdict
 	}
 	return w.settle(ctx, d, c, att, nil)
 }
