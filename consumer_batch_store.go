@@ -54,7 +54,7 @@ func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 		return r.to, nil
 	}
 	r.to = b.segmentEnd(from, len(b.ds))
-	var reqs []ClaimRequest
+	reqs := make([]ClaimRequest, 0, r.to-from)
 	for i := from; i < r.to; i++ {
 		if b.claims(i) {
 			reqs = append(reqs, b.ds[i].request(b.w.cfg.ttl))
@@ -79,7 +79,7 @@ func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 		}
 	}
 	for i := from; i < r.to; i++ {
-		c := r.claims[i-from]
+		c := &r.claims[i-from]
 		if !r.has[i-from] || c.Status != ClaimAcquired || c.Previous != StatusProcessing {
 			continue
 		}
@@ -87,7 +87,8 @@ func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 		if i == from {
 			end, r.alone = i+1, true
 		} else {
-			r.takenOver, r.takenAt = &c, i
+			taken := *c
+			r.takenOver, r.takenAt = &taken, i
 			r.has[i-from] = false
 		}
 		r.release(ctx, i+1)

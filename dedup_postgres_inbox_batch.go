@@ -52,9 +52,9 @@ func (in *inbox[M]) newChunk(b *batch[M]) batchRunner[M] { return &inboxChunk[M]
 // transaction.
 var (
 	// errRolledBack: its handler wrote, then failed; the segment runs again.
-	errRolledBack = unrepeatable{errors.New("dedup: the handler wrote, then failed: its batch transaction is rolled back")}
+	errRolledBack error = unrepeatable{errors.New("dedup: the handler wrote, then failed: its batch transaction is rolled back")}
 	// errLater: its outcome is settled once the segment committed.
-	errLater = unrepeatable{errors.New("dedup: settled once the batch transaction committed")}
+	errLater error = unrepeatable{errors.New("dedup: settled once the batch transaction committed")}
 )
 
 func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
