@@ -286,16 +286,19 @@ func shippingConsumer(store *dedup.PostgresStore, producer *kgo.Client, brokers 
 	))
 }
 
-// waitFor polls cond for up to 30 s.
+// chainWait bounds the wait for the chain's consumer when the caller's
+// context has no deadline: long enough for a consumer group to form on a
+// loaded machine, short enough to end a run whose chain is broken.
+const chainWait = 2 * time.Minute
+
+// waitFor polls cond until it holds, ctx is done, or chainWait has passed.
 func waitFor(ctx context.Context, cond func() bool) error {
-	deadline := time.Now().Add(30 * time.Second)
+	ctx, cancel := context.WithTimeout(ctx, chainWait)
+	defer cancel()
 	for !cond() {
-		if time.Now().After(deadline) {
-			return errors.New("timed out after 30s")
-		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("the chain's consumer did not answer: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

@@ -167,7 +167,7 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 	}
 	elapsed := time.Since(began)
 
-	letters, err := readDLQ(ctx, brokers)
+	letters, err := readDLQ(ctx, brokers, int(st.deadLettered.Load()))
 	if err != nil {
 		return err
 	}
@@ -196,7 +196,7 @@ func chainDatabase(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	}
 	pool, err := pgxpool.New(ctx, dsn)
 	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err = pool.Ping(pctx)
 		cancel()
 		if err != nil {
@@ -383,8 +383,10 @@ func committedOffsets(ctx context.Context, cl *kgo.Client) (map[int32]int64, err
 	return out, nil
 }
 
-// readDLQ reads the dead-letter topic back from the start.
-func readDLQ(ctx context.Context, brokers []string) ([]*kgo.Record, error) {
+// readDLQ reads the dead-letter topic back from the start: at least the
+// letters the consumer reported (each was acknowledged by the broker before
+// its message was), then until three polls in a row bring nothing more.
+func readDLQ(ctx context.Context, brokers []string, atLeast int) ([]*kgo.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic+".dlq"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
@@ -400,7 +402,7 @@ func readDLQ(ctx context.Context, brokers []string) ([]*kgo.Record, error) {
 			return nil, ctx.Err()
 		}
 		recs := fs.Records()
-		if len(recs) == 0 {
+		if len(recs) == 0 && len(out) >= atLeast {
 			empty++
 		}
 		out = append(out, recs...)
