@@ -81,11 +81,16 @@ func (r *runner) deleteCall(ctx context.Context, msgs []types.Message) ([]string
 	if err != nil {
 		return nil, nil, err
 	}
-	ok := make([]string, len(out.Successful))
-	for i, s := range out.Successful {
-		ok[i] = aws.ToString(s.Id)
+	return succeeded(out.Successful, func(e types.DeleteMessageBatchResultEntry) *string { return e.Id }), out.Failed, nil
+}
+
+// succeeded returns the IDs of a batch call's successful entries.
+func succeeded[E any](entries []E, id func(E) *string) []string {
+	ids := make([]string, len(entries))
+	for i, e := range entries {
+		ids[i] = aws.ToString(id(e))
 	}
-	return ok, out.Failed, nil
+	return ids
 }
 
 // visibilityCall returns a call that sets the visibility timeout of msgs to
@@ -105,11 +110,7 @@ func (r *runner) visibilityCall(d time.Duration) batchCall {
 		if err != nil {
 			return nil, nil, err
 		}
-		ok := make([]string, len(out.Successful))
-		for i, s := range out.Successful {
-			ok[i] = aws.ToString(s.Id)
-		}
-		return ok, out.Failed, nil
+		return succeeded(out.Successful, func(e types.ChangeMessageVisibilityBatchResultEntry) *string { return e.Id }), out.Failed, nil
 	}
 }
 

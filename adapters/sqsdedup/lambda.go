@@ -83,20 +83,11 @@ func LambdaHandler(w *dedup.Wrapper[events.SQSMessage]) func(context.Context, ev
 // lambdaGroups splits FIFO records by MessageGroupId, keeping their order;
 // records of a standard queue form one group.
 func lambdaGroups(recs []events.SQSMessage) [][]events.SQSMessage {
-	var out [][]events.SQSMessage
-	index := make(map[string]int)
-	for _, rec := range recs {
+	return groupBy(recs, func(rec events.SQSMessage) string {
 		g, ok := rec.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
 		if !strings.HasSuffix(rec.EventSourceARN, ".fifo") || !ok {
-			g = ""
+			return ""
 		}
-		i, seen := index[g]
-		if !seen {
-			i = len(out)
-			index[g] = i
-			out = append(out, nil)
-		}
-		out[i] = append(out[i], rec)
-	}
-	return out
+		return g
+	})
 }
