@@ -70,11 +70,15 @@ const (
 
 var outcomeNames = [...]string{"", "processed", "duplicate", "in-flight", "retry", "dead-lettered", "conflict"}
 
-func (o Outcome) String() string {
-	if o < 0 || int(o) >= len(outcomeNames) {
-		return fmt.Sprintf("Outcome(%d)", int(o))
+func (o Outcome) String() string { return enumName(outcomeNames[:], int(o), "Outcome") }
+
+// enumName is the name of value v of an enumeration whose names are names,
+// or "typ(v)" for a value it does not have.
+func enumName(names []string, v int, typ string) string {
+	if v < 0 || v >= len(names) {
+		return fmt.Sprintf("%s(%d)", typ, v)
 	}
-	return outcomeNames[o]
+	return names[v]
 }
 
 // Result is the wrapper's decision for one delivery.

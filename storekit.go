@@ -42,12 +42,7 @@ const (
 
 var claimStatusNames = [...]string{"", "acquired", "duplicate", "in-flight", "conflict", "final"}
 
-func (s ClaimStatus) String() string {
-	if s < 0 || int(s) >= len(claimStatusNames) {
-		return fmt.Sprintf("ClaimStatus(%d)", int(s))
-	}
-	return claimStatusNames[s]
-}
+func (s ClaimStatus) String() string { return enumName(claimStatusNames[:], int(s), "ClaimStatus") }
 
 // Claim is the result of claiming one key.
 type Claim struct {
