@@ -76,7 +76,7 @@ func runNone(ctx context.Context, cfg config, m *meter) error {
 // runNaive runs each record through Wrapper.Handle: one claim, then one
 // completion, per record, as most hand-written dedup does.
 func runNaive(ctx context.Context, cfg config, m *meter) error {
-	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_naive")
+	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_naive"))
 	if err != nil {
 		return err
 	}
@@ -106,7 +106,7 @@ func runNaive(ctx context.Context, cfg config, m *meter) error {
 // INSERT ... ON CONFLICT DO NOTHING: what deduplicating the IDs costs
 // PostgreSQL at the least, with no record state, lease or wrapper.
 func runFloor(ctx context.Context, cfg config, m *meter) error {
-	const table = "dedupbench_floor"
+	table := runTable("dedupbench_floor")
 	pool, closePool, err := openPostgres(ctx, cfg, m, table)
 	if err != nil {
 		return err

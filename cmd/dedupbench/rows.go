@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -84,6 +85,10 @@ func kafkaOpts(cfg config, m *meter, group string) []kgo.Opt {
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { m.started() }),
 	}
 }
+
+// runTable names a row's table for this process: two runs side by side (a
+// make test beside another) must not drop each other's tables.
+func runTable(name string) string { return fmt.Sprintf("%s_%d", name, os.Getpid()) }
 
 // openPostgres returns a pool whose round trips m counts, with a fresh table
 // for the row, dropped when the row ends.
@@ -172,7 +177,7 @@ func runAdapter(name string) func(ctx context.Context, cfg config, m *meter) err
 		case "batched":
 			extra = append(extra, dedup.WithBatchCompletion(cfg.BatchWait))
 		}
-		store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_"+strings.ReplaceAll(name, "-", "_"))
+		store, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_"+strings.ReplaceAll(name, "-", "_")))
 		if err != nil {
 			return err
 		}
@@ -186,7 +191,7 @@ func runAdapter(name string) func(ctx context.Context, cfg config, m *meter) err
 }
 
 func runInbox(ctx context.Context, cfg config, m *meter) error {
-	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_inbox")
+	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_inbox"))
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ func runSQS(storeKind string) func(ctx context.Context, cfg config, m *meter) er
 		var store dedup.Store
 		switch storeKind {
 		case "postgres":
-			s, _, closeStore, err := openPostgresStore(ctx, cfg, m, "dedupbench_sqs")
+			s, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_sqs"))
 			if err != nil {
 				return err
 			}
