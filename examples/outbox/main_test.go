@@ -12,8 +12,8 @@ import (
 // TestExample runs the example against the test database: every committed
 // order shipped once, republished events skipped.
 func TestExample(t *testing.T) {
-	pool := testenv.Postgres(t)
-	if err := run(context.Background(), pool.Config().ConnString(), 40, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	pool, dsn := testenv.PostgresInSchema(t)
+	if err := run(context.Background(), dsn, 40, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	if got := shipments(context.Background(), pool); got != 30 {

@@ -19,7 +19,7 @@ func TestDemo(t *testing.T) {
 		pool func(t *testing.T) *pgxpool.Pool
 	}{
 		{"memory", func(*testing.T) *pgxpool.Pool { return nil }},
-		{"postgres", func(t *testing.T) *pgxpool.Pool { return testenv.Postgres(t) }},
+		{"postgres", func(t *testing.T) *pgxpool.Pool { pool, _ := testenv.PostgresInSchema(t); return pool }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gw := &gateway{}

@@ -174,11 +174,11 @@ func run(ctx context.Context, total int, dupShare float64, nPoison int, partitio
 	if err := report(&st, effects, letters, unique, nPoison, elapsed); err != nil {
 		return err
 	}
-	pool, err := chainDatabase(ctx, dsn)
+	pool, closeChain, err := chainDatabase(ctx, dsn)
 	if err != nil || pool == nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeChain()
 	return runChain(ctx, pool, brokers, logger, mp)
 }
 
@@ -188,13 +188,21 @@ const localPostgres = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disab
 // chainDatabase connects to the chain's PostgreSQL: dsn, else a local server
 // if one answers. The outbox needs one: an event is a row written in the
 // order's own transaction, and nothing else can stand in for that. With no
-// PostgreSQL it says so and returns a nil pool.
-func chainDatabase(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+// PostgreSQL it says so and returns a nil pool. The chain's tables live in a
+// schema of the run's own, which closing drops: two runs side by side do
+// not share them, and none is left behind.
+func chainDatabase(ctx context.Context, dsn string) (*pgxpool.Pool, func(), error) {
 	given := dsn != ""
 	if !given {
 		dsn = localPostgres
 	}
-	pool, err := pgxpool.New(ctx, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: %w", err)
+	}
+	schema := "quickstart_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err = pool.Ping(pctx)
@@ -203,15 +211,23 @@ func chainDatabase(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 			pool.Close()
 		}
 	}
+	if err == nil {
+		if _, err = pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+			pool.Close()
+		}
+	}
 	switch {
 	case err == nil:
-		return pool, nil
+		return pool, func() {
+			_, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
+			pool.Close()
+		}, nil
 	case given:
-		return nil, fmt.Errorf("postgres: %w", err)
+		return nil, nil, fmt.Errorf("postgres: %w", err)
 	}
 	fmt.Println("\nthe whole chain (retried request -> outbox -> consumer) needs PostgreSQL for the outbox, and none answers at")
 	fmt.Println("127.0.0.1:5432: start one (make services) or pass -postgres to see it.")
-	return nil, nil
+	return nil, nil, nil
 }
 
 // openStore returns the dedup store: Redis when redisAddr is set, PostgreSQL
