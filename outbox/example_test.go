@@ -21,15 +21,38 @@ import (
 	"github.com/dedupkit/dedup/outbox/kafkaoutbox"
 )
 
-// exampleDB connects to DEDUP_POSTGRES_DSN, where the examples keep their
-// tables; they need PostgreSQL.
+// exampleSchema is where this test process's examples keep their tables,
+// so that two test runs side by side do not drop each other's; TestMain
+// drops it.
+var exampleSchema = fmt.Sprintf("outbox_examples_%d", os.Getpid())
+
+// exampleDB connects to DEDUP_POSTGRES_DSN, the examples' tables in
+// exampleSchema; they need PostgreSQL.
 func exampleDB(ctx context.Context) *pgxpool.Pool {
-	pool, err := pgxpool.New(ctx, testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	cfg, err := pgxpool.ParseConfig(testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN))
+	if err == nil {
+		cfg.ConnConfig.RuntimeParams["search_path"] = exampleSchema
+		var pool *pgxpool.Pool
+		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err == nil {
+			if _, err = pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+exampleSchema); err == nil {
+				return pool
+			}
+			pool.Close()
+		}
 	}
-	return pool
+	fmt.Fprintln(os.Stderr, err)
+	os.Exit(1)
+	return nil
+}
+
+// dropExampleSchema drops the examples' schema, if they made it.
+func dropExampleSchema() {
+	pool, err := pgxpool.New(context.Background(), testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN))
+	if err != nil {
+		return
+	}
+	defer pool.Close()
+	_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+exampleSchema+" CASCADE")
 }
 
 // An order and its event are written in one transaction: the event is

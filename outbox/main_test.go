@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
@@ -16,7 +17,14 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv(relayWorkerEnv); cfg != "" {
 		os.Exit(relayWorkerMain(cfg))
 	}
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"))
+	code := m.Run()
+	dropExampleSchema()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+			goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
