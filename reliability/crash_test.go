@@ -18,7 +18,7 @@ type crashCampaign struct {
 	crashers   int           // events whose handler kills its worker (claim mode)
 	produceFor time.Duration // production is spread over this long
 	chaosFor   time.Duration // workers are killed during this long, at most
-	converge   time.Duration // then the group must catch up within this long
+	converge   time.Duration // then the group must keep moving: the longest it may stand still
 }
 
 func crashSize() crashCampaign {
@@ -94,7 +94,7 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 
 	produced := k.produceOver(p.records, size.produceFor)
 	producing := true
-	late, crashes := supervise(t, f, rng, size.chaosFor, size.chaosFor+size.converge, func() bool {
+	late, crashes := supervise(t, f, rng, size.chaosFor, size.converge, func() bool {
 		if producing {
 			select {
 			case err := <-produced:
@@ -140,19 +140,29 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 // chaosFor it also kills them with SIGKILL at random moments: most are
 // started again at once, one in four only after the session timeout, so
 // that the group first moves their partitions to the others. It fails t if
-// done is not true within timeout, and returns how many restarts were late
-// and how many workers died on their own.
-func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, timeout time.Duration, done func() bool, progress func() string) (late, crashes int) {
+// done is not true once the chaos is over and nothing has moved for
+// stallFor (no offset committed, no worker died: a crash loop resolves one
+// death at a time, each a worker's whole start, join and lease, which a
+// loaded machine stretches), or after four times that in all, and returns
+// how many restarts were late and how many workers died on their own.
+func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, stallFor time.Duration, done func() bool, progress func() string) (late, crashes int) {
 	t.Helper()
 	down := map[int]time.Time{} // slot: when to start it again
 	began := time.Now()
 	next := began.Add(time.Second)
-	for ; ; time.Sleep(100 * time.Millisecond) {
+	lastSeen, movedAt := "", began
+	for polls := 0; ; time.Sleep(100 * time.Millisecond) {
 		now := time.Now()
 		for slot, err := range f.Reap() {
 			t.Logf("worker slot %d died on its own: %v", slot+1, err)
 			crashes++
 			down[slot] = now.Add(100 * time.Millisecond)
+			movedAt = now
+		}
+		if polls++; polls%10 == 0 { // the committed offsets, once a second
+			if seen := progress(); seen != lastSeen {
+				lastSeen, movedAt = seen, now
+			}
 		}
 		if done() {
 			return late, crashes // the slots still down stay down
@@ -164,8 +174,10 @@ func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, timeo
 			}
 		}
 		switch {
-		case now.Sub(began) > timeout:
-			t.Fatalf("the group had not caught up after %v: %s", timeout, progress())
+		case now.Sub(began) > chaosFor && now.Sub(movedAt) > stallFor:
+			t.Fatalf("the group had not caught up after %v, nothing moved for %v: %s", now.Sub(began).Round(time.Second), stallFor, progress())
+		case now.Sub(began) > chaosFor+4*stallFor:
+			t.Fatalf("the group had not caught up after %v: %s", now.Sub(began).Round(time.Second), progress())
 		case now.Sub(began) > chaosFor || now.Before(next):
 			continue
 		}
