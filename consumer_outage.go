@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// DefaultOutageThreshold is how long deliveries must keep failing to be
+// defaultOutageThreshold is how long deliveries must keep failing to be
 // made durable before a wrapper reports an outage, unless
 // [WithOutageThreshold] says otherwise.
-const DefaultOutageThreshold = 30 * time.Second
+const defaultOutageThreshold = 30 * time.Second
 
 // ErrOutage is matched by [Wrapper.Health]'s error while deliveries have
 // kept failing to be made durable (the store or the dead-letter sink
@@ -50,8 +50,7 @@ func (w *Wrapper[M]) observeOutcome(ctx context.Context, err error) bool {
 // Stats returns what w knows of its recent attempts to make deliveries
 // durable, for every transport consuming through it.
 func (w *Wrapper[M]) Stats() Stats {
-	s := w.health.Snapshot()
-	return Stats{LastSuccess: s.LastSuccess, LastFailure: s.LastFailure, LastError: s.LastError, FailingSince: s.FailingSince}
+	return Stats(w.health.Snapshot())
 }
 
 // Health returns nil, or an error matching [ErrOutage] (and wrapping the
@@ -60,9 +59,3 @@ func (w *Wrapper[M]) Stats() Stats {
 // that has handled nothing yet is healthy; a lease lost to another worker or
 // a cancelled context is no outage.
 func (w *Wrapper[M]) Health() error { return w.health.Health() }
-
-// FailingFor returns how long deliveries have been failing to be made
-// durable, and an error matching [ErrOutage] that wraps the latest failure;
-// 0 and nil once the latest was recorded. A transport adapter bounds an
-// outage with it (kafkadedup.WithMaxOutage).
-func (w *Wrapper[M]) FailingFor() (time.Duration, error) { return w.health.FailingFor() }

@@ -19,10 +19,11 @@ const (
 	DefaultMaxAttempts = 5
 	DefaultLease       = 30 * time.Second
 	DefaultTTL         = 7 * 24 * time.Hour
-	// DefaultBatchWait is how long HandleBatch holds a success back at most
-	// to record it with others (WithBatchCompletion).
-	DefaultBatchWait = 100 * time.Millisecond
 )
+
+// defaultBatchWait is how long HandleBatch holds a success back at most to
+// record it with others (WithBatchCompletion).
+const defaultBatchWait = 100 * time.Millisecond
 
 // Opt configures a [Wrapper].
 type Opt interface{ apply(*config) }
@@ -62,8 +63,8 @@ func defaultConfig() config {
 		backoff:         ExponentialBackoff(200*time.Millisecond, 30*time.Second),
 		ttl:             DefaultTTL,
 		logger:          slog.Default(),
-		outageThreshold: DefaultOutageThreshold,
-		batchWait:       DefaultBatchWait,
+		outageThreshold: defaultOutageThreshold,
+		batchWait:       defaultBatchWait,
 	}
 }
 
@@ -138,7 +139,7 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger 
 // durable (the store or the dead-letter sink unreachable) before the wrapper
 // logs it at ERROR (once, then a reminder each threshold while it lasts, and
 // its end at INFO), and reports it through [Wrapper.Health] and the transport
-// adapters' Health; the default is [DefaultOutageThreshold]. Shorter
+// adapters' Health; the default is 30 s. Shorter
 // failures are logged at WARN by the transport adapters, once per delivery
 // that was not acknowledged. It is the one threshold: the adapters read the
 // wrapper's.
@@ -154,7 +155,7 @@ func WithObserver(f func(context.Context, Result)) Opt {
 
 // WithBatchCompletion sets how long HandleBatch may hold a success back to
 // record it together with the batch's others, in one store write, instead
-// of one write per event. By default it is [DefaultBatchWait] on a store
+// of one write per event. By default it is 100 ms on a store
 // that is a [BatchCompleter] (PostgreSQL, DynamoDB, Redis, memory); 0 makes
 // one write per event. [Wrap] refuses a positive maxWait with [ErrConfig]
 // when the store cannot complete a batch, and [WrapTx], which records each

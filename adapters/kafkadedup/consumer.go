@@ -279,7 +279,7 @@ func (s *session) poll(ctx context.Context) {
 // has recorded the failure): it stops Run once failures have lasted longer
 // than WithMaxOutage, and returns the level to log this one at.
 func (s *session) failed() slog.Level {
-	level, stop := outage.Failed(s.w, s.cfg.maxOutage)
+	level, stop := outage.Failed(s.w.Health(), outage.Snapshot(s.w.Stats()), s.cfg.maxOutage, ErrOutage)
 	if stop != nil {
 		s.giveUp(stop)
 	}

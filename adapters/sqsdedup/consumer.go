@@ -362,7 +362,7 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 // has recorded the failure): it stops Run once failures have lasted longer
 // than WithMaxOutage, and returns the level to log this one at.
 func (r *runner) failed() slog.Level {
-	level, stop := outage.Failed(r.w, r.cfg.maxOutage)
+	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.maxOutage, ErrOutage)
 	if stop != nil {
 		r.giveUp(stop)
 	}

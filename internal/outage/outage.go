@@ -43,11 +43,13 @@ func New(log *slog.Logger, threshold time.Duration, sentinel error) *Tracker {
 }
 
 // Snapshot is what a Tracker knows of the recent attempts.
+// It has the fields of dedup.Stats, in their order, so that each converts
+// to the other.
 type Snapshot struct {
 	LastSuccess  time.Time
 	LastFailure  time.Time
-	FailingSince time.Time
 	LastError    error
+	FailingSince time.Time
 }
 
 // Success records an attempt whose outcome was made durable. It reads no
@@ -126,39 +128,23 @@ func (t *Tracker) Health() error {
 	return t.errLocked()
 }
 
-// FailingFor returns how long the attempts since the last success have been
-// failing, and an error wrapping the sentinel and the last failure; 0 and
-// nil after a success.
-func (t *Tracker) FailingFor() (time.Duration, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.since.IsZero() {
-		return 0, nil
-	}
-	return t.Now().Sub(t.since), t.errLocked()
-}
-
 func (t *Tracker) errLocked() error {
 	return fmt.Errorf("%w for %v (since %s): %w", t.sentinel, t.Now().Sub(t.since).Round(time.Millisecond),
 		t.since.UTC().Format(time.RFC3339), t.lastErr)
 }
 
-// Source is a wrapper's view of its tracker, as a transport adapter reads it.
-type Source interface {
-	FailingFor() (time.Duration, error)
-	Health() error
-}
-
 // Failed returns the level at which a transport adapter logs a delivery it
 // could not settle (WARN, or DEBUG during an outage, which the wrapper logs at
 // ERROR) and, once failures have lasted longer than maxOutage (unless 0),
-// the error to stop with.
-func Failed(src Source, maxOutage time.Duration) (slog.Level, error) {
+// the error to stop with, wrapping sentinel and the latest failure. health
+// and s are the wrapper's Health and Stats.
+func Failed(health error, s Snapshot, maxOutage time.Duration, sentinel error) (slog.Level, error) {
 	var stop error
-	if failingFor, err := src.FailingFor(); maxOutage > 0 && failingFor > maxOutage {
-		stop = fmt.Errorf("%w; stopping after more than %v", err, maxOutage)
+	if failingFor := time.Since(s.FailingSince); maxOutage > 0 && !s.FailingSince.IsZero() && failingFor > maxOutage {
+		stop = fmt.Errorf("%w for %v (since %s): %w; stopping after more than %v", sentinel, failingFor.Round(time.Millisecond),
+			s.FailingSince.UTC().Format(time.RFC3339), s.LastError, maxOutage)
 	}
-	if src.Health() != nil {
+	if health != nil {
 		return slog.LevelDebug, stop
 	}
 	return slog.LevelWarn, stop

@@ -61,9 +61,6 @@ func TestTrackerOutage(t *testing.T) {
 	if !errors.Is(err, errSentinel) || !errors.Is(err, errDown) {
 		t.Errorf("Health in the outage: %v, want the sentinel wrapping the last error", err)
 	}
-	if d, err := tr.FailingFor(); d != 2*threshold || !errors.Is(err, errDown) {
-		t.Errorf("FailingFor in the outage: %v, %v", d, err)
-	}
 	if s := tr.Snapshot(); !s.FailingSince.Equal(c.now.Add(-2*threshold)) || !errors.Is(s.LastError, errDown) || !s.LastSuccess.IsZero() {
 		t.Errorf("Snapshot in the outage: %+v", s)
 	}
@@ -74,9 +71,6 @@ func TestTrackerOutage(t *testing.T) {
 	}
 	if err := tr.Health(); err != nil {
 		t.Errorf("Health after a success: %v", err)
-	}
-	if d, err := tr.FailingFor(); d != 0 || err != nil {
-		t.Errorf("FailingFor after a success: %v, %v", d, err)
 	}
 	if s := tr.Snapshot(); !s.LastSuccess.Equal(c.now) || !s.FailingSince.IsZero() {
 		t.Errorf("Snapshot after a success: %+v", s)
@@ -97,5 +91,43 @@ func TestTrackerShortFailures(t *testing.T) {
 	tr.Success()
 	if n := logs.Count(slog.LevelError, "") + logs.Count(slog.LevelInfo, ""); n != 0 {
 		t.Errorf("%d ERROR or INFO records for failures shorter than the threshold; logs:\n%s", n, logs)
+	}
+}
+
+// A transport adapter logs at WARN before the outage and DEBUG during it,
+// and stops once failures have lasted longer than its bound, with an error
+// wrapping the sentinel and the latest failure.
+func TestFailed(t *testing.T) {
+	errSentinel, errDown := errors.New("outage"), errors.New("store down")
+	failing := func(d time.Duration) outage.Snapshot {
+		return outage.Snapshot{FailingSince: time.Now().Add(-d), LastError: errDown}
+	}
+	for _, tc := range []struct {
+		name      string
+		health    error
+		s         outage.Snapshot
+		maxOutage time.Duration
+		level     slog.Level
+		stops     bool
+	}{
+		{name: "healthy", level: slog.LevelWarn},
+		{name: "failing, no outage yet", s: failing(time.Second), maxOutage: time.Minute, level: slog.LevelWarn},
+		{name: "outage within the bound", health: errSentinel, s: failing(time.Second), maxOutage: time.Minute, level: slog.LevelDebug},
+		{name: "outage past the bound", health: errSentinel, s: failing(2 * time.Minute), maxOutage: time.Minute, level: slog.LevelDebug, stops: true},
+		{name: "past the bound before the outage threshold", s: failing(2 * time.Minute), maxOutage: time.Minute, level: slog.LevelWarn, stops: true},
+		{name: "no bound", health: errSentinel, s: failing(time.Hour), level: slog.LevelDebug},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			level, stop := outage.Failed(tc.health, tc.s, tc.maxOutage, errSentinel)
+			if level != tc.level {
+				t.Errorf("level %v, want %v", level, tc.level)
+			}
+			if tc.stops != (stop != nil) {
+				t.Fatalf("stop %v, want a stop: %v", stop, tc.stops)
+			}
+			if stop != nil && (!errors.Is(stop, errSentinel) || !errors.Is(stop, errDown)) {
+				t.Errorf("stop %v wraps neither the sentinel nor the failure", stop)
+			}
+		})
 	}
 }
