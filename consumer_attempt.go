@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // attempt is one acquired claim on its way to an outcome. Each way of
@@ -43,6 +45,13 @@ type claimer[M any] interface {
 type unrepeatable struct{ error }
 
 func (e unrepeatable) Unwrap() error { return e.error }
+
+// sharedFate marks the failure of a write that carried the handler's effects
+// in its own transaction: whatever became of the outcome became of the
+// effects, so no effect stays applied unrecorded.
+type sharedFate struct{ error }
+
+func (e sharedFate) Unwrap() error { return e.error }
 
 // storeAttempt is an attempt on the store claim path: a claim with a lease,
 // extended while the handler runs, and fenced writes on its owner token.
@@ -139,7 +148,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 	sctx, cancel := settleContext(ctx)
 	defer cancel()
 	if err == nil {
-		err := retryHeld(sctx, w.cfg.logger, d.leaseTime, func(ctx context.Context, retried bool) error {
+		err := w.retryHeld(sctx, outcomeLeases*d.leaseTime, func(ctx context.Context, retried bool) error {
 			return att.complete(ctx, d, retried)
 		})
 		if err != nil {
@@ -211,7 +220,7 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 // refused and reported, and the letter carries the event ID by which
 // whoever drains the dead letters finds the event settled.
 func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error) (Result, error) {
-	err := retryHeld(ctx, w.cfg.logger, d.leaseTime, func(ctx context.Context, _ bool) error { return d.att.hold(ctx, d) })
+	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, _ bool) error { return d.att.hold(ctx, d) })
 	if err != nil {
 		return Result{Key: d.key}, w.settleError("dead-letter", d.key, err, false)
 	}
@@ -233,7 +242,7 @@ func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, 
 // fail records a failed attempt, trying again while the claim holds.
 func (w *Wrapper[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
 	var attempts int
-	err := retryHeld(ctx, w.cfg.logger, d.leaseTime, func(ctx context.Context, retried bool) error {
+	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, retried bool) error {
 		var err error
 		attempts, err = d.att.fail(ctx, d, f, retried)
 		return err
@@ -247,15 +256,30 @@ const (
 	settleRetryMax = time.Second
 )
 
+// outcomeLeases bounds, in leases, how long the completion of a handler that
+// succeeded is tried again. Past the lease, the claim may lapse, but the
+// completion is still the right write as long as nobody has taken the claim
+// over: the store's fencing on the owner token refuses it once somebody
+// has. Giving up instead would leave the effect to run again at the next
+// delivery. The delivery's context bounds it first: a transport cancels it
+// once it may give the message to another consumer (the Kafka partition
+// revoked, the SQS consumer shutting down).
+const outcomeLeases = 10
+
+// retryHeld is the package's retryHeld, each failed try fed to w's outage
+// tracker, so that Health reports an outage that a long retry sits out.
+func (w *Wrapper[M]) retryHeld(ctx context.Context, bound time.Duration, write func(ctx context.Context, retried bool) error) error {
+	return retryHeld(ctx, w.cfg.logger, w.health, bound, write)
+}
+
 // retryHeld makes write, a write that records the outcome of attempts that
-// ran (retried tells it whether an earlier try may have been applied),
-// durable. A write that fails for another reason than a lost claim is tried
-// again, for up to the lease length, while ctx lasts: the claims are still
-// held, so waiting for the store to come back records the outcome once,
-// where giving up would have the message redelivered and the handler, whose
-// effect is already applied, run again once the lease lapsed.
-func retryHeld(ctx context.Context, logger *slog.Logger, lease time.Duration, write func(ctx context.Context, retried bool) error) error {
-	deadline := time.Now().Add(lease)
+// ran, trying it again after an error while ctx lasts, for up to bound: a
+// failure for a blip of the store would leave the effect to be redone. An
+// ErrLeaseLost or an unrepeatable error ends it. retried tells write
+// whether an earlier try may have been applied. Each failed try is recorded
+// in health, unless it is nil.
+func retryHeld(ctx context.Context, logger *slog.Logger, health *outage.Tracker, bound time.Duration, write func(ctx context.Context, retried bool) error) error {
+	deadline := time.Now().Add(bound)
 	wait := settleRetryMin
 	for tries := 1; ; tries++ {
 		err := write(ctx, tries > 1)
@@ -267,8 +291,11 @@ func retryHeld(ctx context.Context, logger *slog.Logger, lease time.Duration, wr
 		case ctx.Err() != nil || time.Now().Add(wait).After(deadline):
 			return err
 		}
+		if health != nil {
+			health.Failure(err)
+		}
 		if tries == 1 {
-			logger.Warn("dedup: outcome not recorded; retrying it while the claim is held",
+			logger.Warn("dedup: outcome not recorded; retrying it while the delivery is held",
 				slog.Duration("for_up_to", time.Until(deadline).Round(time.Millisecond)), slog.Any("error", err))
 		}
 		t := time.NewTimer(wait)
@@ -292,13 +319,19 @@ func isUnrepeatable(err error) bool {
 
 // settleError reports a write that could not record an attempt's outcome.
 // applied says whether the attempt's effect stays applied (it succeeded):
-// then a lost claim means that another worker will apply it again.
+// then a lost claim means that another worker will apply it again, and an
+// unrecorded outcome that the next delivery will.
 func (w *Wrapper[M]) settleError(op string, key Key, err error, applied bool) error {
-	if errors.Is(err, ErrLeaseLost) {
+	lost := errors.Is(err, ErrLeaseLost)
+	if lost {
 		w.tel.leaseLost(context.Background())
 	}
 	switch {
-	case !errors.Is(err, ErrLeaseLost):
+	case !lost && applied && !errors.As(err, new(sharedFate)):
+		w.tel.outcomeUnrecorded(context.Background())
+		w.cfg.logger.Error("dedup: outcome not recorded after the handler succeeded; its effect may run again when the event is redelivered",
+			slog.String("key", key.String()), slog.String("op", op), slog.Any("error", err))
+	case !lost:
 	case applied:
 		w.cfg.logger.Error("dedup: lease lost: another worker took this event over while it ran; its effect may be applied twice",
 			slog.String("key", key.String()), slog.String("op", op))

@@ -1,8 +1,10 @@
 package dedup_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -66,16 +68,76 @@ func TestCompleteIsRetriedWhileTheClaimHolds(t *testing.T) {
 	}
 }
 
-// The retries end with the lease: a store unreachable for longer leaves
-// the message unacknowledged, with the store's error.
-func TestCompleteRetriesEndWithTheLease(t *testing.T) {
-	store := &blinkingStore{Store: dedup.NewMemoryStore(), failures: 1 << 30}
-	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
-		dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()), dedup.WithLease(time.Second))
+// lapsingStore fails every Complete until the claim's lease has lapsed, and
+// the first one after that too: the store is down for longer than the
+// lease. Nobody takes the claim over meanwhile.
+type lapsingStore struct {
+	dedup.Store
+	lapsed atomic.Bool
+}
+
+func (s *lapsingStore) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
+	if s.lapsed.Load() {
+		return s.Store.Complete(ctx, key, owner, result, ttl)
+	}
+	if rec, err := s.Store.Get(ctx, key); err == nil && time.Now().After(rec.LeaseUntil) {
+		s.lapsed.Store(true)
+	}
+	return errUnreachable
+}
+
+// A store down for longer than the lease does not make a handler that
+// succeeded run again: while the delivery is still held (its context
+// lives), the wrapper keeps trying the fenced completion past the lease,
+// and it lands, since nobody took the claim over.
+func TestCompleteIsRetriedPastTheLease(t *testing.T) {
+	store := &lapsingStore{Store: dedup.NewMemoryStore()}
+	runs := 0
+	w, err := dedup.Wrap(store, events, func(context.Context, event) error { runs++; return nil },
+		dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()), dedup.WithLease(500*time.Millisecond))
 	require.NoError(t, err)
-	began := time.Now()
-	_, err = w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
+	res, err := w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.OutcomeProcessed, res.Outcome)
+	require.True(t, store.lapsed.Load(), "the completion landed before the lease lapsed")
+	res, err = w.Handle(context.Background(), event{ID: "e-1", Body: "b"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.OutcomeDuplicate, res.Outcome)
+	require.Equal(t, 1, runs)
+}
+
+// downStore fails every Complete, and after the third cancels the
+// delivery's context: the transport may give the message to another
+// consumer now (a Kafka partition revoked).
+type downStore struct {
+	dedup.Store
+	calls   atomic.Int32
+	release context.CancelFunc
+}
+
+func (s *downStore) Complete(context.Context, dedup.Key, string, []byte, time.Duration) error {
+	if s.calls.Add(1) == 3 {
+		s.release()
+	}
+	return errUnreachable
+}
+
+// Once the delivery is no longer held, the wrapper gives up on recording a
+// success, and says that its effect may run again: an ERROR naming the key
+// and dedup.outcomes_unrecorded.
+func TestUnrecordedOutcomeIsReported(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := &downStore{Store: dedup.NewMemoryStore(), release: cancel}
+	var logs bytes.Buffer
+	tel := newTelemetry(t)
+	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
+		dedup.WithScope("unrecorded"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithMeterProvider(tel.mp),
+		dedup.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	_, err = w.Handle(ctx, event{ID: "e-1", Body: "b"})
 	require.ErrorIs(t, err, errUnreachable)
-	require.Less(t, time.Since(began), 2*time.Second)
-	require.Greater(t, store.calls.Load(), int32(2))
+	require.Equal(t, int32(3), store.calls.Load(), "tries after the delivery's context ended")
+	require.Contains(t, logs.String(), `level=ERROR msg="dedup: outcome not recorded after the handler succeeded; its effect may run again when the event is redelivered" key=unrecorded/e-1`)
+	require.Equal(t, int64(1), tel.counter(t, "dedup.outcomes_unrecorded"))
 }

@@ -352,8 +352,8 @@ func (r eachRunner[M]) close(context.Context) segmentClose { return carryOn }
 
 func (r eachRunner[M]) abandon(context.Context, int) bool { return true }
 
-// completeHeld writes comps with bc, trying again while the claims hold, as
-// a single completion is: the handlers ran, and giving up would run them
+// completeHeld writes comps with bc, trying again as a single completion is
+// (see outcomeLeases): the handlers ran, and giving up would run them
 // again once the leases lapsed. A store may answer some completions with an
 // error of their own (a request of its batch failed): those are tried
 // again, the others are done. A completion refused after an earlier try
@@ -366,7 +366,7 @@ func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps 
 		pending[i] = i
 	}
 	batch := comps
-	err := retryHeld(ctx, w.cfg.logger, lease, func(ctx context.Context, retried bool) error {
+	err := w.retryHeld(ctx, outcomeLeases*lease, func(ctx context.Context, retried bool) error {
 		res, err := bc.CompleteBatch(ctx, batch)
 		if err != nil {
 			return err

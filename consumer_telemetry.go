@@ -31,8 +31,9 @@ func WithTracerProvider(tp trace.TracerProvider) Opt {
 // and outcome (dedup.deliveries), handler durations
 // (messaging.process.duration), store call durations by operation
 // (dedup.store.duration; the transactional inbox's statements, made in the
-// handler's transaction, are not among them) and leases lost
-// (dedup.leases_lost). Without it the wrapper records none; pass
+// handler's transaction, are not among them), leases lost
+// (dedup.leases_lost) and successes whose outcome could not be recorded
+// (dedup.outcomes_unrecorded: their effects may run again). Without it the wrapper records none; pass
 // otel.GetMeterProvider() to use the global provider.
 func WithMeterProvider(mp metric.MeterProvider) Opt {
 	return optFunc(func(c *config) { c.meterProvider = mp })
@@ -49,6 +50,7 @@ type telemetry struct {
 	deliveries metric.Int64Counter
 	handling   metric.Float64Histogram
 	leasesLost metric.Int64Counter
+	unrecorded metric.Int64Counter
 	storeCalls *storeTimer
 	// byOutcome are the deliveries' attribute sets, by Outcome, with
 	// "error" last; scopeRecord and scopeAdd the others'. Built once, slices
@@ -69,7 +71,7 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	if m == nil {
 		return t, nil
 	}
-	var errs [3]error
+	var errs [4]error
 	t.deliveries, errs[0] = m.Int64Counter("dedup.deliveries", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries handled, by scope and outcome; outcome \"error\" when the outcome could not be made durable."))
 	t.handling, errs[1] = m.Float64Histogram("messaging.process.duration", metric.WithUnit("s"),
@@ -77,6 +79,8 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
 	t.leasesLost, errs[2] = m.Int64Counter("dedup.leases_lost", metric.WithUnit("{lease}"),
 		metric.WithDescription("Attempts whose claim another worker took over before they settled."))
+	t.unrecorded, errs[3] = m.Int64Counter("dedup.outcomes_unrecorded", metric.WithUnit("{delivery}"),
+		metric.WithDescription("Deliveries whose handler succeeded but whose outcome the store never recorded: their effects may run again when the event is redelivered."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
@@ -174,4 +178,11 @@ func (t *telemetry) leaseLost(ctx context.Context) {
 		return
 	}
 	t.leasesLost.Add(ctx, 1, t.scopeAdd...)
+}
+
+func (t *telemetry) outcomeUnrecorded(ctx context.Context) {
+	if t == nil || !t.meter {
+		return
+	}
+	t.unrecorded.Add(ctx, 1, t.scopeAdd...)
 }

@@ -78,6 +78,23 @@ func (tel *telemetry) deliveries() map[string][]sdktrace.ReadOnlySpan {
 	return out
 }
 
+// counter returns the sum of the counter name over its attributes.
+func (tel *telemetry) counter(t *testing.T, name string) int64 {
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, tel.reader.Collect(context.Background(), &rm))
+	var sum int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if data, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, p := range data.DataPoints {
+					sum += p.Value
+				}
+			}
+		}
+	}
+	return sum
+}
+
 // counts returns dedup.deliveries by outcome, and how many handler runs the
 // duration histogram saw.
 func (tel *telemetry) counts(t *testing.T) (map[string]int64, uint64) {

@@ -109,7 +109,7 @@ func (a *txAttempt[M]) complete(ctx context.Context, d *delivery[M], _ bool) err
 			err = fmt.Errorf("the TxHandler committed or rolled back the transaction itself; it must do neither: %w", err)
 		}
 		// The transaction is gone either way: committing again cannot help.
-		return unrepeatable{fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)}
+		return unrepeatable{sharedFate{fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)}}
 	}
 	return nil
 }

@@ -63,14 +63,14 @@ func (h *Held) Run(ctx context.Context, fn func(ctx context.Context) error) (err
 
 // Complete records the claim as succeeded with result, kept for ttl.
 func (h *Held) Complete(ctx context.Context, result []byte, ttl time.Duration) error {
-	return retryHeld(ctx, h.logger, h.lease, func(ctx context.Context, retried bool) error {
+	return retryHeld(ctx, h.logger, nil, h.lease, func(ctx context.Context, retried bool) error {
 		return completeFenced(ctx, h.store, h.key, h.owner, result, ttl, retried)
 	})
 }
 
 // Fail records a failed attempt, leaving the key retryable unless f.Final.
 func (h *Held) Fail(ctx context.Context, f Failure) error {
-	return retryHeld(ctx, h.logger, h.lease, func(ctx context.Context, retried bool) error {
+	return retryHeld(ctx, h.logger, nil, h.lease, func(ctx context.Context, retried bool) error {
 		return failFenced(ctx, h.store, h.key, h.owner, f, retried)
 	})
 }

@@ -48,7 +48,10 @@ func TestConformance(t *testing.T) {
 // go-redis's ClusterClient: records spread over the nodes, batches are
 // pipelined per node, one script call per key.
 func TestCluster(t *testing.T) {
-	addrs := testenv.StartRedisCluster(t, 3)
+	var addrs []string
+	for _, node := range testenv.StartRedisCluster(t, 3, 0) {
+		addrs = append(addrs, node.Addr())
+	}
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { client.Close() })
 	s, err := New(client)

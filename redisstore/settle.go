@@ -105,6 +105,7 @@ func (s *Store) settle(ctx context.Context, op string, key dedup.Key, run script
 		return fmt.Errorf("redisstore: %s %s: %w", op, key, err)
 	}
 	ok, err := run(ctx, s.client, []string{redisKey(s.prefix, key)}, args...).Int64()
+	s.follow(err)
 	return refused(op, key, ok, err)
 }
 

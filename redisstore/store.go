@@ -40,6 +40,9 @@ type Store struct {
 	// sharded is set for clients that spread keys over several servers
 	// (Cluster, Ring): a script then touches one key only.
 	sharded bool
+	// cluster is the client when it is a Redis Cluster client: it is told
+	// to reload the cluster's layout when a node is gone (see follow).
+	cluster *redis.ClusterClient
 }
 
 var (
@@ -86,7 +89,8 @@ func New(client redis.UniversalClient, opts ...Opt) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore.WithKeyPrefix(%q): must not contain braces", dedup.ErrConfig, cfg.prefix)
 	}
 	_, single := client.(*redis.Client)
-	return &Store{client: client, prefix: cfg.prefix, sharded: !single}, nil
+	cluster, _ := client.(*redis.ClusterClient)
+	return &Store{client: client, prefix: cfg.prefix, sharded: !single, cluster: cluster}, nil
 }
 
 // maxScriptKeys bounds the keys one script call handles, so that a large
@@ -212,7 +216,9 @@ func (s *Store) split(keys []string, args []any, argsPerKey int) []call {
 // its own reply or error.
 func (s *Store) run(ctx context.Context, script *redis.Script, calls []call) []*redis.Cmd {
 	if len(calls) == 1 {
-		return []*redis.Cmd{script.Run(ctx, s.client, calls[0].keys, calls[0].args...)}
+		cmd := script.Run(ctx, s.client, calls[0].keys, calls[0].args...)
+		s.follow(cmd.Err())
+		return []*redis.Cmd{cmd}
 	}
 	cmds := make([]*redis.Cmd, len(calls))
 	pipe := s.client.Pipeline()
@@ -233,6 +239,11 @@ func (s *Store) run(ctx context.Context, script *redis.Script, calls []call) []*
 		}
 		_, _ = pipe.Exec(ctx)
 	}
+	for _, cmd := range cmds {
+		if s.follow(cmd.Err()) {
+			break
+		}
+	}
 	return cmds
 }
 
@@ -247,6 +258,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
 	}
 	vals, err := s.client.HMGet(ctx, redisKey(s.prefix, key), recordFields...).Result()
+	s.follow(err)
 	if err != nil {
 		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
 	}

@@ -133,40 +133,51 @@ func (s *RedisServer) String() string {
 	return fmt.Sprintf("redis-server %s %v", s.Addr(), s.args)
 }
 
-// StartRedisCluster starts a Redis Cluster of masters private servers
-// (no replicas) on free loopback ports, its slots spread over all of them,
-// and returns their addresses once the cluster is ok.
-func StartRedisCluster(t testing.TB, masters int) []string {
+// StartRedisCluster starts a Redis Cluster of masters private servers, each
+// with replicas replicas, on free loopback ports, the slots spread over the
+// masters, and returns its servers, masters first, once the cluster is ok
+// and every replica is in sync. args are more redis-server options for
+// every node; a node fails over after --cluster-node-timeout, 5000 ms
+// unless args say otherwise.
+func StartRedisCluster(t testing.TB, masters, replicas int, args ...string) []*RedisServer {
 	t.Helper()
 	cli, err := exec.LookPath(Env("DEDUP_REDIS_CLI", "redis-cli"))
 	if err != nil {
 		Unavailable(t, "redis-cli", err)
 	}
-	addrs := make([]string, masters)
-	for i := range addrs {
-		addrs[i] = StartRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000").Addr()
+	nodeArgs := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "5000"}, args...)
+	servers := make([]*RedisServer, masters*(1+replicas))
+	addrs := make([]string, len(servers))
+	for i := range servers {
+		servers[i] = StartRedisServer(t, nodeArgs...)
+		addrs[i] = servers[i].Addr()
 	}
-	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// redis-cli makes masters of the first addresses it is given.
+	create := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, cli, create...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v: %s", err, out)
 	}
-	for _, addr := range addrs {
+	for i, addr := range addrs {
 		c := redis.NewClient(&redis.Options{Addr: addr})
 		ok := false
-		for range 200 {
-			if strings.Contains(c.ClusterInfo(ctx).Val(), "cluster_state:ok") {
-				ok = true
+		for ctx.Err() == nil {
+			info := c.ClusterInfo(ctx).Val()
+			ok = strings.Contains(info, "cluster_state:ok")
+			if ok && i >= masters {
+				ok = strings.Contains(c.Info(ctx, "replication").Val(), "master_link_status:up")
+			}
+			if ok {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		c.Close()
 		if !ok {
-			t.Fatalf("Redis Cluster node %s never reached cluster_state:ok", addr)
+			t.Fatalf("Redis Cluster node %s never reached cluster_state:ok (and, for a replica, its master's data)", addr)
 		}
 	}
-	return addrs
+	return servers
 }
