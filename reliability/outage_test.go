@@ -24,10 +24,9 @@ import (
 const notSettled = "record not settled; retrying it in place"
 
 // notRecorded is what the wrapper logs when a write recording an attempt's
-// outcome failed and is tried again while the claim holds: an outage
-// shorter than the lease may be ridden out there, never reaching the
-// partition worker.
-const notRecorded = "outcome not recorded; retrying it while the claim is held"
+// outcome failed and is tried again while the delivery is held: an outage
+// may be ridden out there, never reaching the partition worker.
+const notRecorded = "outcome not recorded; retrying it while the delivery is held"
 
 // outageEvents sizes the outage campaigns.
 func outageEvents() int {
@@ -43,10 +42,29 @@ func outageEvents() int {
 // their partitions and back off while it is down and carry on when it is
 // back: nothing is lost, nothing applied twice, and the group's committed
 // offsets never pass a record before its outcome was durable.
+//
+// In "claim, past the lease" the effects are applied in another database,
+// which stays up, and the outage lasts three times the lease: the claims of
+// the records whose effects were applied lapse while their completions
+// cannot be written. The partitions are still the consumers', so nobody
+// else is given those records, and the wrapper's fenced completions land
+// once the server is back: still nothing applied twice. (Giving up at the lease, as
+// the wrapper did, made the worker claim the record again, take its own
+// lapsed claim over and run the handler a second time.)
 func TestPostgresOutage(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{modeInbox, modeClaim} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		mode          string
+		lease, outage time.Duration
+		effectsApart  bool // in the machine's PostgreSQL, not the one stopped
+	}{
+		{modeInbox, modeInbox, 5 * time.Second, 2 * time.Second, false},
+		{modeClaim, modeClaim, 5 * time.Second, 2 * time.Second, false},
+		{"claim, past the lease", modeClaim, 2 * time.Second, 6 * time.Second, true},
+	} {
+		mode := tc.mode
+		t.Run(tc.name, func(t *testing.T) {
 			began := time.Now()
 			srv := testenv.StartPostgresServer(t)
 			pool := privatePool(t, srv.DSN())
@@ -57,17 +75,21 @@ func TestPostgresOutage(t *testing.T) {
 			if err := store.Migrate(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			effects := effectsTable(t, pool)
+			effectsPool := pool
+			if tc.effectsApart {
+				effectsPool = testenv.Postgres(t)
+			}
+			effects := effectsTable(t, effectsPool)
 			k := newKafka(t, 4)
 			p := newPlan(k.topic, "pg", outageEvents(), 0.30, 0.02, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
 			k.produce(p.records...)
-			group := "pg-outage-" + mode + "-" + runID()
+			group := "pg-outage-" + mode + "-" + tc.lease.String() + "-" + runID()
 			st, logs := newSettled(), &logBuffer{}
 			logs.dumpOnFailure(t)
 			sink := kafkaSink(t, k)
 			newWrapper := func(i int) *dedup.Wrapper[*kgo.Record] {
-				return pgWrapper(t, mode, store, pool, effects, "c"+strconv.Itoa(i+1),
-					wrapOpts(group+"/apply", sink, st, logs.logger(), 5*time.Second))
+				return pgWrapper(t, mode, store, effectsPool, effects, "c"+strconv.Itoa(i+1),
+					wrapOpts(group+"/apply", sink, st, logs.logger(), tc.lease))
 			}
 
 			watch, stopWatch := context.WithCancel(context.Background())
@@ -75,7 +97,7 @@ func TestPostgresOutage(t *testing.T) {
 			cs := startConsumers(t, k, group, 2, logs.logger(), newWrapper)
 			eventually(t, 60*time.Second, func() bool { return st.count() >= len(p.events)/4 }, "progress before the outage", k.progress(group, st))
 			srv.Stop()
-			time.Sleep(2 * time.Second)
+			time.Sleep(tc.outage)
 			during := logs.count(notSettled) + logs.count(notRecorded)
 			srv.Start()
 			eventually(t, 90*time.Second, func() bool { return k.caughtUp(group) }, "the group catching up after the outage", k.progress(group, st))
@@ -83,9 +105,9 @@ func TestPostgresOutage(t *testing.T) {
 			stopWatch()
 
 			dlq := k.readAll(k.dlq)
-			fig, twice := count(p, effectRows(t, pool, effects), dlq)
+			fig, twice := count(p, effectRows(t, effectsPool, effects), dlq)
 			fig.outages, fig.elapsed = 1, time.Since(began)
-			checkEnd(t, "postgres outage ("+mode+")", fig, twice, <-violations)
+			checkEnd(t, "postgres outage ("+tc.name+")", fig, twice, <-violations)
 			checkLetters(t, mode, p, dlq)
 			t.Logf("writes retried in place while PostgreSQL was down: %d", during)
 			if during == 0 {
