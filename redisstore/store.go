@@ -10,7 +10,11 @@
 // The store accepts any [redis.UniversalClient]: a single node or a Sentinel
 // failover client (*redis.Client), or Redis Cluster (*redis.ClusterClient).
 // Keys are laid out so that a record never spans hash slots; see
-// [WithKeyPrefix] for the layout.
+// [WithKeyPrefix] for the layout. On a Cluster client the store makes the
+// client reload the cluster's layout when a node refuses or cuts a
+// connection or says the cluster is changing, so that it follows a
+// failover within a second of the promotion rather than at the client's
+// next periodic reload.
 //
 // Durability is the server's: Redis acknowledges a write before it is on
 // disk unless AOF runs with appendfsync always, and before any replica has it
