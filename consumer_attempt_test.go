@@ -106,23 +106,27 @@ func TestCompleteIsRetriedPastTheLease(t *testing.T) {
 	require.Equal(t, 1, runs)
 }
 
-// downStore fails every Complete, and after the third cancels the
-// delivery's context: the transport may give the message to another
-// consumer now (a Kafka partition revoked).
+// downStore fails every Complete, and at the third reads the wrapper's
+// health, then cancels the delivery's context: the transport may give the
+// message to another consumer now (a Kafka partition revoked).
 type downStore struct {
 	dedup.Store
 	calls   atomic.Int32
 	release context.CancelFunc
+	health  func() error
+	during  error // the health read at the third call
 }
 
 func (s *downStore) Complete(context.Context, dedup.Key, string, []byte, time.Duration) error {
 	if s.calls.Add(1) == 3 {
+		s.during = s.health()
 		s.release()
 	}
 	return errUnreachable
 }
 
-// Once the delivery is no longer held, the wrapper gives up on recording a
+// While the wrapper retries a completion, Health reports the outage. Once
+// the delivery is no longer held, the wrapper gives up on recording the
 // success, and says that its effect may run again: an ERROR naming the key
 // and dedup.outcomes_unrecorded.
 func TestUnrecordedOutcomeIsReported(t *testing.T) {
@@ -133,11 +137,13 @@ func TestUnrecordedOutcomeIsReported(t *testing.T) {
 	tel := newTelemetry(t)
 	w, err := dedup.Wrap(store, events, func(context.Context, event) error { return nil },
 		dedup.WithScope("unrecorded"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithMeterProvider(tel.mp),
-		dedup.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		dedup.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), dedup.WithOutageThreshold(time.Nanosecond))
 	require.NoError(t, err)
+	store.health = w.Health
 	_, err = w.Handle(ctx, event{ID: "e-1", Body: "b"})
 	require.ErrorIs(t, err, errUnreachable)
 	require.Equal(t, int32(3), store.calls.Load(), "tries after the delivery's context ended")
+	require.ErrorIs(t, store.during, dedup.ErrOutage, "Health while the completion was retried")
 	require.Contains(t, logs.String(), `level=ERROR msg="dedup: outcome not recorded after the handler succeeded; its effect may run again when the event is redelivered" key=unrecorded/e-1`)
 	require.Equal(t, int64(1), tel.counter(t, "dedup.outcomes_unrecorded"))
 }
