@@ -27,7 +27,8 @@ import (
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
 	call := callOptions(opts)
 	ds, first := w.prepareBatch(ctx, msgs, &call)
-	b := &batch[M]{w: w, ds: ds, first: first, outcomes: make([]pendingResult, len(msgs)), yield: yield, stop: call.stop}
+	results := make([]pendingResult, 2*len(msgs))
+	b := &batch[M]{w: w, ds: ds, first: first, outcomes: results[:len(msgs)], pending: results[len(msgs):len(msgs)], yield: yield, stop: call.stop}
 	if w.tel != nil {
 		defer b.endSpans()
 	}

@@ -14,8 +14,8 @@ import (
 type storeRunner[M any] struct {
 	b        *batch[M]
 	from, to int
-	claims   []Claim // the open segment's, by delivery from from; nil: claimed when run
-	has      []bool  // which of claims are set
+	claims   []Claim // the store's answer to the open segment's claim
+	at       []int   // per delivery from from: its claim in claims, or -1 (claimed when run)
 	// takenOver is a claim of a key taken over from a worker that died,
 	// kept for the segment of its own that it starts at takenAt.
 	takenOver *Claim
@@ -46,10 +46,10 @@ func newStoreRunner[M any](b *batch[M]) batchRunner[M] {
 // messages that never ran (and after a few deaths park them).
 func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 	b := r.b
-	r.from, r.claims, r.has = from, r.claims[:0], r.has[:0]
+	r.from, r.claims, r.at = from, r.claims[:0], r.at[:0]
 	if r.takenOver != nil && r.takenAt == from {
 		r.to, r.alone = from+1, true
-		r.claims, r.has = append(r.claims, *r.takenOver), append(r.has, true)
+		r.claims, r.at = append(r.claims, *r.takenOver), append(r.at, 0)
 		r.takenOver = nil
 		return r.to, nil
 	}
@@ -71,16 +71,21 @@ func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 	if len(claims) != len(reqs) {
 		return 0, fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
 	}
-	r.claims, r.has = make([]Claim, r.to-from), make([]bool, r.to-from)
+	r.claims = claims
 	for i, k := from, 0; i < r.to; i++ {
+		at := -1
 		if b.claims(i) {
-			r.claims[i-from], r.has[i-from] = claims[k], true
-			k++
+			at, k = k, k+1
 		}
+		r.at = append(r.at, at)
 	}
 	for i := from; i < r.to; i++ {
-		c := &r.claims[i-from]
-		if !r.has[i-from] || c.Status != ClaimAcquired || c.Previous != StatusProcessing {
+		k := r.at[i-from]
+		if k < 0 {
+			continue
+		}
+		c := &r.claims[k]
+		if c.Status != ClaimAcquired || c.Previous != StatusProcessing {
 			continue
 		}
 		end := i
@@ -89,7 +94,7 @@ func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 		} else {
 			taken := *c
 			r.takenOver, r.takenAt = &taken, i
-			r.has[i-from] = false
+			r.at[i-from] = -1
 		}
 		r.release(ctx, i+1)
 		r.to = end
@@ -103,12 +108,12 @@ func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
 	w, d := r.b.w, &r.b.ds[i]
 	p := pendingResult{i: i, comp: -1}
 	k := i - r.from
-	if k >= len(r.has) || !r.has[k] {
+	if k >= len(r.at) || r.at[k] < 0 {
 		p.res, p.err = w.process(ctx, d)
 		return p
 	}
-	c := r.claims[k]
-	r.has[k] = false
+	c := r.claims[r.at[k]]
+	r.at[k] = -1
 	if c.Status == ClaimAcquired && time.Since(r.claimedAt) > d.leaseTime/2 {
 		// Earlier messages of the batch took a while: renew before running.
 		if err := w.store.Extend(ctx, d.key, c.Record.Owner, d.leaseTime); err != nil {
@@ -122,6 +127,9 @@ func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
 	}
 	var later *[]Completion
 	if r.completer != nil && !r.alone {
+		if r.comps == nil {
+			r.comps = make([]Completion, 0, len(r.b.ds)-i)
+		}
 		later = &r.comps
 	}
 	n := len(r.comps)
@@ -186,10 +194,10 @@ func (r *storeRunner[M]) release(ctx context.Context, i int) {
 				slog.String("key", c.Record.Key.String()), slog.Any("error", err))
 		}
 	}
-	for k := max(i-r.from, 0); k < len(r.has); k++ {
-		if r.has[k] {
-			r.has[k] = false
-			give(&r.claims[k])
+	for k := max(i-r.from, 0); k < len(r.at); k++ {
+		if j := r.at[k]; j >= 0 {
+			r.at[k] = -1
+			give(&r.claims[j])
 		}
 	}
 	if r.takenOver != nil && r.takenAt >= i {
