@@ -40,6 +40,7 @@ var rows = []*row{
 	{name: "batched", title: "HandleBatch + WithBatchCompletion(-batch-wait)", run: runAdapter("batched")},
 	{name: "redis-batch-claim", title: "Redis: kafkadedup.Consumer defaults", run: runRedis(false)},
 	{name: "redis-batched", title: "Redis: HandleBatch + WithBatchCompletion(-batch-wait)", run: runRedis(true)},
+	{name: "memory", title: "memory store: kafkadedup.Consumer defaults", run: runMemory},
 	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
 	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
@@ -188,6 +189,16 @@ func runAdapter(name string) func(ctx context.Context, cfg config, m *meter) err
 		}
 		return consumeAdapter(ctx, cfg, m, w, name)
 	}
+}
+
+// runMemory runs the Kafka adapter with its defaults over the memory store:
+// the wrapper's and the adapter's own cost, with no store round trip.
+func runMemory(ctx context.Context, cfg config, m *meter) error {
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), messages(m), noop, wrapperOpts("memory", m)...)
+	if err != nil {
+		return err
+	}
+	return consumeAdapter(ctx, cfg, m, w, "memory")
 }
 
 func runInbox(ctx context.Context, cfg config, m *meter) error {
