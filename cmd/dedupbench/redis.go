@@ -28,11 +28,7 @@ func runRedis(batchCompletion bool) func(ctx context.Context, cfg config, m *met
 			return err
 		}
 		defer closeStore()
-		w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts(name, m, extra...)...)
-		if err != nil {
-			return err
-		}
-		return consumeAdapter(ctx, cfg, m, w, name)
+		return consumeStore(ctx, cfg, m, store, name, extra...)
 	}
 }
 

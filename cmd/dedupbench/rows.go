@@ -183,22 +183,14 @@ func runAdapter(name string) func(ctx context.Context, cfg config, m *meter) err
 			return err
 		}
 		defer closeStore()
-		w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts(name, m, extra...)...)
-		if err != nil {
-			return err
-		}
-		return consumeAdapter(ctx, cfg, m, w, name)
+		return consumeStore(ctx, cfg, m, store, name, extra...)
 	}
 }
 
 // runMemory runs the Kafka adapter with its defaults over the memory store:
 // the wrapper's and the adapter's own cost, with no store round trip.
 func runMemory(ctx context.Context, cfg config, m *meter) error {
-	w, err := dedup.Wrap(dedup.NewMemoryStore(), messages(m), noop, wrapperOpts("memory", m)...)
-	if err != nil {
-		return err
-	}
-	return consumeAdapter(ctx, cfg, m, w, "memory")
+	return consumeStore(ctx, cfg, m, dedup.NewMemoryStore(), "memory")
 }
 
 func runInbox(ctx context.Context, cfg config, m *meter) error {
@@ -221,11 +213,7 @@ func runDynamoDB(ctx context.Context, cfg config, m *meter) error {
 		return err
 	}
 	defer drop()
-	w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts("dynamodb", m, dedup.WithBatchCompletion(cfg.BatchWait))...)
-	if err != nil {
-		return err
-	}
-	return consumeAdapter(ctx, cfg, m, w, "dynamodb")
+	return consumeStore(ctx, cfg, m, store, "dynamodb", dedup.WithBatchCompletion(cfg.BatchWait))
 }
 
 // openDynamoDBStore returns a store on a fresh table of DynamoDB Local, whose
@@ -254,6 +242,16 @@ func openDynamoDBStore(ctx context.Context, cfg config, m *meter) (*dedup.Dynamo
 		return nil, nil, err
 	}
 	return store, drop, nil
+}
+
+// consumeStore wraps the no-op handler over store and consumes through
+// kafkadedup.Consumer as row name until ctx is done.
+func consumeStore(ctx context.Context, cfg config, m *meter, store dedup.Store, name string, extra ...dedup.Opt) error {
+	w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts(name, m, extra...)...)
+	if err != nil {
+		return err
+	}
+	return consumeAdapter(ctx, cfg, m, w, name)
 }
 
 // consumeAdapter consumes through kafkadedup.Consumer until ctx is done.
