@@ -134,6 +134,9 @@ type pendingResult struct {
 func (b *batch[M]) run(ctx context.Context) error {
 	for from := 0; from < len(b.ds); {
 		if b.stopping(ctx) {
+			if from > 0 {
+				b.r.abandon(ctx, from) // gives back a claim set aside for the next segment
+			}
 			return nil
 		}
 		to, err := b.r.open(ctx, from)

@@ -121,6 +121,9 @@ func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
 				p.res, p.err = w.process(ctx, d)
 				return p
 			}
+			// It never ran: give the claim back, so that its next claim
+			// does not count a worker's death.
+			_ = w.store.Release(ctx, d.key, c.Record.Owner)
 			p.res, p.err = Result{Key: d.key}, err
 			return p
 		}

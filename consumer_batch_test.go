@@ -326,6 +326,39 @@ func TestCallStop(t *testing.T) {
 	}
 }
 
+// A key taken over from a dead worker is set aside for a segment of its
+// own; when the transport stops the batch before that segment, its claim is
+// given back, not left held until its lease runs out (and counted as one
+// more death of a worker at its next claim).
+func TestCallStopGivesBackATakeover(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	stop := make(chan struct{})
+	var ran []string
+	w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+		ran = append(ran, e.ID)
+		if e.ID == "s1" {
+			close(stop) // the transport shuts down while the first event runs
+		}
+		return nil
+	}, fastOpts(t, dedup.NewMemorySink(), dedup.WithLease(time.Minute))...)
+	require.NoError(t, err)
+	// t2's worker died: its claim, with a lease already over, is
+	// PROCESSING.
+	key := dedup.Key{Scope: w.Scope(), EventID: "t2"}
+	fp, err := dedup.SHA256Fingerprint()([]byte("x"))
+	require.NoError(t, err)
+	_, err = store.Claim(context.Background(), dedup.ClaimRequest{Key: key, Fingerprint: fp, Lease: time.Nanosecond, TTL: time.Hour})
+	require.NoError(t, err)
+
+	batch := []event{{ID: "s1", Body: "x"}, {ID: "t2", Body: "x"}, {ID: "s3", Body: "x"}}
+	require.NoError(t, w.HandleBatch(context.Background(), batch, func(int, dedup.Result, error) bool { return true }, dedup.CallStop(stop)))
+	require.Equal(t, []string{"s1"}, ran)
+	res, err := w.Handle(context.Background(), batch[1])
+	require.NoError(t, err)
+	require.Equal(t, dedup.OutcomeProcessed, res.Outcome, "t2's claim was left held")
+	require.Equal(t, 2, res.Attempts, "the claim given back counts no attempt")
+}
+
 // itemFlaky answers its first CompleteBatch with a transport error for every
 // other completion, which it does not write, as a store sending one request
 // per completion does when some of them fail.
