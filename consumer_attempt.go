@@ -16,7 +16,8 @@ import (
 // claiming has one implementation: a store claim with a lease
 // (storeAttempt), a transaction of its own (the transactional inbox's
 // txAttempt), a place in a batch's shared transaction (inboxChunk's
-// chunkAttempt). [Wrapper.settle] is the one routine around them that
+// chunkAttempt), and a handler's verdict already known, settled on the
+// store path (verdictAttempt). [Wrapper.settle] is the one routine around them that
 // decides what an attempt's outcome is and in which order it is made
 // durable; it never asks which kind it holds.
 type attempt[M any] interface {

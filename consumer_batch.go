@@ -76,7 +76,7 @@ type batchRunner[M any] interface {
 	// settle settles delivery i of the open segment, one the segment claims.
 	// An error matching errRedo says that the segment's results are
 	// discarded and the segment opened again from its beginning; the runner
-	// marked what must run apart.
+	// noted what the next run of the segment must do differently.
 	settle(ctx context.Context, i int) pendingResult
 	// settled is told of each result of the segment, in order; it returns
 	// false when yield asked to stop.

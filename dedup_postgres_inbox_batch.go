@@ -22,7 +22,7 @@ const maxTxEvents = 64
 // savepoint is taken: the uncommitted rows are the events' leases.
 //
 // A failed handler's verdict stands: it does not run again within the
-// batch. When it wrote nothing, its failure is recorded in the segment's
+// batch. When it made no statement, its failure is recorded in the segment's
 // transaction; when it wrote, the segment is rolled back and run again
 // up to it (the handlers that succeeded before it run again, their first
 // run's writes gone) with its verdict in place of its handler. An event to be

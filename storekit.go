@@ -168,15 +168,16 @@ type Completion struct {
 }
 
 // BatchCompleter is implemented by a [Store] that can complete several
-// records in one write. A [Wrapper] made with [WithBatchCompletion] uses it
-// in HandleBatch.
+// records in one write. A [Wrapper] uses it in HandleBatch and
+// HandleConcurrent, as [WithBatchCompletion] says.
 type BatchCompleter interface {
 	// CompleteBatch does what Complete does for each completion, fenced on
 	// each one's owner. It returns one error per completion, nil when the
 	// record was completed and matching ErrLeaseLost when its owner no
 	// longer held it. A non-nil second result means the write failed: none
 	// of the completions may be taken as done. Any invalid key fails the
-	// whole batch before anything is written.
+	// whole batch before anything is written. CompleteBatch must not keep
+	// cs: the wrapper reuses it.
 	CompleteBatch(ctx context.Context, cs []Completion) ([]error, error)
 }
 
