@@ -280,7 +280,7 @@ func (w *Wrapper[M]) retryHeld(ctx context.Context, bound time.Duration, write f
 // whether an earlier try may have been applied. Each failed try is recorded
 // in health, unless it is nil.
 func retryHeld(ctx context.Context, logger *slog.Logger, health *outage.Tracker, bound time.Duration, write func(ctx context.Context, retried bool) error) error {
-	deadline := time.Now().Add(bound)
+	var deadline time.Time // from the first failure: a write that succeeds reads no clock
 	wait := settleRetryMin
 	for tries := 1; ; tries++ {
 		err := write(ctx, tries > 1)
@@ -289,7 +289,11 @@ func retryHeld(ctx context.Context, logger *slog.Logger, health *outage.Tracker,
 			return nil
 		case errors.Is(err, ErrLeaseLost) || isUnrepeatable(err):
 			return err
-		case ctx.Err() != nil || time.Now().Add(wait).After(deadline):
+		}
+		if tries == 1 {
+			deadline = time.Now().Add(bound)
+		}
+		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return err
 		}
 		if health != nil {
