@@ -32,6 +32,20 @@
 // The rule is the same whatever the store, the runner (claims up front, the
 // inbox's shared transactions, one transaction per event) or the call.
 //
+// # When the store is down
+//
+// A handler that succeeded has had its effect; what remains is to record
+// it. The wrapper keeps trying that completion, fenced on the claim's owner
+// token, past the claim's lease, for as long as the delivery's context
+// lives and up to ten leases: while nobody has taken the claim over, the
+// owner's write is still the right one, and a store refuses it once
+// somebody has. A transport must therefore cancel the context it passes
+// once it may give the message to another consumer (the Kafka adapter when
+// a partition is revoked, the SQS adapter at shutdown). Failed tries count
+// toward the outage [Wrapper.Health] reports. When the wrapper gives up, it
+// logs at ERROR that the effect may run again and counts
+// dedup.outcomes_unrecorded ([WithMeterProvider]).
+//
 // # Writing a store
 //
 // A new backend implements [Store] (and, to complete a batch in one write,
