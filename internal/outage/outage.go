@@ -128,9 +128,13 @@ func (t *Tracker) Health() error {
 	return t.errLocked()
 }
 
-func (t *Tracker) errLocked() error {
-	return fmt.Errorf("%w for %v (since %s): %w", t.sentinel, t.Now().Sub(t.since).Round(time.Millisecond),
-		t.since.UTC().Format(time.RFC3339), t.lastErr)
+func (t *Tracker) errLocked() error { return outageError(t.sentinel, t.since, t.Now(), t.lastErr) }
+
+// outageError says that failures have run since since, up to now, wrapping
+// sentinel and the latest failure, last.
+func outageError(sentinel error, since, now time.Time, last error) error {
+	return fmt.Errorf("%w for %v (since %s): %w", sentinel, now.Sub(since).Round(time.Millisecond),
+		since.UTC().Format(time.RFC3339), last)
 }
 
 // Failed returns the level at which a transport adapter logs a delivery it
@@ -140,9 +144,8 @@ func (t *Tracker) errLocked() error {
 // and s are the wrapper's Health and Stats.
 func Failed(health error, s Snapshot, maxOutage time.Duration, sentinel error) (slog.Level, error) {
 	var stop error
-	if failingFor := time.Since(s.FailingSince); maxOutage > 0 && !s.FailingSince.IsZero() && failingFor > maxOutage {
-		stop = fmt.Errorf("%w for %v (since %s): %w; stopping after more than %v", sentinel, failingFor.Round(time.Millisecond),
-			s.FailingSince.UTC().Format(time.RFC3339), s.LastError, maxOutage)
+	if now := time.Now(); maxOutage > 0 && !s.FailingSince.IsZero() && now.Sub(s.FailingSince) > maxOutage {
+		stop = fmt.Errorf("%w; stopping after more than %v", outageError(sentinel, s.FailingSince, now, s.LastError), maxOutage)
 	}
 	if health != nil {
 		return slog.LevelDebug, stop
