@@ -77,31 +77,31 @@ func handleInbox(t *testing.T, w *dedup.Wrapper[event], batch []event) []dedup.O
 	return outcomes
 }
 
-// A batch of the transactional inbox runs in one transaction per 64 events:
-// 100 events, two commits, every effect and record there once.
+// A batch of the transactional inbox runs in one transaction per 256 events:
+// 300 events, two commits, every effect and record there once.
 func TestInboxBatchSharesATransaction(t *testing.T) {
 	store, pool, counter := countedStore(t)
 	w, ledger := ledgerInbox(t, store, pool)
-	batch := batchOf("b-", 100)
+	batch := batchOf("b-", 300)
 	batch = append(batch, batch[7]) // a redelivery within the batch
 	counter.commits.Store(0)
 	outcomes := handleInbox(t, w, batch)
-	require.Len(t, outcomes, 101)
-	for i, o := range outcomes[:100] {
+	require.Len(t, outcomes, 301)
+	for i, o := range outcomes[:300] {
 		require.Equal(t, dedup.OutcomeProcessed, o, "event %d", i)
 	}
-	require.Equal(t, dedup.OutcomeDuplicate, outcomes[100])
-	require.EqualValues(t, 2, counter.commits.Load(), "one commit per 64 events")
+	require.Equal(t, dedup.OutcomeDuplicate, outcomes[300])
+	require.EqualValues(t, 2, counter.commits.Load(), "one commit per 256 events")
 	var effects int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ledger).Scan(&effects))
-	require.Equal(t, 100, effects)
+	require.Equal(t, 300, effects)
 
 	// Delivered again: duplicates, nothing written.
 	for _, o := range handleInbox(t, w, batch) {
 		require.Equal(t, dedup.OutcomeDuplicate, o)
 	}
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ledger).Scan(&effects))
-	require.Equal(t, 100, effects)
+	require.Equal(t, 300, effects)
 }
 
 // A handler that fails (before writing, after an Exec or a QueryRow),
