@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,7 +39,7 @@ func TestSmoke(t *testing.T) {
 			FetchPartitionBytes: 128 << 10,
 		},
 		n: 400, smallN: 50, dup: 0.2,
-		only: []string{"none", "batched", "redis-batched", "floor", "dynamodb", "sqs"},
+		only: []string{"none", "batched", "redis-batched", "floor", "dynamodb", "dynamodb-floor", "sqs", "sqs-none"},
 	}
 	out := filepath.Join(t.TempDir(), "results.json")
 	if err := p.run(t.Context(), out, false); err != nil {
@@ -62,6 +63,15 @@ func TestSmoke(t *testing.T) {
 	for _, name := range p.only {
 		if seen[name] == 0 {
 			t.Errorf("row %s missing from the results", name)
+		}
+	}
+	// Each row is measured against its own floor, which is 1x itself.
+	for _, r := range rep.Results {
+		if r.Row == floorOf(r.Row) && math.Abs(r.RatioToFloor-1) > 1e-9 {
+			t.Errorf("floor row %s (N=%d) has ratio %v to itself", r.Row, r.Records, r.RatioToFloor)
+		}
+		if r.RatioToFloor <= 0 {
+			t.Errorf("row %s (N=%d) has no ratio to %s", r.Row, r.Records, floorOf(r.Row))
 		}
 	}
 }

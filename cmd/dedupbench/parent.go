@@ -265,26 +265,44 @@ func (p *plan) runJob(ctx context.Context, self string, j job) (result, error) {
 	return res, nil
 }
 
-// fillRatios sets each row's ratio to the floor at the same N, or to the
-// floor at the largest N when there is none at its own.
+// fillRatios sets each row's ratio to its floor (see floorOf) at the same
+// N, or to that floor at its largest N when there is none at its own.
 func fillRatios(rs []result) {
-	floors := map[int]float64{}
-	best := 0
+	floors := map[string]map[int]float64{}
+	best := map[string]int{}
 	for _, r := range rs {
-		if r.Row == "floor" && r.EventsPerSec > 0 {
-			floors[r.Records] = r.EventsPerSec
-			best = max(best, r.Records)
+		if r.Row == floorOf(r.Row) && r.EventsPerSec > 0 {
+			if floors[r.Row] == nil {
+				floors[r.Row] = map[int]float64{}
+			}
+			floors[r.Row][r.Records] = r.EventsPerSec
+			best[r.Row] = max(best[r.Row], r.Records)
 		}
 	}
 	for i := range rs {
-		f, ok := floors[rs[i].Records]
+		floor := floorOf(rs[i].Row)
+		f, ok := floors[floor][rs[i].Records]
 		if !ok {
-			f = floors[best]
+			f = floors[floor][best[floor]]
 		}
 		if f > 0 {
 			rs[i].RatioToFloor = rs[i].EventsPerSec / f
 		}
 	}
+}
+
+// floorOf names the row a row is measured against: the least its store or
+// queue can do with the same events. SQS rows are measured against
+// receiving and deleting with no dedup, DynamoDB rows against a bare
+// conditional write, the rest against PostgreSQL's bare insert.
+func floorOf(row string) string {
+	switch {
+	case strings.HasPrefix(row, "sqs"):
+		return "sqs-none"
+	case strings.HasPrefix(row, "dynamodb"):
+		return "dynamodb-floor"
+	}
+	return "floor"
 }
 
 // produce writes n records to topic: p.unique(n) events, then re-sends of

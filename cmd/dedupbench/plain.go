@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupkit/dedup"
@@ -148,3 +152,60 @@ func runFloor(ctx context.Context, cfg config, m *meter) error {
 	}
 	return err
 }
+
+// runDynamoDBFloor is the least DynamoDB can do with the same event IDs
+// through the same client: one conditional PutItem per record, which fails
+// when the ID is there, 16 at once per partition batch as the store's
+// ClaimBatch sends them; nothing else.
+func runDynamoDBFloor(ctx context.Context, cfg config, m *meter) error {
+	client, table, drop, err := openDynamoDB(ctx, cfg, m)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	id := kafkadedup.Messages().EventID
+	var failed error
+	var once sync.Once
+	err = consumePlain(ctx, cfg, m, "dedupbench-dynamodb-floor", func(ctx context.Context, recs []*kgo.Record) {
+		var wg sync.WaitGroup
+		slots := make(chan struct{}, dynamoDBConcurrency)
+		for _, r := range recs {
+			eventID, _ := id(r)
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				for ctx.Err() == nil {
+					t := now()
+					_, err := client.PutItem(ctx, &dynamodb.PutItemInput{
+						TableName:                aws.String(table),
+						Item:                     map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "dedupbench/dynamodb-floor\x00" + eventID}},
+						ConditionExpression:      aws.String("attribute_not_exists(#pk)"),
+						ExpressionAttributeNames: map[string]string{"#pk": "pk"},
+					})
+					var exists *types.ConditionalCheckFailedException
+					switch {
+					case err == nil:
+						m.settle(dedup.OutcomeProcessed, 1)
+					case errors.As(err, &exists):
+						m.settle(dedup.OutcomeDuplicate, 1)
+					default:
+						once.Do(func() { failed = err })
+						time.Sleep(10 * time.Millisecond)
+						continue
+					}
+					m.lat.record(time.Duration(now() - t))
+					return
+				}
+			})
+		}
+		wg.Wait()
+	})
+	if err == nil {
+		err = failed
+	}
+	return err
+}
+
+// dynamoDBConcurrency is how many requests the DynamoDB store sends at once
+// for one batch.
+const dynamoDBConcurrency = 16

@@ -44,6 +44,7 @@ var rows = []*row{
 	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
 	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
+	{name: "dynamodb-floor", title: "DynamoDB Local floor: conditional PutItem, 16 at once", small: true, run: runDynamoDBFloor},
 	{name: "sqs-none", title: "SQS (fauxqs): receive and delete, no dedup", small: true, sqs: true, run: runSQSNone},
 	{name: "sqs", title: "SQS (fauxqs): a receive claimed and completed together, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
 	{name: "sqs-dynamodb", title: "SQS (fauxqs): a receive claimed and completed together, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
@@ -219,6 +220,21 @@ func runDynamoDB(ctx context.Context, cfg config, m *meter) error {
 // openDynamoDBStore returns a store on a fresh table of DynamoDB Local, whose
 // requests m counts, and a function that deletes the table.
 func openDynamoDBStore(ctx context.Context, cfg config, m *meter) (*dedup.DynamoDBStore, func(), error) {
+	client, table, drop, err := openDynamoDB(ctx, cfg, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	return store, drop, nil
+}
+
+// openDynamoDB returns a client of DynamoDB Local, whose requests m counts,
+// and a fresh table of the store's layout, with a function that deletes it.
+func openDynamoDB(ctx context.Context, cfg config, m *meter) (*dynamodb.Client, string, func(), error) {
 	client := dynamodb.New(dynamodb.Options{
 		BaseEndpoint:                    aws.String(cfg.DynamoDB),
 		Region:                          "us-east-1",
@@ -231,17 +247,12 @@ func openDynamoDBStore(ctx context.Context, cfg config, m *meter) (*dedup.Dynamo
 	})
 	table := "dedupbench-" + dedup.NewOwnerToken()[:12]
 	if err := dedup.CreateDynamoDBTable(ctx, client, dedup.WithTable(table)); err != nil {
-		return nil, nil, fmt.Errorf("%w (run `make services`)", err)
+		return nil, "", nil, fmt.Errorf("%w (run `make services`)", err)
 	}
 	drop := func() {
 		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
 	}
-	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
-	if err != nil {
-		drop()
-		return nil, nil, err
-	}
-	return store, drop, nil
+	return client, table, drop, nil
 }
 
 // consumeStore wraps the no-op handler over store and consumes through
