@@ -27,8 +27,7 @@ import (
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
 	call := callOptions(opts)
 	ds, first := w.prepareBatch(ctx, msgs, &call)
-	results := make([]pendingResult, 2*len(msgs))
-	b := &batch[M]{w: w, ds: ds, first: first, outcomes: results[:len(msgs)], pending: results[len(msgs):len(msgs)], yield: yield, stop: call.stop}
+	b := &batch[M]{w: w, ds: ds, first: first, outcomes: make([]pendingResult, len(msgs)), pending: make([]int, 0, len(msgs)), yield: yield, stop: call.stop}
 	if w.tel != nil {
 		defer b.endSpans()
 	}
@@ -117,8 +116,9 @@ type batch[M any] struct {
 	outcomes []pendingResult
 	yield    func(i int, res Result, err error) bool
 	stop     <-chan struct{} // CallStop's; nil: none
-	// pending are the results not yet given to yield, in order.
-	pending []pendingResult
+	// pending are the deliveries whose outcomes are not yet given to
+	// yield, in order.
+	pending []int
 }
 
 type pendingResult struct {
@@ -161,7 +161,7 @@ func (b *batch[M]) run(ctx context.Context) error {
 				break
 			}
 			b.outcomes[i] = p
-			b.pending = append(b.pending, p)
+			b.pending = append(b.pending, i)
 			if !b.r.settled(ctx, p) {
 				b.r.abandon(ctx, i+1)
 				return nil
@@ -313,7 +313,8 @@ func (b *batch[M]) give(ctx context.Context, errs []error) bool {
 			w.health.Stamp()
 		}
 	}()
-	for _, p := range pending {
+	for _, i := range pending {
+		p := b.outcomes[i]
 		if p.comp >= 0 {
 			if cerr := errs[p.comp]; cerr != nil {
 				p.res.Outcome = 0

@@ -662,32 +662,32 @@ func (r *pgRecord) decode(key Key) (Record, error) {
 	if rec.Attempts < 0 {
 		problems = append(problems, fmt.Sprintf("attempts %d", rec.Attempts))
 	}
-	for _, c := range []struct {
-		name     string
-		src      pgtype.Timestamptz
-		dst      *time.Time
-		required bool
-	}{
-		{"lease_until", r.leaseUntil, &rec.LeaseUntil, true},
-		{"created_at", r.createdAt, &rec.CreatedAt, true},
-		{"updated_at", r.updatedAt, &rec.UpdatedAt, true},
-		{"expires_at", r.expiresAt, &rec.ExpiresAt, true},
-		{"first_failure", r.firstFailure, &rec.FirstFailure, false},
-		{"last_failure", r.lastFailure, &rec.LastFailure, false},
-	} {
-		switch {
-		case !c.src.Valid && c.required:
-			problems = append(problems, c.name+" is NULL")
-		case c.src.Valid && c.src.InfinityModifier != pgtype.Finite:
-			problems = append(problems, c.name+" is infinite")
-		case c.src.Valid:
-			*c.dst = c.src.Time
-		}
-	}
+	// Each time is read by a call rather than through a pointer into rec,
+	// which would move rec to the heap: one allocation per record read.
+	rec.LeaseUntil = pgTime("lease_until", r.leaseUntil, true, &problems)
+	rec.CreatedAt = pgTime("created_at", r.createdAt, true, &problems)
+	rec.UpdatedAt = pgTime("updated_at", r.updatedAt, true, &problems)
+	rec.ExpiresAt = pgTime("expires_at", r.expiresAt, true, &problems)
+	rec.FirstFailure = pgTime("first_failure", r.firstFailure, false, &problems)
+	rec.LastFailure = pgTime("last_failure", r.lastFailure, false, &problems)
 	if problems != nil {
 		return Record{}, fmt.Errorf("%w: %s", ErrMalformedRecord, strings.Join(problems, ", "))
 	}
 	return rec, nil
+}
+
+// pgTime returns column name's time, the zero time when it is NULL and
+// not required; it adds what is wrong with it to problems.
+func pgTime(name string, src pgtype.Timestamptz, required bool, problems *[]string) time.Time {
+	switch {
+	case !src.Valid && required:
+		*problems = append(*problems, name+" is NULL")
+	case src.Valid && src.InfinityModifier != pgtype.Finite:
+		*problems = append(*problems, name+" is infinite")
+	case src.Valid:
+		return src.Time
+	}
+	return time.Time{}
 }
 
 var (

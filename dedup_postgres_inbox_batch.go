@@ -142,11 +142,9 @@ func (r *inboxChunk[M]) settleLater(ctx context.Context) {
 		p.res, p.err = w.settle(ctx, &b.ds[i], c, att, nil)
 		b.outcomes[i] = p
 	}
-	for k, p := range b.pending {
-		if slices.Contains(r.later, p.i) {
-			b.pending[k] = b.outcomes[p.i]
-		} else if !b.claims(p.i) && b.ds[p.i].bad == "" {
-			b.pending[k] = b.copyOf(p.i)
+	for _, i := range b.pending {
+		if !slices.Contains(r.later, i) && !b.claims(i) && b.ds[i].bad == "" {
+			b.outcomes[i] = b.copyOf(i)
 		}
 	}
 }
