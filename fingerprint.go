@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -67,13 +67,14 @@ func JSONFingerprint(version string, fields ...string) FingerprintFunc {
 			}
 			doc = picked
 		}
-		h := sha256.New()
-		io.WriteString(h, version)
-		h.Write([]byte{0})
-		if err := writeCanonical(h, doc); err != nil {
+		buf := make([]byte, 0, len(version)+1+len(payload))
+		buf = append(append(buf, version...), 0)
+		buf, err := appendCanonical(buf, doc)
+		if err != nil {
 			return "", err
 		}
-		return hex.EncodeToString(h.Sum(nil)), nil
+		sum := sha256.Sum256(buf)
+		return hex.EncodeToString(sum[:]), nil
 	}
 }
 
@@ -88,62 +89,70 @@ const (
 	maxNumberExponent = 400
 )
 
-// writeCanonical writes v as JSON with object keys sorted and no whitespace.
-// Numbers are written as exact rationals, so 1, 1.0 and 1e0 are equal while
-// integers beyond float64 precision stay distinct. A number out of bounds is
-// an error matching ErrInvalidPayload.
-func writeCanonical(w io.Writer, v any) error {
+// appendCanonical appends v as JSON with object keys sorted and no
+// whitespace. Numbers are written as exact rationals, so 1, 1.0 and 1e0 are
+// equal while integers beyond float64 precision stay distinct. A number out
+// of bounds is an error matching ErrInvalidPayload.
+func appendCanonical(buf []byte, v any) ([]byte, error) {
+	var err error
 	switch v := v.(type) {
 	case map[string]any:
 		keys := make([]string, 0, len(v))
 		for k := range v {
 			keys = append(keys, k)
 		}
-		sort.Strings(keys)
-		io.WriteString(w, "{")
+		slices.Sort(keys)
+		buf = append(buf, '{')
 		for i, k := range keys {
 			if i > 0 {
-				io.WriteString(w, ",")
+				buf = append(buf, ',')
 			}
-			writeString(w, k)
-			io.WriteString(w, ":")
-			if err := writeCanonical(w, v[k]); err != nil {
-				return err
+			buf = append(appendString(buf, k), ':')
+			if buf, err = appendCanonical(buf, v[k]); err != nil {
+				return nil, err
 			}
 		}
-		io.WriteString(w, "}")
+		buf = append(buf, '}')
 	case []any:
-		io.WriteString(w, "[")
+		buf = append(buf, '[')
 		for i, e := range v {
 			if i > 0 {
-				io.WriteString(w, ",")
+				buf = append(buf, ',')
 			}
-			if err := writeCanonical(w, e); err != nil {
-				return err
+			if buf, err = appendCanonical(buf, e); err != nil {
+				return nil, err
 			}
 		}
-		io.WriteString(w, "]")
+		buf = append(buf, ']')
 	case string:
-		writeString(w, v)
+		buf = appendString(buf, v)
 	case json.Number:
-		if err := checkNumber(v.String()); err != nil {
-			return err
-		}
-		r, ok := new(big.Rat).SetString(v.String())
-		if !ok {
-			return fmt.Errorf("%w: number %q", ErrInvalidPayload, v)
-		}
-		io.WriteString(w, r.RatString())
+		return appendNumber(buf, v.String())
 	case bool:
-		if v {
-			io.WriteString(w, "true")
-		} else {
-			io.WriteString(w, "false")
-		}
+		buf = strconv.AppendBool(buf, v)
 	default: // nil
-		io.WriteString(w, "null")
+		buf = append(buf, "null"...)
 	}
-	return nil
+	return buf, nil
+}
+
+// appendNumber appends num, a JSON number literal, as an exact rational in
+// lowest terms. An integer of up to 18 digits is that already, -0 aside.
+func appendNumber(buf []byte, num string) ([]byte, error) {
+	if digits := strings.TrimPrefix(num, "-"); len(digits) <= 18 && strings.Trim(digits, "0123456789") == "" {
+		if digits == "0" {
+			return append(buf, '0'), nil
+		}
+		return append(buf, num...), nil
+	}
+	if err := checkNumber(num); err != nil {
+		return nil, err
+	}
+	r, ok := new(big.Rat).SetString(num)
+	if !ok {
+		return nil, fmt.Errorf("%w: number %q", ErrInvalidPayload, num)
+	}
+	return append(buf, r.RatString()...), nil
 }
 
 // checkNumber refuses a JSON number literal with more than maxNumberDigits
@@ -159,7 +168,17 @@ func checkNumber(num string) error {
 	return nil
 }
 
-func writeString(w io.Writer, s string) {
-	b, _ := json.Marshal(s) // marshalling a string cannot fail
-	w.Write(b)
+// appendString appends s as encoding/json writes it: quoted, with HTML
+// characters, control characters and invalid UTF-8 escaped. Most strings
+// need none of that and are copied as they are.
+func appendString(buf []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s) // marshalling a string cannot fail
+			return append(buf, b...)
+		}
+	}
+	buf = append(buf, '"')
+	buf = append(buf, s...)
+	return append(buf, '"')
 }

@@ -2,7 +2,12 @@ package dedup_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"maps"
+	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +67,11 @@ func TestJSONFingerprintUnchanged(t *testing.T) {
 		`{"n": 1e400, "m": -1e-400}`:                                    "3cfea80ae792fa1299b77cd419f5666d3a61ced953b77eb51b5c67c8903d2935",
 		`[1e2, 1E-2, -3.25e+10, 18017000000000001, 5e-324, ` +
 			`1.7976931348623157e308, 0.1, 123456789012345678901234567890]`: "6be86b314506bae155fb80dc19306c3d51f223dfc9b8a4bd257c7019057181b7",
+		// Escapes, HTML characters, repeated keys, -0 and integers either
+		// side of 18 digits, invalid UTF-8.
+		`{"s": "a<b>&c \"q\" \\ \u00e9 \u2028 tab\t", "k\u0001": [-0, 0, -12, 123456789012345678, 1234567890123456789, ` +
+			`-9223372036854775808], "dup": 1, "dup": 2, "é": "\ud83d\ude00"}`: "d88a48ba508eb79055cb4fa73637747215344985d9d1324879592bb9bc36dd0c",
+		"{\"bad\": \"\xff\xfe\", \"ok\": \"plain ascii ~!@#$%^*()\"}": "6e4f02d05634b535091400171c96c99850b81b261a60b14d17926863fe19389c",
 	} {
 		got, err := dedup.JSONFingerprint("v1")([]byte(doc))
 		require.NoError(t, err)
@@ -111,6 +121,9 @@ func FuzzJSONFingerprint(f *testing.F) {
 		if err != nil {
 			return
 		}
+		if ref := referenceFingerprint(t, "v1", doc); ref != want {
+			t.Fatalf("fingerprint of %q is %s, the reference encoding's %s", doc, want, ref)
+		}
 		var v any
 		dec := json.NewDecoder(bytes.NewReader([]byte(doc)))
 		dec.UseNumber() // keep numbers exact, as the fingerprint does
@@ -155,4 +168,56 @@ func FuzzKeyValidate(f *testing.F) {
 			}
 		}
 	})
+}
+
+// referenceFingerprint is JSONFingerprint as first written, through
+// encoding/json and math/big alone: the fingerprints of stored keys, which
+// the faster encoding must reproduce byte for byte.
+func referenceFingerprint(t *testing.T, version, doc string) string {
+	dec := json.NewDecoder(strings.NewReader(doc))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	var write func(v any)
+	var buf bytes.Buffer
+	write = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			keys := slices.Sorted(maps.Keys(v))
+			buf.WriteByte('{')
+			for i, k := range keys {
+				if i > 0 {
+					buf.WriteByte(',')
+				}
+				b, _ := json.Marshal(k)
+				buf.Write(b)
+				buf.WriteByte(':')
+				write(v[k])
+			}
+			buf.WriteByte('}')
+		case []any:
+			buf.WriteByte('[')
+			for i, e := range v {
+				if i > 0 {
+					buf.WriteByte(',')
+				}
+				write(e)
+			}
+			buf.WriteByte(']')
+		case json.Number:
+			r, ok := new(big.Rat).SetString(v.String())
+			if !ok {
+				t.Fatalf("number %q", v)
+			}
+			buf.WriteString(r.RatString())
+		default: // strings, booleans, null
+			b, _ := json.Marshal(v)
+			buf.Write(b)
+		}
+	}
+	write(v)
+	sum := sha256.Sum256(append([]byte(version+"\x00"), buf.Bytes()...))
+	return hex.EncodeToString(sum[:])
 }

@@ -59,16 +59,16 @@ func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem)
 	} else {
 		bodyFP, _ = dedup.SHA256Fingerprint()(body) // never fails
 	}
-	h := sha256.New()
+	var buf [256]byte
+	parts := buf[:0]
 	for _, part := range []string{"idemhttp/1", c.policy, r.Method, c.route(r), kind, bodyFP} {
-		io.WriteString(h, part)
-		h.Write([]byte{0})
+		parts = append(append(parts, part...), 0)
 	}
 	if r.URL.RawQuery != "" {
-		io.WriteString(h, "?"+canonicalQuery(r.URL.RawQuery))
-		h.Write([]byte{0})
+		parts = append(append(append(parts, '?'), canonicalQuery(r.URL.RawQuery)...), 0)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	sum := sha256.Sum256(parts)
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // canonicalQuery returns raw with its parameters sorted by name and encoded
