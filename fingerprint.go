@@ -45,37 +45,45 @@ func sha256Fingerprint(payload []byte) (string, error) {
 func JSONFingerprint(version string, fields ...string) FingerprintFunc {
 	fields = append([]string(nil), fields...)
 	return func(payload []byte) (string, error) {
-		dec := json.NewDecoder(bytes.NewReader(payload))
-		dec.UseNumber()
-		var doc any
-		if err := dec.Decode(&doc); err != nil {
-			return "", fmt.Errorf("%w: %v", ErrInvalidPayload, err)
-		}
-		if _, err := dec.Token(); err != io.EOF {
-			return "", fmt.Errorf("%w: trailing data after the JSON value", ErrInvalidPayload)
-		}
-		if len(fields) > 0 {
-			obj, ok := doc.(map[string]any)
-			if !ok {
-				return "", fmt.Errorf("%w: payload is not a JSON object", ErrInvalidPayload)
-			}
-			picked := make(map[string]any, len(fields))
-			for _, f := range fields {
-				if v, ok := obj[f]; ok {
-					picked[f] = v
-				}
-			}
-			doc = picked
-		}
 		buf := make([]byte, 0, len(version)+1+len(payload))
 		buf = append(append(buf, version...), 0)
-		buf, err := appendCanonical(buf, doc)
+		out, err := appendCanonicalJSON(buf, payload, fields)
 		if err != nil {
-			return "", err
+			if out, err = decodeCanonical(buf, payload, fields); err != nil {
+				return "", err
+			}
 		}
-		sum := sha256.Sum256(buf)
+		sum := sha256.Sum256(out)
 		return hex.EncodeToString(sum[:]), nil
 	}
+}
+
+// decodeCanonical is appendCanonicalJSON through encoding/json: the
+// documents the fast path leaves to it are accepted or refused here.
+func decodeCanonical(buf, payload []byte, fields []string) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidPayload, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: trailing data after the JSON value", ErrInvalidPayload)
+	}
+	if len(fields) > 0 {
+		obj, ok := doc.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("%w: payload is not a JSON object", ErrInvalidPayload)
+		}
+		picked := make(map[string]any, len(fields))
+		for _, f := range fields {
+			if v, ok := obj[f]; ok {
+				picked[f] = v
+			}
+		}
+		doc = picked
+	}
+	return appendCanonical(buf, doc)
 }
 
 // Bounds of the numbers a JSON fingerprint accepts. Each number is made an
@@ -127,7 +135,7 @@ func appendCanonical(buf []byte, v any) ([]byte, error) {
 	case string:
 		buf = appendString(buf, v)
 	case json.Number:
-		return appendNumber(buf, v.String())
+		return appendNumber(buf, []byte(v))
 	case bool:
 		buf = strconv.AppendBool(buf, v)
 	default: // nil
@@ -138,17 +146,22 @@ func appendCanonical(buf []byte, v any) ([]byte, error) {
 
 // appendNumber appends num, a JSON number literal, as an exact rational in
 // lowest terms. An integer of up to 18 digits is that already, -0 aside.
-func appendNumber(buf []byte, num string) ([]byte, error) {
-	if digits := strings.TrimPrefix(num, "-"); len(digits) <= 18 && strings.Trim(digits, "0123456789") == "" {
-		if digits == "0" {
-			return append(buf, '0'), nil
-		}
+func appendNumber(buf, num []byte) ([]byte, error) {
+	digits := bytes.TrimPrefix(num, []byte("-"))
+	integer := len(digits) > 0 && len(digits) <= 18
+	for i := 0; integer && i < len(digits); i++ {
+		integer = digits[i] >= '0' && digits[i] <= '9'
+	}
+	switch {
+	case integer && string(digits) == "0":
+		return append(buf, '0'), nil
+	case integer:
 		return append(buf, num...), nil
 	}
-	if err := checkNumber(num); err != nil {
+	if err := checkNumber(string(num)); err != nil {
 		return nil, err
 	}
-	r, ok := new(big.Rat).SetString(num)
+	r, ok := new(big.Rat).SetString(string(num))
 	if !ok {
 		return nil, fmt.Errorf("%w: number %q", ErrInvalidPayload, num)
 	}

@@ -115,7 +115,9 @@ func FuzzJSONFingerprint(f *testing.F) {
 	f.Add(`{"amount": 10, "account": "A-1"}`)
 	f.Add(`[]`)
 	f.Add(`{"a":1e999999999}`)
-	fp := dedup.JSONFingerprint("v1")
+	f.Add(`{"b": "x<y", "a": [1.50, -0, "\u00e9"], "a": {"z": true, "y": null}, "c": 1e999999}`)
+	f.Add("{\"a\": \"\xff\", \"\\u0062\": 1} ")
+	fp, fpFields := dedup.JSONFingerprint("v1"), dedup.JSONFingerprint("v1", "a", "b")
 	f.Fuzz(func(t *testing.T, doc string) {
 		want, err := fp([]byte(doc))
 		if err != nil {
@@ -123,6 +125,11 @@ func FuzzJSONFingerprint(f *testing.F) {
 		}
 		if ref := referenceFingerprint(t, "v1", doc); ref != want {
 			t.Fatalf("fingerprint of %q is %s, the reference encoding's %s", doc, want, ref)
+		}
+		if picked, err := fpFields([]byte(doc)); err == nil {
+			if ref := referenceFingerprint(t, "v1", doc, "a", "b"); ref != picked {
+				t.Fatalf("fingerprint of fields a, b of %q is %s, the reference encoding's %s", doc, picked, ref)
+			}
 		}
 		var v any
 		dec := json.NewDecoder(bytes.NewReader([]byte(doc)))
@@ -173,12 +180,25 @@ func FuzzKeyValidate(f *testing.F) {
 // referenceFingerprint is JSONFingerprint as first written, through
 // encoding/json and math/big alone: the fingerprints of stored keys, which
 // the faster encoding must reproduce byte for byte.
-func referenceFingerprint(t *testing.T, version, doc string) string {
+func referenceFingerprint(t *testing.T, version, doc string, fields ...string) string {
 	dec := json.NewDecoder(strings.NewReader(doc))
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		t.Fatal(err)
+		t.Fatalf("fingerprinted a document encoding/json rejects: %q", doc)
+	}
+	if len(fields) > 0 {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			t.Fatalf("fingerprinted fields of %q, which is not an object", doc)
+		}
+		picked := map[string]any{}
+		for _, f := range fields {
+			if fv, ok := obj[f]; ok {
+				picked[f] = fv
+			}
+		}
+		v = picked
 	}
 	var write func(v any)
 	var buf bytes.Buffer
@@ -220,4 +240,32 @@ func referenceFingerprint(t *testing.T, version, doc string) string {
 	write(v)
 	sum := sha256.Sum256(append([]byte(version+"\x00"), buf.Bytes()...))
 	return hex.EncodeToString(sum[:])
+}
+
+// TestJSONFingerprintDeepNesting: a document nested deeper than the fast
+// path follows is fingerprinted as encoding/json reads it, and one deeper
+// than encoding/json reads is an invalid payload.
+func TestJSONFingerprintDeepNesting(t *testing.T) {
+	fp := dedup.JSONFingerprint("v1")
+	for _, depth := range []int{511, 512, 513, 2000} {
+		doc := strings.Repeat(`[{"a":`, depth) + "1" + strings.Repeat("}]", depth)
+		got, err := fp([]byte(doc))
+		require.NoError(t, err, "depth %d", depth)
+		require.Equal(t, referenceFingerprint(t, "v1", doc), got, "depth %d", depth)
+	}
+	_, err := fp([]byte(strings.Repeat("[", 10001) + strings.Repeat("]", 10001)))
+	require.ErrorIs(t, err, dedup.ErrInvalidPayload)
+}
+
+// BenchmarkJSONFingerprint measures the fingerprint of a small order, the
+// cost a JSON request or message pays before its claim.
+func BenchmarkJSONFingerprint(b *testing.B) {
+	fp := dedup.JSONFingerprint("v1")
+	doc := []byte(`{"amount": 4200, "currency": "EUR", "customer": "cus_123", "items": [{"sku": "A-1", "qty": 2}, {"sku": "B-2", "qty": 1}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := fp(doc); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
