@@ -23,6 +23,9 @@ type heartbeat struct {
 	lease   time.Duration
 	timer   *time.Timer
 	stopped bool
+	// endBeat cancels the extension in progress, if any: once the attempt
+	// is over, its outcome's write must not wait for it.
+	endBeat context.CancelFunc
 	running sync.WaitGroup // extensions in progress
 }
 
@@ -45,9 +48,12 @@ func (h *heartbeat) beat() {
 		return
 	}
 	h.running.Add(1)
-	ctx, cancel, key, owner, lease := h.ctx, h.cancel, h.key, h.owner, h.lease
+	ctx, endBeat := context.WithCancel(h.ctx)
+	h.endBeat = endBeat
+	cancel, key, owner, lease := h.cancel, h.key, h.owner, h.lease
 	h.mu.Unlock()
 	defer h.running.Done()
+	defer endBeat()
 
 	err := h.store.Extend(ctx, key, owner, lease)
 	switch {
@@ -64,13 +70,16 @@ func (h *heartbeat) beat() {
 	h.mu.Unlock()
 }
 
-// stop disarms h and waits for an extension in progress, so nothing of the
-// attempt outlives it.
+// stop disarms h, cancels an extension in progress and waits for it, so
+// nothing of the attempt outlives it.
 func (h *heartbeat) stop() {
 	h.mu.Lock()
 	h.stopped = true
 	h.timer.Stop()
-	h.ctx, h.cancel = nil, nil
+	if h.endBeat != nil {
+		h.endBeat()
+	}
+	h.ctx, h.cancel, h.endBeat = nil, nil, nil
 	h.mu.Unlock()
 	h.running.Wait()
 }

@@ -49,12 +49,10 @@ func Hold(store Store, c Claim, lease time.Duration, logger *slog.Logger) (*Held
 // the key over. A panic in fn is returned as a *PanicError.
 func (h *Held) Run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
-	bctx, endBeat := context.WithCancel(context.WithoutCancel(ctx))
 	hb := &heartbeat{store: h.store, logger: h.logger}
-	hb.start(bctx, cancel, h.key, h.owner, h.lease)
+	hb.start(context.WithoutCancel(ctx), cancel, h.key, h.owner, h.lease)
 	defer func() {
-		endBeat() // an extension in progress ends before the settling writes
-		hb.stop()
+		hb.stop() // an extension in progress ends before the settling writes
 		cancel(nil)
 	}()
 	defer capturePanic(&err)

@@ -37,6 +37,9 @@ func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyP
 // isJSON reports whether a Content-Type names JSON (application/json or a
 // +json suffix).
 func isJSON(contentType string) bool {
+	if contentType == "application/json" {
+		return true // the usual case, without parsing (and allocating)
+	}
 	mt, _, err := mime.ParseMediaType(contentType)
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }

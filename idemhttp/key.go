@@ -84,19 +84,27 @@ func parseKeyField(v string) (string, error) {
 // and what follows it.
 func parseString(v string) (value, rest string, err error) {
 	var b strings.Builder
+	escaped := false // the value differs from v[1:i]; b holds it
 	for i := 1; i < len(v); i++ {
 		switch ch := v[i]; {
 		case ch == '\\':
+			if !escaped {
+				escaped = true
+				b.WriteString(v[1:i])
+			}
 			i++
 			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
 				return "", "", errors.New(`a backslash in the string must escape '"' or '\'`)
 			}
 			b.WriteByte(v[i])
 		case ch == '"':
+			if !escaped {
+				return v[1:i], v[i+1:], nil
+			}
 			return b.String(), v[i+1:], nil
 		case ch < 0x20 || ch > 0x7e:
 			return "", "", fmt.Errorf("character %q at byte %d is not allowed (printable ASCII only)", ch, i)
-		default:
+		case escaped:
 			b.WriteByte(ch)
 		}
 	}

@@ -144,7 +144,7 @@ func TestEntropy(t *testing.T) {
 // FuzzKeyField: parsing any field value never panics, and an accepted key is
 // printable ASCII that round-trips through its sf-string form.
 func FuzzKeyField(f *testing.F) {
-	for _, s := range []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `"a\"b";p=1;q`, `"x";p=:aGk=:`, `abc`, `"`} {
+	for _, s := range []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, `"a\"b";p=1;q`, `"pre\\post\"q"`, `"x";p=:aGk=:`, `abc`, `"`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
