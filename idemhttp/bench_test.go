@@ -27,7 +27,7 @@ import (
 
 // benchClients is the number of concurrent client goroutines of the load
 // generator.
-const benchClients = 8
+const benchClients = 32
 
 // BenchmarkIdempotency measures requests per second and latency (p50, p99)
 // through a real server on loopback, for a bare handler and for the
