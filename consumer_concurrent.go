@@ -23,8 +23,12 @@ func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(
 	ds, first := w.prepareBatch(ctx, msgs, &call)
 	c := &concurrentBatch[M]{w: w, ds: ds, first: first, results: make([]pendingResult, len(msgs))}
 	if err := c.claim(ctx); err != nil {
-		for i := range c.ds {
-			w.observe(ctx, &c.ds[i], Result{Key: c.ds[i].key}, err)
+		// One failed store call, which claim told the outage tracker of:
+		// the deliveries' spans end with it.
+		if w.tel != nil {
+			for i := range c.ds {
+				w.tel.end(ctx, c.ds[i].span, Result{Key: c.ds[i].key}, err)
+			}
 		}
 		return err
 	}
