@@ -72,6 +72,21 @@ var outcomeNames = [...]string{"", "processed", "duplicate", "in-flight", "retry
 
 func (o Outcome) String() string { return enumName(outcomeNames[:], int(o), "Outcome") }
 
+// MarshalText writes the outcome's name, so that a Result reads as
+// "processed" rather than 1 in JSON and in logs.
+func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// UnmarshalText reads an outcome's name, as MarshalText writes it.
+func (o *Outcome) UnmarshalText(text []byte) error {
+	for i, name := range outcomeNames {
+		if name == string(text) {
+			*o = Outcome(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("dedup: unknown outcome %q", text)
+}
+
 // enumName is the name of value v of an enumeration whose names are names,
 // or "typ(v)" for a value it does not have.
 func enumName(names []string, v int, typ string) string {

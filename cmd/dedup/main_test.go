@@ -83,7 +83,11 @@ func TestRecordsPostgres(t *testing.T) {
 	require.Contains(t, out, "deleted 1 expired records")
 }
 
+// TestRecordsDynamoDB runs with DEDUP_POSTGRES_DSN set, as the README
+// tells users to: naming -dynamodb on the command line leaves PostgreSQL
+// out.
 func TestRecordsDynamoDB(t *testing.T) {
+	t.Setenv("DEDUP_POSTGRES_DSN", testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN))
 	client := testenv.DynamoDB(t)
 	table := "cli-" + strings.ToLower(dedup.NewOwnerToken()[:12])
 	require.NoError(t, dedup.CreateDynamoDBTable(context.Background(), client, dedup.WithTable(table)))

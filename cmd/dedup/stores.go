@@ -20,15 +20,35 @@ import (
 )
 
 // storeFlags name the stores a command works on.
-type storeFlags struct{ postgres, dynamodb, redis, table string }
+type storeFlags struct {
+	postgres, dynamodb, redis, table string
+	fs                               *flag.FlagSet // where they were registered
+}
 
 func (s *storeFlags) register(fs *flag.FlagSet, withRedis bool) {
-	fs.StringVar(&s.postgres, "postgres", env("DEDUP_POSTGRES_DSN", ""), "PostgreSQL DSN of the store (DEDUP_POSTGRES_DSN)")
-	fs.StringVar(&s.dynamodb, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", ""), "DynamoDB endpoint URL of the store, or aws (DEDUP_DYNAMODB_ENDPOINT)")
+	s.fs = fs
+	fs.StringVar(&s.postgres, "postgres", env("DEDUP_POSTGRES_DSN", ""), "PostgreSQL DSN of the store (DEDUP_POSTGRES_DSN, unless another store is named on the command line)")
+	fs.StringVar(&s.dynamodb, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", ""), "DynamoDB endpoint URL of the store, or aws (DEDUP_DYNAMODB_ENDPOINT, unless another store is named on the command line)")
 	if withRedis {
-		fs.StringVar(&s.redis, "redis", env("DEDUP_REDIS_ADDR", ""), "Redis address of the store (DEDUP_REDIS_ADDR)")
+		fs.StringVar(&s.redis, "redis", env("DEDUP_REDIS_ADDR", ""), "Redis address of the store (DEDUP_REDIS_ADDR, unless another store is named on the command line)")
 	}
 	fs.StringVar(&s.table, "table", dedup.DefaultTable, "table of the PostgreSQL or DynamoDB store")
+}
+
+// named keeps only the stores the command line names, when it names one:
+// `-dynamodb URL` works on DynamoDB alone, whatever DEDUP_POSTGRES_DSN says.
+// With none named, the environment's stores stand.
+func (s *storeFlags) named() {
+	set := map[string]bool{}
+	s.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["postgres"] && !set["dynamodb"] && !set["redis"] {
+		return
+	}
+	for name, v := range map[string]*string{"postgres": &s.postgres, "dynamodb": &s.dynamodb, "redis": &s.redis} {
+		if !set[name] {
+			*v = ""
+		}
+	}
 }
 
 // namedStore is an open store and what closes it.
@@ -41,6 +61,7 @@ type namedStore struct {
 
 // open connects to every store named, checking that each answers.
 func (s *storeFlags) open(ctx context.Context) ([]namedStore, error) {
+	s.named()
 	var out []namedStore
 	fail := func(err error) ([]namedStore, error) {
 		for _, o := range out {
