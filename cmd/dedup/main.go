@@ -71,9 +71,13 @@ var commands = []command{
 
 // run runs the command line args and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "help" || args[0] == "-help" {
+	switch {
+	case len(args) == 0:
 		usage(stderr)
 		return 2
+	case isHelp(args[0]):
+		usage(stderr)
+		return 0
 	}
 	for _, c := range commands {
 		if c.name != args[0] {
@@ -84,7 +88,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case err == nil:
 			return 0
 		case errors.Is(err, flag.ErrHelp):
-			return 2
+			return 0 // asked for: as the flag package exits
 		case errors.Is(err, errUsage):
 			fmt.Fprintf(stderr, "dedup %s: %v\n", c.name, err)
 			return 2
@@ -96,6 +100,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "dedup: unknown command %q\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "help":
+		return true
+	}
+	return false
+}
+
+// help writes a command's synopsis and its subcommands, given as name and
+// description pairs, and returns flag.ErrHelp.
+func help(w io.Writer, synopsis string, subcommands ...string) error {
+	fmt.Fprintln(w, "usage: "+synopsis)
+	for i := 0; i+1 < len(subcommands); i += 2 {
+		fmt.Fprintf(w, "  %-8s %s\n", subcommands[i], subcommands[i+1])
+	}
+	fmt.Fprintln(w, "each takes -h for its flags")
+	return flag.ErrHelp
 }
 
 func usage(w io.Writer) {

@@ -43,6 +43,15 @@ func TestBadUsage(t *testing.T) {
 	}
 }
 
+// Help asked for, of the tool or of any command, is no usage error.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"help"}, {"outbox", "-h"}, {"redrive", "--help"}, {"stuck", "-h"},
+		{"redrive", "kafka", "-h"}, {"outbox", "status", "-h"}} {
+		code, _, _ := cli(t, args...)
+		require.Equal(t, 0, code, "%q", args)
+	}
+}
+
 // A DSN that does not connect is a clear failure, not a usage error.
 func TestUnreachableStore(t *testing.T) {
 	code, _, errOut := cli(t, "inspect", "-postgres", "postgres://postgres@"+testenv.ClosedPort(t)+"/test?connect_timeout=2",

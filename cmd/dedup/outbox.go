@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -41,6 +42,11 @@ type failedView struct {
 }
 
 func runOutbox(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		return help(os.Stderr, "dedup outbox status|requeue [flags]: the outbox's state, and failed events sent again",
+			"status", "counts by state, the oldest pending event's age, the failed events",
+			"requeue", "make failed events pending again (-id ID ..., or -all; -yes to do it)")
+	}
 	if len(args) == 0 || (args[0] != "status" && args[0] != "requeue") {
 		return fmt.Errorf("%w: dedup outbox status [-json] | requeue [-id ID ...] [-all] [-yes]", errUsage)
 	}

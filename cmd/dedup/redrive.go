@@ -25,6 +25,11 @@ func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: dedup redrive kafka|sqs [flags]", errUsage)
 	}
+	if isHelp(args[0]) {
+		return help(os.Stderr, "dedup redrive kafka|sqs [flags]: send dead letters back to their origin",
+			"kafka", "from a Kafka dead-letter topic to the topics they came from",
+			"sqs", "from an SQS dead-letter queue to the queues they came from")
+	}
 	switch args[0] {
 	case "kafka":
 		return redriveKafka(ctx, args[1:], out)
@@ -164,7 +169,11 @@ func (r *redrive) progress() {
 		return
 	}
 	r.lastLog = time.Now()
-	fmt.Fprintf(os.Stderr, "redrive: %d read, %d sent back, %d skipped\n", r.sum.read, r.sum.sent, r.sum.skips())
+	verb := "sent back"
+	if !r.yes {
+		verb = "would send back" // a dry run
+	}
+	fmt.Fprintf(os.Stderr, "redrive: %d read, %d %s, %d skipped\n", r.sum.read, r.sum.sent, verb, r.sum.skips())
 }
 
 // summary counts what a redrive did.
