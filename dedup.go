@@ -61,15 +61,29 @@ type Key struct {
 
 // String returns the key for logs and errors as scope/eventID, the scope
 // quoted when it contains a '/' or starts with a quote, so that every key
-// reads back one way: "billing/charge"/e1. The zero Key is "".
+// reads back one way: "billing/charge"/e1. The zero Key is "". A part
+// longer than [MaxIDLen], which no valid key has, is cut and its length
+// said.
 func (k Key) String() string {
+	scope, id := cutID(k.Scope), cutID(k.EventID)
 	switch {
 	case k == Key{}:
 		return ""
-	case strings.Contains(k.Scope, "/") || strings.HasPrefix(k.Scope, `"`):
-		return strconv.Quote(k.Scope) + "/" + k.EventID
+	case strings.Contains(scope, "/") || strings.HasPrefix(scope, `"`):
+		return strconv.Quote(scope) + "/" + id
 	}
-	return k.Scope + "/" + k.EventID
+	return scope + "/" + id
+}
+
+// cutID returns s, or, when it is longer than any valid ID, its first 64
+// bytes and its length: a log line of a refused key
+// says what it began with without repeating kilobytes of it.
+func cutID(s string) string {
+	if len(s) <= MaxIDLen {
+		return s
+	}
+	// A character cut in two is dropped, as invalid UTF-8 is.
+	return fmt.Sprintf("%s...(%d bytes)", strings.ToValidUTF8(s[:64], ""), len(s))
 }
 
 // KeyError describes why a key was rejected. It matches [ErrInvalidKey].
@@ -79,7 +93,7 @@ type KeyError struct {
 }
 
 func (e *KeyError) Error() string {
-	return fmt.Sprintf("invalid key (scope %q, event ID %q): %s", e.Key.Scope, e.Key.EventID, e.Reason)
+	return fmt.Sprintf("invalid key (scope %q, event ID %q): %s", cutID(e.Key.Scope), cutID(e.Key.EventID), e.Reason)
 }
 
 // Unwrap returns [ErrInvalidKey].
