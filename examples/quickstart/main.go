@@ -218,6 +218,8 @@ func chainDatabase(ctx context.Context, dsn string) (*pgxpool.Pool, func(), erro
 	}
 	switch {
 	case err == nil:
+		c := cfg.ConnConfig
+		fmt.Printf("\nthe chain's tables: PostgreSQL database %q at %s:%d, schema %s (dropped at exit)\n", c.Database, c.Host, c.Port, schema)
 		return pool, func() {
 			_, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
 			pool.Close()
