@@ -59,7 +59,8 @@ func TestBadInput(t *testing.T) {
 		{"256-byte key", rawPost(`Idempotency-Key: "`+strings.Repeat("0123456789abcdef", 16)+"x\"\r\n", order), 400, idemhttp.ProblemKeyTooLong},
 		{"empty key", rawPost("Idempotency-Key: \"\"\r\n", order), 400, idemhttp.ProblemKeyMalformed},
 		{"empty field", rawPost("Idempotency-Key:\r\n", order), 400, idemhttp.ProblemKeyMalformed},
-		{"unquoted key", rawPost("Idempotency-Key: "+good+"\r\n", order), 400, idemhttp.ProblemKeyMalformed},
+		{"unquoted key with a space", rawPost("Idempotency-Key: "+good[:10]+" "+good[10:]+"\r\n", order), 400, idemhttp.ProblemKeyMalformed},
+		{"unquoted key with parameters", rawPost("Idempotency-Key: "+good+";p=1\r\n", order), 400, idemhttp.ProblemKeyMalformed},
 		{"tab in key", rawPost("Idempotency-Key: \""+good[:10]+"\t"+good[10:]+"\"\r\n", order), 400, idemhttp.ProblemKeyMalformed},
 		{"non-ASCII key", rawPost("Idempotency-Key: \""+good+"é\"\r\n", order), 400, idemhttp.ProblemKeyMalformed},
 		{"control character", rawPost("Idempotency-Key: \""+good+"\x01\"\r\n", order), 400, ""},
@@ -88,6 +89,27 @@ func TestBadInput(t *testing.T) {
 	// None of it held or stored the good key.
 	if a := mustPost(t, srv.URL+"/payments", good, order); a.status != http.StatusCreated || a.replayed() {
 		t.Errorf("good key after bad input: %d replayed=%v", a.status, a.replayed())
+	}
+}
+
+// TestUnquotedKeyAccepted: a key sent without quotes, as clients written
+// for other APIs send it, is the same key as its quoted form: the retry
+// with quotes replays the first answer.
+func TestUnquotedKeyAccepted(t *testing.T) {
+	pay := &payments{}
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore()).Wrap(pay))
+	addr := srv.Listener.Addr().String()
+	key := newKey()
+	first := rawRequest(t, addr, rawPost("Idempotency-Key: "+key+"\r\n", order))
+	if first.status != http.StatusCreated {
+		t.Fatalf("unquoted key: status %d %q", first.status, first.body)
+	}
+	again := rawRequest(t, addr, rawPost(`Idempotency-Key: "`+key+"\"\r\n", order))
+	if again.status != http.StatusCreated || !again.replayed() || again.body != first.body {
+		t.Fatalf("quoted retry: status %d, replayed %v, body %q; first body %q", again.status, again.replayed(), again.body, first.body)
+	}
+	if n := pay.charges.Load(); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
 	}
 }
 

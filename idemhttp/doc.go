@@ -6,6 +6,9 @@
 //
 //	Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"
 //
+// The same key without quotes, as clients written for other APIs send it,
+// is accepted as the same key.
+//
 // The middleware claims the key atomically in the store, runs the handler
 // once, stores its status, chosen headers and body, and answers every retry
 // with that same response, marked with the [ReplayHeader]. A retry that

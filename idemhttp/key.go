@@ -39,7 +39,8 @@ func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyP
 	case len(key) > dedup.MaxIDLen:
 		return "", true, &keyProblem{ProblemKeyTooLong, fmt.Sprintf("the key is %d bytes; at most %d", len(key), dedup.MaxIDLen)}
 	case c.minKeyBits > 0 && entropyBits(key) < c.minKeyBits:
-		return "", true, &keyProblem{ProblemKeyLowEntropy, fmt.Sprintf("use a random key such as a UUID (about %.0f bits estimated, %.0f required)", entropyBits(key), c.minKeyBits)}
+		return "", true, &keyProblem{ProblemKeyLowEntropy, fmt.Sprintf("the key is too easy to guess or to repeat by accident (about %.0f bits estimated, at least %.0f required): "+
+			"send a random key per operation, such as a UUID: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", entropyBits(key), c.minKeyBits)}
 	}
 	return key, true, nil
 }
@@ -63,12 +64,16 @@ func entropyBits(key string) float64 {
 }
 
 // parseKeyField parses an Idempotency-Key field value: an RFC 8941 Item whose
-// bare item is a String (sf-string, RFC 8941 §3.3.3). Parameters are parsed
-// and ignored, as the draft defines none.
+// bare item is a String (sf-string, RFC 8941 §3.3.3), or a key sent without
+// quotes (see parseBareKey). Parameters of a String are parsed and ignored,
+// as the draft defines none.
 func parseKeyField(v string) (string, error) {
 	v = strings.Trim(v, " \t")
-	if v == "" || v[0] != '"' {
-		return "", errors.New(`the key must be a quoted Structured Field string, e.g. "8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+	if v != "" && v[0] != '"' {
+		return parseBareKey(v)
+	}
+	if v == "" {
+		return "", errors.New(`the field is empty: send a key, such as "8e03978e-40d5-43e8-bc93-6894a57f9324"`)
 	}
 	key, rest, err := parseString(v)
 	if err != nil {
@@ -78,6 +83,24 @@ func parseKeyField(v string) (string, error) {
 		return "", err
 	}
 	return key, nil
+}
+
+// parseBareKey accepts a key sent without the quotes of a Structured Field
+// string, as clients written for other APIs send it: printable ASCII with
+// no space, quote, backslash, comma or semicolon, which would make it a
+// list or parameters.
+func parseBareKey(v string) (string, error) {
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == ' ' || c == '\t' || c == ',' || c == ';':
+			return "", fmt.Errorf("%q at byte %d: a key sent without quotes cannot hold spaces, commas or semicolons; "+
+				`send it quoted, as a Structured Field string: "8e03978e-40d5-43e8-bc93-6894a57f9324"`, c, i)
+		case c < 0x21 || c > 0x7e || c == '"' || c == '\\':
+			return "", fmt.Errorf("character %q at byte %d is not allowed in a key (printable ASCII only); "+
+				`send a key such as "8e03978e-40d5-43e8-bc93-6894a57f9324"`, c, i)
+		}
+	}
+	return v, nil
 }
 
 // parseString parses the sf-string at the start of v and returns its value

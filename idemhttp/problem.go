@@ -44,7 +44,7 @@ const (
 
 var problemTitles = map[Problem]string{
 	ProblemKeyMissing:      "Idempotency-Key is missing",
-	ProblemKeyMalformed:    "Idempotency-Key is not a Structured Field string",
+	ProblemKeyMalformed:    "Idempotency-Key is not a key",
 	ProblemKeyMultiple:     "Idempotency-Key is given more than once",
 	ProblemKeyTooLong:      "Idempotency-Key is too long",
 	ProblemKeyLowEntropy:   "Idempotency-Key is too easy to guess",

@@ -115,12 +115,17 @@ func TestParseKeyField(t *testing.T) {
 		`"x";p="y;z";q=?1`:  "x",
 		`"x";p=-1.5`:        "x",
 		`"x";p=*tok:en/1.0`: "x",
+		// Without quotes, as clients written for other APIs send it.
+		`abc`:                                  "abc",
+		`'x'`:                                  "'x'",
+		`8e03978e-40d5-43e8-bc93-6894a57f9324`: "8e03978e-40d5-43e8-bc93-6894a57f9324",
 	} {
 		if got, err := parseKeyField(in); err != nil || got != want {
 			t.Errorf("%s: %q %v, want %q", in, got, err, want)
 		}
 	}
-	for _, in := range []string{`abc`, `"abc`, `"a\b"`, `"x" y`, `"x",`, `"x";=1`, `"x";p=`, `"x";p=?2`, `"x";p=:a b:`, `"a` + "\x7f" + `"`, `'x'`} {
+	for _, in := range []string{`"abc`, `"a\b"`, `"x" y`, `"x",`, `"x";=1`, `"x";p=`, `"x";p=?2`, `"x";p=:a b:`, `"a` + "\x7f" + `"`,
+		`a b`, `x;p=1`, `a,b`, `ab"c`, `a\b`, "abé", ""} {
 		if got, err := parseKeyField(in); err == nil {
 			t.Errorf("%s: accepted as %q", in, got)
 		}

@@ -158,7 +158,8 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 		m.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
 			slog.Int("limit", m.cfg.maxSnapshot))
 		m.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
-			"the answer is too large to be stored, so the operation was not applied", 0)
+			fmt.Sprintf("the answer is over the %d bytes a stored response may hold (WithMaxSnapshotBytes), so the operation was not applied; "+
+				"every retry of it will get this answer until the limit is raised", m.cfg.maxSnapshot), 0)
 		return
 	case htx.Ended():
 		_ = tx.Rollback(sctx)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -144,6 +145,9 @@ func TestTxOversizedAnswerRollsBack(t *testing.T) {
 	a := mustPost(t, url, newKey(), order)
 	if a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemTooLarge) {
 		t.Errorf("oversized: %d %q", a.status, a.body)
+	}
+	if !strings.Contains(a.body, "over the 8 bytes") {
+		t.Errorf("the detail does not name the limit: %q", a.body)
 	}
 	if n := countRows(t, pool, charges); n != 0 {
 		t.Errorf("%d rows, want 0", n)
