@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/nilcheck"
@@ -51,7 +52,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		c, err := m.store.Claim(r.Context(), p.claimRequest(m.cfg))
+		c, err := m.claim(r.Context(), p)
 		if err != nil {
 			m.storeError(w, p, "claim", err)
 			return
@@ -62,6 +63,41 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		m.run(w, r, next, p, c)
 	}))
+}
+
+// Bounds of the pause between claims of a request waiting for its key
+// (WithWaitInFlight): short at first, for handlers that answer in
+// milliseconds, then longer, so that waiters do not load the store.
+const (
+	firstWaitPause = 5 * time.Millisecond
+	maxWaitPause   = 200 * time.Millisecond
+)
+
+// claim claims p's key. With WithWaitInFlight, a key in flight is claimed
+// again after a pause, until it is no longer in flight, the wait is over or
+// the request ends.
+func (m *Middleware) claim(ctx context.Context, p *prepared) (dedup.Claim, error) {
+	req := p.claimRequest(m.cfg)
+	c, err := m.store.Claim(ctx, req)
+	if err != nil || c.Status != dedup.ClaimInFlight || m.cfg.waitInFlight <= 0 {
+		return c, err
+	}
+	deadline := time.Now().Add(m.cfg.waitInFlight)
+	for pause := firstWaitPause; c.Status == dedup.ClaimInFlight; pause = min(2*pause, maxWaitPause) {
+		wait := min(pause, time.Until(deadline))
+		if wait <= 0 {
+			return c, nil
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return c, nil
+		}
+		if c, err = m.store.Claim(ctx, req); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
 }
 
 // run runs the handler for an acquired claim and settles the key.

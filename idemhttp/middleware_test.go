@@ -713,3 +713,85 @@ func TestResponseControllerThroughTheRecorder(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitInFlightReplaysToEveryone sends 50 requests with one key at once,
+// half to each of two instances sharing the store, with WithWaitInFlight:
+// one runs the handler, and the 49 others wait and replay its answer, none
+// answered 409.
+func TestWaitInFlightReplaysToEveryone(t *testing.T) {
+	for _, sc := range allStores {
+		t.Run(sc.name, func(t *testing.T) {
+			store := sc.store(t)
+			pay := &payments{delay: 200 * time.Millisecond}
+			// A minute is a bound, not a wait: each waiter replays as soon as
+			// the answer is stored.
+			a := serve(t, newMiddleware(t, store, idemhttp.WithWaitInFlight(time.Minute)).Wrap(pay))
+			b := serve(t, newMiddleware(t, store, idemhttp.WithWaitInFlight(time.Minute)).Wrap(pay))
+			key := newKey()
+			answers := make([]answer, 50)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range answers {
+				url := a.URL
+				if i%2 == 1 {
+					url = b.URL
+				}
+				wg.Go(func() {
+					<-start
+					got, err := post(t, http.DefaultClient, url+"/payments", key, order)
+					if err != nil {
+						t.Error(err)
+					}
+					answers[i] = got
+				})
+			}
+			close(start)
+			wg.Wait()
+			checkOneEffect(t, pay, answers)
+			for _, got := range answers {
+				if got.status != http.StatusCreated {
+					t.Fatalf("answer %d %q: every request should have waited for the first", got.status, got.body)
+				}
+			}
+		})
+	}
+}
+
+// TestWaitInFlightEnds: past its wait, a request whose key is still in
+// flight gets the 409, and the handler runs once.
+func TestWaitInFlightEnds(t *testing.T) {
+	release := make(chan struct{})
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithWaitInFlight(50*time.Millisecond)).Wrap(h))
+	key := newKey()
+	first := make(chan answer, 1)
+	go func() {
+		got, err := post(t, http.DefaultClient, srv.URL+"/payments", key, order)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- got
+	}()
+	for runs.Load() == 0 {
+		time.Sleep(time.Millisecond) // until the first request holds the key
+	}
+	second, err := post(t, http.DefaultClient, srv.URL+"/payments", key, order)
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.status != http.StatusConflict || second.problemType() != problem(idemhttp.ProblemInFlight) {
+		t.Errorf("second request: %d %q, want the in-flight 409", second.status, second.body)
+	}
+	if got := <-first; got.status != http.StatusCreated {
+		t.Errorf("first request: %d %q", got.status, got.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("%d runs, want 1", n)
+	}
+}

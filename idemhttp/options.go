@@ -50,6 +50,7 @@ type config struct {
 	lease          time.Duration
 	ttl            time.Duration
 	retryAfter     time.Duration
+	waitInFlight   time.Duration
 	location       func(r *http.Request, key string) string
 	conflictStatus int
 	storedHeaders  []string
@@ -105,6 +106,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: idemhttp: WithMinKeyEntropy(%v): must not be negative", dedup.ErrConfig, c.minKeyBits)
 	case c.lease <= 0 || c.ttl <= 0 || c.retryAfter < 0:
 		return fmt.Errorf("%w: idemhttp: lease and TTL must be positive, Retry-After not negative", dedup.ErrConfig)
+	case c.waitInFlight < 0:
+		return fmt.Errorf("%w: idemhttp: WithWaitInFlight(%v): must not be negative", dedup.ErrConfig, c.waitInFlight)
 	case c.conflictStatus != http.StatusUnprocessableEntity && c.conflictStatus != http.StatusConflict:
 		return fmt.Errorf("%w: idemhttp: WithConflictStatus(%d): must be 422 or 409", dedup.ErrConfig, c.conflictStatus)
 	}
@@ -182,6 +185,17 @@ func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }
 // WithRetryAfter sets the Retry-After of the answer to a request whose key
 // is still in flight (default 1 s).
 func WithRetryAfter(d time.Duration) Opt { return optFunc(func(c *config) { c.retryAfter = d }) }
+
+// WithWaitInFlight makes a request whose key is in flight wait up to d for
+// the first request's outcome instead of being answered 409 at once: it
+// replays the answer once stored, runs the handler itself if the first left
+// the key retryable (or its lease lapsed), and gets the 409 (or
+// [WithInFlightAccepted]'s 202) only past d or when its own request ends.
+// It waits between claims, so it holds no store connection meanwhile, and
+// works across instances sharing the store. Off by default (d = 0), as the
+// draft answers 409. A [TxMiddleware] waits on the key's row lock already;
+// this option does not apply to it.
+func WithWaitInFlight(d time.Duration) Opt { return optFunc(func(c *config) { c.waitInFlight = d }) }
 
 // WithInFlightAccepted answers a request whose key is still in flight with
 // 202 Accepted and a Location the client can poll, given by location,
