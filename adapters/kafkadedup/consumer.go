@@ -51,6 +51,7 @@ type consumerConfig struct {
 	drainTimeout time.Duration
 	errBackoff   dedup.Backoff
 	maxOutage    time.Duration
+	topicCheck   time.Duration // how often the consumed topics' existence is asked
 }
 
 // WithClientOpts adds kgo client options: brokers, TLS, SASL, the consumer
@@ -115,6 +116,7 @@ type Consumer struct {
 	w       *dedup.Wrapper[*kgo.Record]
 	cfg     consumerConfig
 	running atomic.Bool
+	missing missingTopics // consumed topics that do not exist, while Run runs
 }
 
 // NewConsumer returns a Consumer that passes records through w. The kgo
@@ -130,6 +132,7 @@ func NewConsumer(w *dedup.Wrapper[*kgo.Record], opts ...Opt) (*Consumer, error) 
 		buffer:       DefaultPartitionBuffer,
 		drainTimeout: DefaultDrainTimeout,
 		errBackoff:   dedup.ExponentialBackoff(100*time.Millisecond, 5*time.Second),
+		topicCheck:   defaultTopicCheck,
 	}
 	for _, o := range opts {
 		o.apply(&cfg)
@@ -227,7 +230,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
 	s.base = context.WithoutCancel(ctx)
 
+	var watch sync.WaitGroup
+	wctx, stopWatch := context.WithCancel(ctx)
+	watch.Go(func() { s.watchTopics(wctx, &c.missing) })
 	s.poll(ctx)
+	stopWatch()
+	watch.Wait()
 	err = s.shutdown()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
 		return errors.Join(cause, err)

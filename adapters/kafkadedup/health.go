@@ -13,6 +13,13 @@ func (c *Consumer) Stats() Stats { return c.w.Stats() }
 
 // Health returns nil, or an error matching [ErrOutage] (and wrapping the
 // last failure) while settling records has kept failing for the wrapper's
-// dedup.WithOutageThreshold or longer: a readiness probe can serve it. A
-// Consumer that has handled nothing yet is healthy.
-func (c *Consumer) Health() error { return c.w.Health() }
+// dedup.WithOutageThreshold or longer, or an error matching
+// kerr.UnknownTopicOrPartition, naming them, while topics Run consumes do
+// not exist: a readiness probe can serve it. A Consumer that has handled
+// nothing yet is healthy.
+func (c *Consumer) Health() error {
+	if err := c.w.Health(); err != nil {
+		return err
+	}
+	return c.missing.get()
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,7 +12,9 @@ import (
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // unreachableStore returns a PostgreSQL store whose pool points at a port
@@ -107,5 +110,42 @@ func TestMaxOutageStopsRun(t *testing.T) {
 	}
 	if got := c.committed(c.group); len(got) != 0 {
 		t.Errorf("committed %v with the store down", got)
+	}
+}
+
+// A consumer of a topic that does not exist says so: a warning naming the
+// topic, and Health reporting it, until the topic is created.
+func TestMissingTopicIsReported(t *testing.T) {
+	c := newCluster(t, 1)
+	logs := &testenv.Logs{}
+	w := wrap(t, dedup.NewMemoryStore(), c.sink(), dedup.Scope(c.group, "apply"),
+		func(context.Context, *kgo.Record) error { return nil })
+	const missing = "orders-not-created-yet"
+	opts := append(c.clientOpts(c.group), kgo.ConsumeTopics(missing))
+	consumer := newConsumer(t, w, kafkadedup.WithClientOpts(opts...), kafkadedup.WithLogger(slog.New(logs)),
+		kafkadedup.WithTopicCheck(100*time.Millisecond))
+	run := start(t, consumer)
+
+	eventually(t, 20*time.Second, func() bool { return consumer.Health() != nil },
+		"Health stayed nil while consuming a topic that does not exist")
+	herr := consumer.Health()
+	if !errors.Is(herr, kerr.UnknownTopicOrPartition) || !strings.Contains(herr.Error(), missing) {
+		t.Errorf("Health: %v, want UnknownTopicOrPartition naming %s", herr, missing)
+	}
+	if logs.Count(slog.LevelWarn, "consumed topics do not exist") != 1 || !strings.Contains(logs.String(), missing) {
+		t.Errorf("want one warning naming %s; logs:\n%s", missing, logs)
+	}
+
+	req := kmsg.NewPtrCreateTopicsRequest()
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = missing, 1, 1
+	req.Topics = append(req.Topics, rt)
+	if _, err := req.RequestWith(context.Background(), c.admin); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, func() bool { return consumer.Health() == nil },
+		"Health still %v after the topic was created", consumer.Health())
+	if err := run.wait(t); err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }
