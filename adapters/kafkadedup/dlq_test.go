@@ -3,6 +3,7 @@ package kafkadedup_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -251,4 +252,37 @@ func (c *cluster) topicID(topic string) [16]byte {
 		c.t.Fatalf("metadata for %s: %v", topic, err)
 	}
 	return resp.Topics[0].TopicID
+}
+
+// A dead-letter topic that does not exist is an error naming it, at once,
+// every time (not a produce waiting for the topic until its context ends),
+// and the letter is sent once the topic exists.
+func TestMissingDLQTopicIsNamed(t *testing.T) {
+	c := newCluster(t, 1)
+	sink, err := kafkadedup.NewSink(c.admin, kafkadedup.WithDLQTopic(func(string) string { return "letters-not-created" }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	letter := dedup.DeadLetter{Scope: "s", EventID: "bad", Payload: []byte("poison"), Origin: dedup.Origin{Topic: c.topic}}
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := sink.Send(ctx, letter)
+		cancel()
+		if !errors.Is(err, kerr.UnknownTopicOrPartition) || !strings.Contains(err.Error(), "letters-not-created") {
+			t.Fatalf("Send to a missing topic: %v, want UnknownTopicOrPartition naming it", err)
+		}
+	}
+	req := kmsg.NewPtrCreateTopicsRequest()
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = "letters-not-created", 1, 1
+	req.Topics = append(req.Topics, rt)
+	if _, err := req.RequestWith(context.Background(), c.admin); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Send(context.Background(), letter); err != nil {
+		t.Fatalf("Send once the topic exists: %v", err)
+	}
+	if got := c.readAll("letters-not-created", 1); len(got) != 1 {
+		t.Errorf("the topic holds %d letters, want 1", len(got))
+	}
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/dedupkit/dedup"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -37,6 +39,9 @@ type Sink struct {
 	cl     *kgo.Client
 	topic  func(origin string) string
 	spring bool
+
+	mu     sync.Mutex
+	exists map[string]bool // dead-letter topics the cluster was seen to know
 }
 
 // SinkOpt configures a [Sink].
@@ -67,7 +72,7 @@ func NewSink(cl *kgo.Client, opts ...SinkOpt) (*Sink, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: kafkadedup.NewSink: nil client", dedup.ErrConfig)
 	}
-	s := &Sink{cl: cl, topic: defaultDLQTopic}
+	s := &Sink{cl: cl, topic: defaultDLQTopic, exists: make(map[string]bool)}
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -93,6 +98,9 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	if topic == "" {
 		return fmt.Errorf("%w: %s/%s from topic %q", ErrNoDLQTopic, dl.Scope, dl.EventID, dl.Origin.Topic)
 	}
+	if err := s.ensureTopic(ctx, topic); err != nil {
+		return fmt.Errorf("kafkadedup: dead letter %s/%s: %w", dl.Scope, dl.EventID, err)
+	}
 	hs := dl.HeadersWithMetadata()
 	rec := &kgo.Record{Topic: topic, Key: dl.MessageKey, Value: dl.Payload, Headers: make([]kgo.RecordHeader, 0, len(hs)+8)}
 	for _, h := range hs {
@@ -107,6 +115,34 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return fmt.Errorf("kafkadedup: produce dead letter %s/%s to %s: %w", dl.Scope, dl.EventID, topic, err)
 	}
+	return nil
+}
+
+// ensureTopic returns an error naming topic, at once, when the cluster does
+// not know it and the client may not create it: producing to it would
+// wait for the topic until the context ends, saying nothing. A topic seen
+// to exist is not asked about again.
+func (s *Sink) ensureTopic(ctx context.Context, topic string) error {
+	if auto, _ := s.cl.OptValue(kgo.AllowAutoTopicCreation).(bool); auto {
+		return nil
+	}
+	s.mu.Lock()
+	known := s.exists[topic]
+	s.mu.Unlock()
+	if known {
+		return nil
+	}
+	missing, err := absentTopics(ctx, s.cl, []string{topic})
+	switch {
+	case err != nil:
+		return nil // the produce will say what is wrong with the cluster
+	case len(missing) > 0:
+		return fmt.Errorf("dead-letter topic %s does not exist: create it, or let the sink's client create it (kgo.AllowAutoTopicCreation): %w",
+			topic, kerr.UnknownTopicOrPartition)
+	}
+	s.mu.Lock()
+	s.exists[topic] = true
+	s.mu.Unlock()
 	return nil
 }
 
