@@ -1,4 +1,4 @@
-.PHONY: services stop-services test fuzz
+.PHONY: services stop-services test check fuzz
 
 # The second SQS emulator's port (scripts/local-aws-sqs.sh); fauxqs is on 4566.
 export LOCAL_AWS_SQS_PORT ?= 4567
@@ -30,6 +30,11 @@ test: services
 	go test -race -count=1 ./...
 	DEDUP_SQS_ENDPOINT=http://127.0.0.1:$(LOCAL_AWS_SQS_PORT) DEDUP_SQS_EMULATOR=local-aws-sqs \
 		go test -count=1 ./adapters/sqsdedup ./reliability/sqs
+
+# The edit-test loop: every package's tests but the crash and outage
+# campaigns of reliability/ (make test runs those too, as CI does).
+check: services
+	go test -race -count=1 $$(go list ./... | grep -v /reliability)
 
 # A short run of each fuzz target beyond its committed seed corpus. A count
 # of executions, not a duration: with a duration, Go's fuzz coordinator
