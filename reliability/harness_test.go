@@ -372,9 +372,11 @@ type figures struct {
 	appliedTwice                  int // events with more than one effect
 	goodDeadLettered              int // good events dead-lettered for another reason than a crash loop
 	collateral                    int // good events parked as a crash loop: in flight in a worker that died again and again
+	collateralApplied             int // ... of which an attempt applied the effect, its worker killed before recording it
 	poisonApplied                 int // poison events with an effect
 	reasons                       map[string]int
 	elapsed                       time.Duration
+	goodLetters                   []string // each good event in the dead-letter topic: its letters and effects
 }
 
 func (f figures) String() string {
@@ -385,16 +387,28 @@ func (f figures) String() string {
 	slices.Sort(reasons)
 	return fmt.Sprintf("events=%d records=%d duplicates_injected=%d poison=%d crashers=%d kills=%d crashes=%d restarts=%d late_restarts=%d outages=%d "+
 		"effects=%d dead_letters=%d dead_lettered_events=%d extra_dead_letters=%d lost=%d applied_twice=%d "+
-		"good_dead_lettered=%d crash_loop_collateral=%d poison_applied=%d reasons=[%s] elapsed=%v",
+		"good_dead_lettered=%d crash_loop_collateral=%d (applied_before_parked=%d) poison_applied=%d reasons=[%s] elapsed=%v",
 		f.events, f.records, f.dups, f.poison, f.crashers, f.kills, f.crashes, f.restarts, f.rebalances, f.outages,
 		f.effects, f.deadLetters, f.deadLettered, f.extraLetters, f.lost, f.appliedTwice,
-		f.goodDeadLettered, f.collateral, f.poisonApplied, strings.Join(reasons, " "), f.elapsed.Round(time.Millisecond))
+		f.goodDeadLettered, f.collateral, f.collateralApplied, f.poisonApplied, strings.Join(reasons, " "), f.elapsed.Round(time.Millisecond))
 }
 
 // count checks a campaign's end state: the effects (workers per event) and
 // the dead-letter topic's records against the plan. It fills in the
 // figures and returns the event IDs applied more than once.
 func count(p *plan, effects map[string][]string, dlq []*kgo.Record) (figures, []string) {
+	return countDeaths(p, effects, dlq, nil)
+}
+
+// countDeaths is count for a campaign whose workers die: died reports
+// whether the named worker process died (killed, or by a crasher) rather
+// than stopping. A good event parked as a crash loop is collateral when
+// every effect it has was applied by a worker that died: in claim mode the
+// effect commits before the record is completed, so the attempt that a
+// death cut may have applied it (the claim-mode crash window) before the
+// next claim found the attempts used up. An effect of a worker that lived
+// makes the letter a good event dead-lettered.
+func countDeaths(p *plan, effects map[string][]string, dlq []*kgo.Record, died func(worker string) bool) (figures, []string) {
 	f := figures{events: len(p.events), records: len(p.records), dups: p.dups, poison: p.poison,
 		crashers: p.crashers, deadLetters: len(dlq), reasons: map[string]int{}}
 	letters := map[string]int{}
@@ -425,15 +439,50 @@ func count(p *plan, effects map[string][]string, dlq []*kgo.Record) (figures, []
 			f.poisonApplied++
 		case bad && letters[e.id] == 0, e.crasher && crashLoops[e.id] == 0:
 			f.lost++ // a crasher must be parked as a crash loop
-		case !bad && letters[e.id] > 0 && crashLoops[e.id] == letters[e.id] && n == 0:
+		case !bad && letters[e.id] > 0 && crashLoops[e.id] == letters[e.id] && (n == 0 || allDied(effects[e.id], died)):
 			f.collateral++
+			if n > 0 {
+				f.collateralApplied++
+			}
+			f.goodLetters = append(f.goodLetters, "collateral "+describeLetters(e.id, dlq, effects[e.id]))
 		case !bad && letters[e.id] > 0:
 			f.goodDeadLettered++
+			f.goodLetters = append(f.goodLetters, "good "+describeLetters(e.id, dlq, effects[e.id]))
 		case !bad && n == 0:
 			f.lost++
 		}
 	}
 	return f, twice
+}
+
+// allDied reports whether every worker in workers died, as died says; false
+// when died is nil.
+func allDied(workers []string, died func(string) bool) bool {
+	if died == nil {
+		return false
+	}
+	for _, w := range workers {
+		if !died(w) {
+			return false
+		}
+	}
+	return true
+}
+
+// describeLetters says what the dead-letter topic holds for event id and
+// who applied its effect: enough to tell a crash loop from a verdict.
+func describeLetters(id string, dlq []*kgo.Record, applied []string) string {
+	var ls []string
+	for _, r := range dlq {
+		if header(r, "dedup-event-id") != id {
+			continue
+		}
+		ls = append(ls, fmt.Sprintf("{reason=%s attempts=%s origin=%s/%s@%s error=%q cause=%q}",
+			header(r, "dedup-reason"), header(r, "dedup-attempts"), header(r, "dedup-origin-topic"),
+			header(r, "dedup-origin-partition"), header(r, "dedup-origin-offset"),
+			header(r, "dedup-error"), header(r, "dedup-cause")))
+	}
+	return fmt.Sprintf("%s letters %s effects %v", id, strings.Join(ls, " "), applied)
 }
 
 // settled tracks, in process, the events whose outcome the wrapper reported

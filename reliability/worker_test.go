@@ -57,6 +57,10 @@ type workerConfig struct {
 
 var errPoison = errors.New("poison: this event can never succeed")
 
+// crasherLine is what a worker writes to its log, followed by the event ID,
+// right before a crasher's handler kills it.
+const crasherLine = "worker: a crasher kills this worker:"
+
 // workerMain is a consumer process of a campaign: a kafkadedup.Consumer
 // whose handler writes one row per effect to PostgreSQL. It runs until
 // SIGTERM (a graceful stop) or SIGKILL (a crash) and returns the exit code.
@@ -137,6 +141,9 @@ func runWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) error {
 	case modeClaim:
 		w, err = dedup.Wrap(store, kafkadedup.Messages(), func(ctx context.Context, r *kgo.Record) error {
 			if isCrasher(r) { // as an out-of-memory kill would
+				// Said first, unbuffered, so that the campaign can tell this
+				// planned death from one nobody planned.
+				fmt.Fprintln(os.Stderr, crasherLine, header(r, "event-id"))
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {}
 			}
