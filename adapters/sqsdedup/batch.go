@@ -77,7 +77,7 @@ func (r *runner) deleteCall(ctx context.Context, msgs []types.Message) ([]string
 	for i, m := range msgs {
 		entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
 	}
-	out, err := r.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(r.url), Entries: entries})
+	out, err := r.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(r.url), Entries: entries}, keepConnection)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,7 +106,7 @@ func (r *runner) visibilityCall(d time.Duration) batchCall {
 		}
 		out, err := r.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
 			QueueUrl: aws.String(r.url), Entries: entries,
-		})
+		}, keepConnection)
 		if err != nil {
 			return nil, nil, err
 		}

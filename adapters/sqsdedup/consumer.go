@@ -24,10 +24,12 @@ const cancelGrace = 15 * time.Second
 
 // Consumer receives messages from one SQS queue and runs them through a
 // dedup.Wrapper, then acts on each outcome. The messages of one receive from
-// a standard queue are claimed in one store call, handled concurrently and
-// their successes completed together ([dedup.Wrapper.HandleConcurrent]), so
-// their outcomes are acted on once the slowest of them is settled. The
-// outcomes:
+// a standard queue (under a backlog, with those of the receives made right
+// after it: see [WithWorkers]) are claimed in one store call, handled
+// concurrently and their successes completed together
+// ([dedup.Wrapper.HandleConcurrent]), so their outcomes are acted on once the
+// slowest of them is settled; the next batch is received and handled
+// meanwhile. The outcomes:
 //
 //   - OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered,
 //     OutcomeConflict: the message is deleted, in batches
@@ -36,7 +38,11 @@ const cancelGrace = 15 * time.Second
 //     so it comes back after the backoff.
 //   - OutcomeInFlight (the event is being handled elsewhere): the message becomes
 //     visible again after a short delay ([WithInFlightDelay]); it is never
-//     deleted nor kept invisible by the heartbeat.
+//     deleted nor kept invisible by the heartbeat past that delay. When
+//     another batch of this consumer may hold the event (one was being
+//     handled meanwhile), the message is first looked at again once those
+//     batches are settled, within the delay: a copy of an event this
+//     consumer is handling is then a duplicate at once, not a second later.
 //   - An error (store or DLQ unreachable): nothing; the message comes back
 //     when its visibility timeout runs out.
 //
@@ -171,11 +177,12 @@ type runner struct {
 	services sync.WaitGroup
 	hb       *heartbeat
 	del      *deleter
+	batches  *batches
 }
 
 // start returns a runner with its heartbeat and deleter running.
 func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
-	r := &runner{Consumer: c, vis: vis, slots: newSlots(c.cfg.workers)}
+	r := &runner{Consumer: c, vis: vis, slots: newSlots(c.cfg.workers), batches: newBatches()}
 	// The store lease defaults to the visibility timeout (dedup.CallLease),
 	// unless the wrapper sets dedup.WithLease.
 	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
@@ -202,7 +209,7 @@ func (r *runner) poll(ctx context.Context) {
 		if n == 0 {
 			return
 		}
-		out, err := r.receive(ctx, n)
+		out, err := r.receive(ctx, n, r.cfg.waitTime)
 		if err != nil {
 			r.release(n)
 			if ctx.Err() != nil {
@@ -218,22 +225,71 @@ func (r *runner) poll(ctx context.Context) {
 		}
 		failures = 0
 		r.release(n - len(out.Messages))
-		r.checkReceiveCount(out.Messages)
-		r.dispatch(ctx, out.Messages)
+		r.hb.add(out.Messages...)
+		msgs := out.Messages
+		if len(msgs) == n {
+			msgs = r.fill(ctx, msgs)
+		}
+		r.checkReceiveCount(msgs)
+		r.dispatch(ctx, msgs)
 	}
 }
 
-// receive receives up to n messages. A receive in progress when ctx ends is
+// maxReceivesPerBatch bounds the receives whose messages are handled
+// together.
+const maxReceivesPerBatch = 4
+
+// batchSize is the most messages handled together from a standard queue:
+// half the workers, so that the next batch is received while one is
+// handled, within maxReceivesPerBatch receives, and at least one receive.
+func (c *config) batchSize() int {
+	return max(c.maxMessages, min(c.workers/2, maxReceivesPerBatch*c.maxMessages))
+}
+
+// fill adds to msgs, the messages of a receive that came back full, those of
+// receives made at once (without waiting for messages to arrive) while each
+// comes back full, workers are free and the batch is not full. Under a
+// backlog, a batch then costs the store one claim and one completion for up
+// to batchSize messages instead of for each receive's ten.
+func (r *runner) fill(ctx context.Context, msgs []types.Message) []types.Message {
+	if r.fifo {
+		return msgs
+	}
+	for len(msgs) < r.cfg.batchSize() && ctx.Err() == nil {
+		n := r.slots.tryTake(min(r.cfg.maxMessages, r.cfg.batchSize()-len(msgs)))
+		if n == 0 {
+			break
+		}
+		out, err := r.receive(ctx, n, 0)
+		if err != nil {
+			r.release(n)
+			if ctx.Err() == nil {
+				r.log.Warn("sqsdedup: receive failed", slog.Any("error", err))
+			}
+			break
+		}
+		r.release(n - len(out.Messages))
+		r.hb.add(out.Messages...)
+		msgs = append(msgs, out.Messages...)
+		if len(out.Messages) < n {
+			break
+		}
+	}
+	return msgs
+}
+
+// receive receives up to n messages, waiting up to wait (whole seconds) for
+// messages to arrive. A receive in progress when ctx ends is
 // not cancelled but waited for: SQS goes on with a long poll whose client has
 // gone, and hides the messages it takes for a whole visibility timeout.
 // What it returns is then given back at once.
-func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.waitTime+callTimeout)
+func (r *runner) receive(ctx context.Context, n int, wait time.Duration) (*sqs.ReceiveMessageOutput, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+callTimeout)
 	defer cancel()
 	in := &sqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(r.url),
 		MaxNumberOfMessages:         int32(n),
-		WaitTimeSeconds:             int32(r.cfg.waitTime / time.Second),
+		WaitTimeSeconds:             int32(wait / time.Second),
 		VisibilityTimeout:           seconds(r.vis),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
@@ -247,7 +303,7 @@ func (r *runner) receive(ctx context.Context, n int) (*sqs.ReceiveMessageOutput,
 		// instead of leaving those of the lost response blocking their groups.
 		in.ReceiveRequestAttemptId = aws.String(rand.Text())
 	}
-	return r.client.ReceiveMessage(ctx, in)
+	return r.client.ReceiveMessage(ctx, in, keepConnection)
 }
 
 // checkReceiveCount logs, once per Consumer, that the endpoint returns
@@ -276,7 +332,6 @@ func (r *runner) dispatch(stop context.Context, msgs []types.Message) {
 	if len(msgs) == 0 {
 		return
 	}
-	r.hb.add(msgs...)
 	if !r.fifo {
 		r.handlers.Go(func() { r.handleReceive(stop, msgs) })
 		return
@@ -311,9 +366,11 @@ func groupBy[T any](items []T, group func(T) string) [][]T {
 	return out
 }
 
-// handleReceive handles the messages of one receive from a standard queue
-// together: their keys claimed in one store call, their handlers run
-// concurrently, their successes completed in one write.
+// handleReceive handles a batch of messages from a standard queue together:
+// their keys claimed in one store call, their handlers run concurrently,
+// their successes completed in one write. Those found in flight while
+// other batches were being handled are looked at again once those are
+// settled (see batches).
 func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	if stop.Err() != nil {
 		r.giveBack(0, msgs...)
@@ -321,7 +378,41 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 		return
 	}
 	defer r.release(len(msgs))
+	b := r.batches.start()
+	defer r.batches.end(b)
+	var again []types.Message
+	var inFlight []dedup.Result
+	r.handleConcurrent(stop, msgs, func(m types.Message, res dedup.Result) bool {
+		if res.Outcome == dedup.OutcomeInFlight && r.cfg.inFlightDelay > 0 && stop.Err() == nil && r.batches.shared(b) {
+			again, inFlight = append(again, m), append(inFlight, res)
+			return true
+		}
+		return false
+	})
+	if len(again) == 0 {
+		return
+	}
+	// Until the other batches are settled, for at most the in-flight delay:
+	// the longest a message in flight waits before it is looked at again.
+	r.batches.waitOthers(stop, b, r.cfg.inFlightDelay)
+	if stop.Err() != nil {
+		for i, m := range again {
+			r.settle(stop, m, inFlight[i], nil)
+		}
+		return
+	}
+	b = r.batches.start()
+	defer r.batches.end(b)
+	r.handleConcurrent(stop, again, nil)
+}
+
+// handleConcurrent runs msgs through HandleConcurrent and acts on each
+// outcome, except those that hold takes over.
+func (r *runner) handleConcurrent(stop context.Context, msgs []types.Message, hold func(types.Message, dedup.Result) bool) {
 	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
+		if err == nil && hold != nil && hold(msgs[i], res) {
+			return
+		}
 		r.settle(stop, msgs[i], res, err)
 	}, dedup.CallLease(r.vis))
 	if err != nil { // the batch claim failed: none of them ran

@@ -28,7 +28,7 @@
 //		dedup.WithScope(dedup.Scope("orders", "charge")),
 //		dedup.WithSink(sink)) // the lease follows the queue's visibility timeout
 //	...
-//	consumer, err := sqsdedup.NewConsumer(client, queueURL, w, sqsdedup.WithWorkers(20))
+//	consumer, err := sqsdedup.NewConsumer(client, queueURL, w)
 //	...
 //	err = consumer.Run(ctx) // until ctx is cancelled
 package sqsdedup

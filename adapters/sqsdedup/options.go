@@ -10,7 +10,10 @@ import (
 
 // Defaults applied by [NewConsumer] when an option is not given.
 const (
-	DefaultWorkers         = 10
+	// DefaultWorkers holds up to 100 messages: batches of up to 40 (see
+	// [WithWorkers]), two or three of them at once, so that receiving,
+	// claiming and completing overlap instead of following one another.
+	DefaultWorkers         = 100
 	DefaultWaitTime        = 20 * time.Second
 	DefaultInFlightDelay   = 5 * time.Second
 	DefaultDeleteInterval  = 100 * time.Millisecond
@@ -79,13 +82,20 @@ func (c *config) validate() error {
 // WithPollers sets how many goroutines receive from the queue (default 1).
 func WithPollers(n int) Opt { return optFunc(func(c *config) { c.pollers = n }) }
 
-// WithWorkers sets how many messages are handled at once (default 10). A
-// poller receives only as many messages as there are free workers, so no
-// message waits unhandled while its visibility timeout runs.
+// WithWorkers sets how many messages are held and handled at once (default
+// 100). A poller receives only as many messages as there are free workers,
+// so no message waits unhandled while its visibility timeout runs. On a
+// standard queue, the messages of a receive that comes back full are handled
+// together with those of the receives made right after it, without waiting,
+// while each comes back full: a batch of up to half the workers and four
+// receives (40 messages by default), claimed in one store call and completed
+// in one write, so that the next batch is received while one is handled.
+// WithWorkers(10) handles each receive on its own, one at a time.
 func WithWorkers(n int) Opt { return optFunc(func(c *config) { c.workers = n }) }
 
 // WithMaxMessages sets the most messages one receive asks for, 1 to 10
-// (default 10).
+// (default 10). A batch holds the messages of at most four receives (see
+// [WithWorkers]).
 func WithMaxMessages(n int) Opt { return optFunc(func(c *config) { c.maxMessages = n }) }
 
 // WithWaitTime sets how long a receive waits for messages to arrive (long
@@ -99,7 +109,11 @@ func WithVisibilityTimeout(d time.Duration) Opt { return optFunc(func(c *config)
 
 // WithInFlightDelay sets the longest a message whose event is being handled
 // elsewhere (dedup.OutcomeInFlight) stays invisible before it is looked at again
-// (default 5 s).
+// (default 5 s). If other receives of this consumer were being handled
+// meanwhile, one of them may hold the event: the message is then looked at
+// again as soon as they are settled, within d. A message still in flight is
+// given back for d, or the wrapper's shorter RetryAfter, rounded up to whole
+// seconds (SQS's unit); WithInFlightDelay(0) gives it back at once, visible.
 func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.inFlightDelay = d }) }
 
 // WithDeleteInterval sets how long a settled message may wait for others to

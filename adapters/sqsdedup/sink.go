@@ -136,7 +136,7 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	if err != nil {
 		return fmt.Errorf("sqsdedup: dead letter %s/%s for %s: %w", dl.Scope, dl.EventID, s.url, err)
 	}
-	if _, err := s.client.SendMessage(ctx, in); err != nil {
+	if _, err := s.client.SendMessage(ctx, in, keepConnection); err != nil {
 		return fmt.Errorf("sqsdedup: send dead letter %s/%s to %s: %w", dl.Scope, dl.EventID, s.url, err)
 	}
 	return nil

@@ -56,3 +56,12 @@ func (s *slots) signal() {
 	default:
 	}
 }
+
+// tryTake takes up to max free slots without waiting.
+func (s *slots) tryTake(max int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(s.free, max)
+	s.free -= n
+	return n
+}

@@ -46,8 +46,8 @@ var rows = []*row{
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
 	{name: "dynamodb-floor", title: "DynamoDB Local floor: conditional PutItem, 16 at once", small: true, run: runDynamoDBFloor},
 	{name: "sqs-none", title: "SQS (fauxqs): receive and delete, no dedup", small: true, sqs: true, run: runSQSNone},
-	{name: "sqs", title: "SQS (fauxqs): a receive claimed and completed together, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
-	{name: "sqs-dynamodb", title: "SQS (fauxqs): a receive claimed and completed together, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
+	{name: "sqs", title: "SQS (fauxqs): sqsdedup.Consumer defaults, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
+	{name: "sqs-dynamodb", title: "SQS (fauxqs): sqsdedup.Consumer defaults, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
 }
 
 func rowNames() []string {
