@@ -55,12 +55,23 @@ func TestRestartLosesWhatWasNotOnDisk(t *testing.T) {
 			}, dedup.WithScope("restart"), dedup.WithSink(dedup.NewMemorySink()))
 			require.NoError(t, err)
 
+			// With everysec, a claim can survive the crash without its
+			// completion (both acknowledged, the second not yet written):
+			// the record is then in flight until its lease lapses.
+			want := []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeDuplicate}
+			if c.lost < 0 {
+				want = append(want, dedup.OutcomeInFlight)
+			}
+			held := 0
 			deliver := func(from, to int) {
 				t.Helper()
 				for i := from; i < to; i++ {
 					res, err := w.Handle(t.Context(), fmt.Sprint("evt-", i))
 					require.NoError(t, err)
-					require.Contains(t, []dedup.Outcome{dedup.OutcomeProcessed, dedup.OutcomeDuplicate}, res.Outcome)
+					require.Contains(t, want, res.Outcome)
+					if res.Outcome == dedup.OutcomeInFlight {
+						held++
+					}
 				}
 			}
 			deliver(0, events/2)
@@ -78,7 +89,8 @@ func TestRestartLosesWhatWasNotOnDisk(t *testing.T) {
 					t.Fatalf("evt-%d ran %d times", i, n)
 				}
 			}
-			t.Logf("%s: %d of %d events acknowledged before the crash ran again after it", c.name, twice, events/2)
+			t.Logf("%s: %d of %d events acknowledged before the crash ran again after it, %d held by a claim whose completion was lost",
+				c.name, twice, events/2, held)
 			if c.lost >= 0 {
 				require.Equal(t, c.lost, twice)
 			}
