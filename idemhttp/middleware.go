@@ -65,13 +65,11 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 	}))
 }
 
-// Bounds of the pause between claims of a request waiting for its key
+// waitPause is the pause between claims of a request waiting for its key
 // (WithWaitInFlight): short at first, for handlers that answer in
-// milliseconds, then longer, so that waiters do not load the store.
-const (
-	firstWaitPause = 5 * time.Millisecond
-	maxWaitPause   = 200 * time.Millisecond
-)
+// milliseconds, then longer, so that waiters do not load the store; the
+// jitter spreads waiters that arrived together.
+var waitPause = dedup.ExponentialBackoff(10*time.Millisecond, 200*time.Millisecond)
 
 // claim claims p's key. With WithWaitInFlight, a key in flight is claimed
 // again after a pause, until it is no longer in flight, the wait is over or
@@ -83,8 +81,8 @@ func (m *Middleware) claim(ctx context.Context, p *prepared) (dedup.Claim, error
 		return c, err
 	}
 	deadline := time.Now().Add(m.cfg.waitInFlight)
-	for pause := firstWaitPause; c.Status == dedup.ClaimInFlight; pause = min(2*pause, maxWaitPause) {
-		wait := min(pause, time.Until(deadline))
+	for attempt := 1; c.Status == dedup.ClaimInFlight; attempt++ {
+		wait := min(waitPause(attempt), time.Until(deadline))
 		if wait <= 0 {
 			return c, nil
 		}
