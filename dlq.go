@@ -38,15 +38,19 @@ type Header struct {
 }
 
 // Origin says where a dead-lettered message came from. Kafka fills Topic,
-// Partition, Offset, Group and Timestamp; SQS fills QueueURL and MessageID.
+// Partition, Offset, Group and Timestamp; SQS fills QueueURL and MessageID;
+// RabbitMQ fills Queue, Exchange, RoutingKey, MessageID and Timestamp.
 type Origin struct {
-	Topic     string
-	Partition int32
-	Offset    int64
-	Group     string
-	Timestamp time.Time
-	QueueURL  string
-	MessageID string
+	Topic      string
+	Partition  int32
+	Offset     int64
+	Group      string
+	Timestamp  time.Time
+	QueueURL   string
+	MessageID  string
+	Queue      string
+	Exchange   string
+	RoutingKey string
 }
 
 // DeadLetter is a message parked because it can never succeed, with why.
@@ -102,6 +106,17 @@ func (d *DeadLetter) Metadata() []Header {
 			Header{Key: "dedup-origin-queue", Value: []byte(o.QueueURL)},
 			Header{Key: "dedup-origin-message-id", Value: []byte(o.MessageID)},
 		)
+	}
+	if o.Queue != "" {
+		h = append(h,
+			Header{Key: "dedup-origin-queue", Value: []byte(o.Queue)},
+			Header{Key: "dedup-origin-exchange", Value: []byte(o.Exchange)},
+			Header{Key: "dedup-origin-routing-key", Value: []byte(o.RoutingKey)},
+			Header{Key: "dedup-origin-message-id", Value: []byte(o.MessageID)},
+		)
+		if !o.Timestamp.IsZero() {
+			h = append(h, Header{Key: "dedup-origin-timestamp", Value: []byte(formatTime(o.Timestamp))})
+		}
 	}
 	return h
 }

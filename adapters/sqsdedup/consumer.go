@@ -16,11 +16,8 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/outage"
+	"github.com/dedupkit/dedup/internal/shutdown"
 )
-
-// cancelGrace bounds how long Run still waits for handlers once it has
-// cancelled their contexts: time for the wrapper to record the attempt.
-const cancelGrace = 15 * time.Second
 
 // Consumer receives messages from one SQS queue and runs them through a
 // dedup.Wrapper, then acts on each outcome. The messages of one receive from
@@ -498,25 +495,10 @@ func (r *runner) giveBack(d time.Duration, msgs ...types.Message) {
 // drain waits for running handlers, cancelling them after the shutdown
 // timeout.
 func (r *runner) drain() error {
-	done := make(chan struct{})
-	go func() {
-		r.handlers.Wait()
-		close(done)
-	}()
-	t := time.NewTimer(r.cfg.shutdownTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-t.C:
-	}
-	r.log.Warn("sqsdedup: handlers still running after the shutdown timeout; cancelling them")
-	r.cancelWork()
-	t.Reset(cancelGrace)
-	select {
-	case <-done:
-		return nil
-	case <-t.C:
+	if !shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, func() {
+		r.log.Warn("sqsdedup: handlers still running after the shutdown timeout; cancelling them")
+	}) {
 		return errors.New("sqsdedup: " + r.url + ": handlers still running after their contexts were cancelled")
 	}
+	return nil
 }

@@ -1,0 +1,341 @@
+package amqpdedup
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/outage"
+	"github.com/dedupkit/dedup/internal/shutdown"
+)
+
+// Consumer consumes one RabbitMQ queue with manual acknowledgements and runs
+// each delivery through a dedup.Wrapper, then acts on its outcome.
+// Deliveries that arrive together are claimed in one store call, handled
+// concurrently and their successes completed together
+// ([dedup.Wrapper.HandleConcurrent]). The outcomes:
+//
+//   - OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered (the letter
+//     published to the wrapper's sink, confirmed by the broker, first),
+//     OutcomeConflict: the delivery is acknowledged.
+//   - OutcomeRetry: the delivery is held for Result.RetryAfter, then
+//     returned to the queue (nack with requeue), so it comes back after the
+//     backoff.
+//   - OutcomeInFlight (the event is being handled elsewhere): the delivery
+//     is held for [WithInFlightDelay], then returned to the queue.
+//   - An error (store or sink unreachable): the delivery is held for
+//     [WithErrorBackoff], then returned to the queue.
+//
+// Nothing is acknowledged that is not settled. RabbitMQ has no visibility
+// timeout: a delivery stays with its consumer until it is acknowledged or
+// its channel closes, and the wrapper's heartbeat keeps the store lease
+// while a handler runs. A held delivery counts against the prefetch;
+// RabbitMQ's consumer_timeout (30 min by default) must exceed the longest
+// handler plus backoff.
+//
+// When the connection or the channel is lost (the broker restarts, the
+// network drops, the broker cancels the consumer because the queue was
+// deleted), RabbitMQ returns every unacknowledged delivery to the queue.
+// The Consumer connects again, with [WithErrorBackoff] between failed
+// tries, logging each at WARN with the queue's name; handlers still running
+// on the lost channel finish and record their outcomes, so the redelivered
+// copies are answered as duplicates (or, while they run, held as in
+// flight) and acknowledged on the new channel.
+type Consumer struct {
+	url   string
+	queue string
+	w     *dedup.Wrapper[amqp.Delivery]
+	cfg   config
+	log   *slog.Logger
+}
+
+// NewConsumer returns a Consumer of queue on the broker at url (an amqp://
+// or amqps:// URI) running deliveries through w, which should read them
+// with [Messages] for the same queue. The queue must exist when Run starts.
+func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt) (*Consumer, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if _, err := amqp.ParseURI(url); err != nil {
+		return nil, fmt.Errorf("%w: amqpdedup: %v", dedup.ErrConfig, err)
+	}
+	switch {
+	case queue == "":
+		return nil, fmt.Errorf("%w: amqpdedup: empty queue name", dedup.ErrConfig)
+	case w == nil:
+		return nil, fmt.Errorf("%w: amqpdedup: nil wrapper", dedup.ErrConfig)
+	}
+	return &Consumer{url: url, queue: queue, w: w, cfg: cfg, log: cfg.logger.With(slog.String("queue", queue))}, nil
+}
+
+// Run consumes and handles deliveries until ctx is done, then shuts down and
+// returns nil: it cancels the consumer, lets running handlers finish
+// (cancelling their contexts after [WithShutdownTimeout]), returns the
+// deliveries it holds to the queue and closes the connection. It connects
+// again whenever the connection or the channel is lost. With
+// [WithMaxOutage], Run also shuts down, and returns an error matching
+// [ErrOutage], once settling deliveries has kept failing for longer than
+// that bound. Several Runs of one Consumer at once are several consumers of
+// the queue.
+func (c *Consumer) Run(ctx context.Context) error {
+	ctx, giveUp := context.WithCancelCause(ctx)
+	defer giveUp(nil)
+	r := &runner{Consumer: c, giveUp: giveUp, held: make(map[*time.Timer]amqp.Delivery)}
+	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
+	defer r.cancelWork()
+
+	var sessions []*session
+	for failures := 0; ctx.Err() == nil; {
+		s, err := r.open(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			failures++
+			wait := c.cfg.errorBackoff(failures)
+			c.log.Warn("amqpdedup: cannot consume the queue; trying again", slog.Any("error", err), slog.Duration("retry_in", wait))
+			sleep(ctx, wait)
+			continue
+		}
+		failures = 0
+		sessions = append(sessions, s)
+		if lost := r.consume(ctx, s); lost != nil {
+			c.log.Warn("amqpdedup: consuming stopped; connecting again (unacknowledged deliveries return to the queue)",
+				slog.Any("error", lost))
+			s.conn.Close()
+		}
+	}
+	err := r.drain()
+	r.returnHeld()
+	for _, s := range sessions {
+		s.conn.Close()
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
+		return errors.Join(cause, err)
+	}
+	return err
+}
+
+// runner is the state of one Run.
+type runner struct {
+	*Consumer
+	// work is the handlers' context: it outlives Run's until the shutdown
+	// timeout, so that running handlers can finish.
+	work       context.Context
+	cancelWork context.CancelFunc
+	giveUp     context.CancelCauseFunc
+	handlers   sync.WaitGroup
+	failures   atomic.Int64 // deliveries not settled in a row
+
+	mu   sync.Mutex
+	held map[*time.Timer]amqp.Delivery // to be returned to the queue when their timer fires
+}
+
+// session is one connection's consumption of the queue.
+type session struct {
+	conn       *amqp.Connection
+	ch         *amqp.Channel
+	tag        string
+	deliveries <-chan amqp.Delivery
+	closed     chan *amqp.Error
+	cancelled  chan string
+}
+
+// open connects, sets the prefetch and starts consuming.
+func (r *runner) open(ctx context.Context) (*session, error) {
+	cfg := r.cfg.amqp
+	cfg.Properties = amqp.Table{"connection_name": "amqpdedup " + r.queue}
+	for k, v := range r.cfg.amqp.Properties {
+		cfg.Properties[k] = v
+	}
+	conn, err := amqp.DialConfig(r.url, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("amqpdedup: connect: %w", err)
+	}
+	s := &session{conn: conn, tag: "amqpdedup-" + rand.Text()[:10]}
+	fail := func(step string, err error) (*session, error) {
+		conn.Close()
+		return nil, fmt.Errorf("amqpdedup: %s on queue %q: %w", step, r.queue, err)
+	}
+	if s.ch, err = conn.Channel(); err != nil {
+		return fail("open a channel", err)
+	}
+	if err := s.ch.Qos(r.cfg.prefetch, 0, false); err != nil {
+		return fail("set the prefetch", err)
+	}
+	s.closed = s.ch.NotifyClose(make(chan *amqp.Error, 1))
+	s.cancelled = s.ch.NotifyCancel(make(chan string, 1))
+	if s.deliveries, err = s.ch.ConsumeWithContext(ctx, r.queue, s.tag, false, false, false, false, nil); err != nil {
+		return fail("consume", err)
+	}
+	return s, nil
+}
+
+// consume dispatches s's deliveries in batches until ctx is done (nil) or
+// the session is lost (why).
+func (r *runner) consume(ctx context.Context, s *session) error {
+	batchSize := max(1, r.cfg.prefetch/2)
+	for {
+		select {
+		case <-ctx.Done():
+			// Deliveries already sent to this channel stay unacknowledged
+			// and return to the queue when it closes.
+			_ = s.ch.Cancel(s.tag, false)
+			return nil
+		case d, ok := <-s.deliveries:
+			if !ok {
+				return lostWhy(s)
+			}
+			batch := []amqp.Delivery{d}
+		fill:
+			for len(batch) < batchSize {
+				select {
+				case d, ok := <-s.deliveries:
+					if !ok {
+						break fill
+					}
+					batch = append(batch, d)
+				default:
+					break fill
+				}
+			}
+			r.handlers.Go(func() { r.handle(ctx, batch) })
+		}
+	}
+}
+
+// lostWhy says why s's deliveries stopped.
+func lostWhy(s *session) error {
+	select {
+	case tag := <-s.cancelled:
+		return fmt.Errorf("the broker cancelled consumer %s (the queue deleted, or its leader moved)", tag)
+	case err := <-s.closed:
+		if err != nil {
+			return err
+		}
+	default:
+	}
+	if s.conn.IsClosed() {
+		return errors.New("connection closed")
+	}
+	return errors.New("channel closed")
+}
+
+// handle runs batch through the wrapper and acts on each outcome.
+func (r *runner) handle(stop context.Context, batch []amqp.Delivery) {
+	err := r.w.HandleConcurrent(r.work, batch, func(i int, res dedup.Result, err error) {
+		r.settle(stop, batch[i], res, err)
+	})
+	if err != nil { // the batch claim failed: none of them ran
+		for _, d := range batch {
+			r.settle(stop, d, dedup.Result{}, err)
+		}
+	}
+}
+
+// settle acts on the outcome of one delivery.
+func (r *runner) settle(stop context.Context, d amqp.Delivery, res dedup.Result, err error) {
+	switch {
+	case err != nil:
+		level := slog.LevelWarn
+		if stop.Err() == nil { // not a handler cancelled by the shutdown
+			level = r.failed()
+		}
+		n := r.failures.Add(1)
+		r.log.Log(r.work, level, "amqpdedup: delivery not acknowledged; it will come back", slog.String("message_id", d.MessageId),
+			slog.String("key", res.Key.String()), slog.Any("error", err))
+		r.holdBack(stop, d, r.cfg.errorBackoff(int(n)))
+	case res.Settled():
+		r.failures.Store(0)
+		if err := d.Ack(false); err != nil {
+			r.log.Debug("amqpdedup: acknowledgement lost with its channel; the redelivery is answered as a duplicate",
+				slog.String("key", res.Key.String()), slog.Any("error", err))
+		}
+	case res.Outcome == dedup.OutcomeInFlight:
+		r.holdBack(stop, d, min(res.RetryAfter, r.cfg.inFlightDelay))
+	default: // dedup.OutcomeRetry
+		r.holdBack(stop, d, res.RetryAfter)
+	}
+}
+
+// failed is called for each delivery that could not be settled: it stops
+// Run once failures have lasted longer than WithMaxOutage, and returns the
+// level to log this one at.
+func (r *runner) failed() slog.Level {
+	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.maxOutage, ErrOutage)
+	if stop != nil {
+		r.giveUp(stop)
+	}
+	return level
+}
+
+// holdBack returns d to the queue after delay, or at once when Run is
+// stopping.
+func (r *runner) holdBack(stop context.Context, d amqp.Delivery, delay time.Duration) {
+	if delay <= 0 || stop.Err() != nil {
+		requeue(d)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		r.mu.Lock()
+		_, ok := r.held[t]
+		delete(r.held, t)
+		r.mu.Unlock()
+		if ok {
+			requeue(d)
+		}
+	})
+	r.held[t] = d
+}
+
+// returnHeld returns every held delivery to the queue now.
+func (r *runner) returnHeld() {
+	r.mu.Lock()
+	held := r.held
+	r.held = make(map[*time.Timer]amqp.Delivery)
+	r.mu.Unlock()
+	for t, d := range held {
+		t.Stop()
+		requeue(d)
+	}
+}
+
+// requeue returns d to the queue. On a lost channel the broker has done so
+// already.
+func requeue(d amqp.Delivery) { _ = d.Nack(false, true) }
+
+// drain waits for running handlers, cancelling them after the shutdown
+// timeout.
+func (r *runner) drain() error {
+	if !shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, func() {
+		r.log.Warn("amqpdedup: handlers still running after the shutdown timeout; cancelling them")
+	}) {
+		return errors.New("amqpdedup: " + r.queue + ": handlers still running after their contexts were cancelled")
+	}
+	return nil
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,29 @@
+// Package amqpdedup runs RabbitMQ deliveries (AMQP 0-9-1, amqp091-go)
+// through a dedup.Wrapper, so that each event has one effect however often
+// RabbitMQ delivers it, and parks poison messages in a dead-letter queue.
+//
+// It has three parts:
+//
+//   - [Messages] tells a dedup.Wrapper how to read an amqp091.Delivery: the
+//     event ID from the message_id property (or a header, or a function),
+//     the body as the payload, and a quorum queue's x-delivery-count as the
+//     transport's attempt count.
+//   - [Consumer] consumes a queue with manual acknowledgements and a bounded
+//     prefetch, acknowledges a delivery only once its outcome is settled,
+//     returns the others to the queue after their backoff, and connects
+//     again when the connection or the channel is lost.
+//   - [Sink] is a dedup.Sink that publishes dead letters with publisher
+//     confirms and as mandatory, so that a letter is acknowledged by the
+//     broker, or an error, before the original is.
+//
+// A worker:
+//
+//	sink, err := amqpdedup.NewSink(url) // letters to "orders.dlq"
+//	...
+//	w, err := dedup.Wrap(store, amqpdedup.Messages("orders"), handle,
+//		dedup.WithScope(dedup.Scope("orders", "charge")), dedup.WithSink(sink))
+//	...
+//	consumer, err := amqpdedup.NewConsumer(url, "orders", w)
+//	...
+//	err = consumer.Run(ctx) // until ctx is cancelled
+package amqpdedup

@@ -1,0 +1,104 @@
+package amqpdedup
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dedupkit/dedup"
+)
+
+// Defaults applied by [NewConsumer] when an option is not given.
+const (
+	DefaultPrefetch        = 100
+	DefaultInFlightDelay   = 5 * time.Second
+	DefaultShutdownTimeout = 30 * time.Second
+)
+
+// Opt configures a [Consumer].
+type Opt interface{ apply(*config) }
+
+type optFunc func(*config)
+
+func (f optFunc) apply(x *config) { f(x) }
+
+type config struct {
+	prefetch        int
+	amqp            amqp.Config
+	inFlightDelay   time.Duration
+	errorBackoff    dedup.Backoff
+	shutdownTimeout time.Duration
+	maxOutage       time.Duration
+	logger          *slog.Logger
+}
+
+func defaultConfig() config {
+	return config{
+		prefetch:        DefaultPrefetch,
+		amqp:            amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"},
+		inFlightDelay:   DefaultInFlightDelay,
+		errorBackoff:    dedup.ExponentialBackoff(time.Second, 30*time.Second),
+		shutdownTimeout: DefaultShutdownTimeout,
+		logger:          slog.Default(),
+	}
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.prefetch < 1 || c.prefetch > 65535:
+		return fmt.Errorf("%w: WithPrefetch(%d): must be 1 to 65535", dedup.ErrConfig, c.prefetch)
+	case c.inFlightDelay < 0:
+		return fmt.Errorf("%w: WithInFlightDelay(%v): must not be negative", dedup.ErrConfig, c.inFlightDelay)
+	case c.errorBackoff == nil:
+		return fmt.Errorf("%w: WithErrorBackoff(nil)", dedup.ErrConfig)
+	case c.shutdownTimeout <= 0:
+		return fmt.Errorf("%w: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
+	case c.maxOutage < 0:
+		return fmt.Errorf("%w: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, c.maxOutage)
+	case c.logger == nil:
+		return fmt.Errorf("%w: WithLogger(nil)", dedup.ErrConfig)
+	}
+	return nil
+}
+
+// WithPrefetch sets the channel's QoS prefetch count: how many deliveries
+// the consumer holds unacknowledged at most (default 100). Deliveries that
+// arrive together are handled together, up to half of it: their keys
+// claimed in one store call and their successes completed in one write.
+func WithPrefetch(n int) Opt { return optFunc(func(c *config) { c.prefetch = n }) }
+
+// WithDialConfig sets how the consumer connects (TLS, SASL, heartbeat,
+// vhost, dialer); the default has a 10 s heartbeat.
+func WithDialConfig(cfg amqp.Config) Opt { return optFunc(func(c *config) { c.amqp = cfg }) }
+
+// WithInFlightDelay sets how long a delivery whose event is being handled
+// elsewhere (dedup.OutcomeInFlight) is held before it is returned to the
+// queue, to be looked at again (default 5 s, or the wrapper's shorter
+// RetryAfter).
+func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.inFlightDelay = d }) }
+
+// WithErrorBackoff sets how long a delivery that could not be settled (the
+// store or the sink unreachable) is held before it is returned to the queue,
+// by the number of such failures in a row, and how long the consumer waits
+// before connecting again after a failure (default: exponential from 1 s to
+// 30 s).
+func WithErrorBackoff(b dedup.Backoff) Opt { return optFunc(func(c *config) { c.errorBackoff = b }) }
+
+// WithShutdownTimeout sets how long Run waits, once its context is done, for
+// handlers to finish before it cancels their contexts (default 30 s).
+func WithShutdownTimeout(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.shutdownTimeout = d })
+}
+
+// WithMaxOutage makes Run stop, as if its context were cancelled, and return
+// an error matching [ErrOutage] once handling deliveries has kept failing
+// for longer than d (default 0: Run never gives up).
+func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.maxOutage = d }) }
+
+// WithLogger sets the logger (default: slog.Default() as of NewConsumer).
+// The Consumer logs at WARN what it will retry (a lost connection, a
+// delivery not acknowledged); the wrapper logs an outage of the store or
+// the sink (dedup.WithOutageThreshold).
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
