@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/amqpconn"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
 )
@@ -109,6 +110,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 			sleep(ctx, wait)
 			continue
 		}
+		if failures > 0 || len(sessions) > 0 {
+			c.log.Info("amqpdedup: consuming the queue again")
+		}
 		failures = 0
 		sessions = append(sessions, s)
 		if lost := r.consume(ctx, s); lost != nil {
@@ -155,12 +159,7 @@ type session struct {
 
 // open connects, sets the prefetch and starts consuming.
 func (r *runner) open(ctx context.Context) (*session, error) {
-	cfg := r.cfg.amqp
-	cfg.Properties = amqp.Table{"connection_name": "amqpdedup " + r.queue}
-	for k, v := range r.cfg.amqp.Properties {
-		cfg.Properties[k] = v
-	}
-	conn, err := amqp.DialConfig(r.url, cfg)
+	conn, err := amqpconn.Dial(r.url, r.cfg.amqp, "amqpdedup "+r.queue)
 	if err != nil {
 		return nil, fmt.Errorf("amqpdedup: connect: %w", err)
 	}

@@ -223,7 +223,11 @@ func TestConnectionLoss(t *testing.T) {
 		return nil
 	}, []amqpdedup.Opt{amqpdedup.WithLogger(slog.New(logs))})
 	stop := run(t, c)
-	for _, at := range []int{events / 4, events / 2} {
+	// Each cut comes once the consumer consumes (again) and has applied
+	// more events.
+	for cut := range 2 {
+		waitFor(t, "consuming again", func() bool { return logs.count("amqpdedup: consuming the queue again") >= cut })
+		at := got.distinct() + 20
 		waitFor(t, fmt.Sprintf("%d applied", at), func() bool { return got.distinct() >= at })
 		proxy.Cut()
 		time.Sleep(500 * time.Millisecond)

@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/amqpconn"
 )
 
 // Defaults applied by [NewConsumer] when an option is not given.
@@ -37,7 +38,7 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		prefetch:        DefaultPrefetch,
-		amqp:            amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"},
+		amqp:            amqpconn.DefaultConfig(),
 		inFlightDelay:   DefaultInFlightDelay,
 		errorBackoff:    dedup.ExponentialBackoff(time.Second, 30*time.Second),
 		shutdownTimeout: DefaultShutdownTimeout,

@@ -6,25 +6,27 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/amqpconn"
 )
 
 // ErrNoDLQ means a [Sink] has no routing key for a letter: its origin
 // queue is unknown and no routing function names one.
 var ErrNoDLQ = errors.New("amqpdedup: no dead-letter routing key for this letter")
 
-// ErrNacked means the broker refused a dead letter (a negative publisher
-// confirm); the original delivery is not acknowledged.
-var ErrNacked = errors.New("amqpdedup: the broker refused the dead letter")
+// ErrNacked means the broker refused a message (a negative publisher
+// confirm, which RabbitMQ sends on an internal error of a queue): for a dead
+// letter, the original delivery is not acknowledged.
+var ErrNacked = errors.New("amqpdedup: the broker refused the message")
 
-// UnroutableError means the broker routed a dead letter to no queue: the
-// exchange has no binding for its routing key, or the dead-letter queue does
-// not exist. The letter was published as mandatory, so the broker returned
-// it instead of dropping it; the original delivery is not acknowledged.
+// UnroutableError means the broker routed a message to no queue: the
+// exchange has no binding for its routing key, or, on the default exchange,
+// no queue has that name. The message was published as mandatory, so the
+// broker returned it instead of dropping it: for a dead letter, the
+// original delivery is not acknowledged.
 type UnroutableError struct {
 	Exchange   string
 	RoutingKey string
@@ -32,7 +34,7 @@ type UnroutableError struct {
 }
 
 func (e *UnroutableError) Error() string {
-	return fmt.Sprintf("amqpdedup: dead letter unroutable: exchange %q, routing key %q: %s", e.Exchange, e.RoutingKey, e.ReplyText)
+	return fmt.Sprintf("amqp: unroutable: exchange %q, routing key %q: %s", e.Exchange, e.RoutingKey, e.ReplyText)
 }
 
 // SinkOpt configures a [Sink].
@@ -75,20 +77,18 @@ func WithSinkDialConfig(cfg amqp.Config) SinkOpt { return sinkOptFunc(func(s *Si
 // The Sink has its own connection, opened on the first Send and again after
 // it is lost; Close closes it. It publishes one letter at a time.
 type Sink struct {
-	url        string
-	amqp       amqp.Config
 	exchange   string
 	routingKey func(queue string) string
+	url        string
+	amqp       amqp.Config
 
-	mu      sync.Mutex // one publish at a time: a return is then this letter's
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	returns chan amqp.Return
+	mu   sync.Mutex
+	conn *amqpconn.Confirmed
 }
 
 // NewSink returns a Sink publishing to the broker at url.
 func NewSink(url string, opts ...SinkOpt) (*Sink, error) {
-	s := &Sink{url: url, amqp: amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"},
+	s := &Sink{url: url, amqp: amqpconn.DefaultConfig(),
 		routingKey: func(queue string) string {
 			if queue == "" {
 				return ""
@@ -104,6 +104,7 @@ func NewSink(url string, opts ...SinkOpt) (*Sink, error) {
 	if s.routingKey == nil {
 		return nil, fmt.Errorf("%w: amqpdedup.WithRoutingKey: nil function", dedup.ErrConfig)
 	}
+	s.conn = amqpconn.NewConfirmed(url, s.amqp, "amqpdedup sink")
 	return s, nil
 }
 
@@ -129,80 +130,39 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 }
 
 func (s *Sink) publish(ctx context.Context, key string, pub amqp.Publishing) error {
-	if err := s.connect(); err != nil {
+	ch, returns, err := s.conn.Channel()
+	if err != nil {
 		return err
 	}
-	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, s.exchange, key, true, false, pub)
+	returned := amqpconn.CollectReturns(returns)
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, s.exchange, key, true, false, pub)
 	if err != nil {
-		s.reset()
+		returned()
+		s.conn.Reset()
 		return fmt.Errorf("publish to exchange %q, routing key %q: %w", s.exchange, key, err)
 	}
 	acked, err := dc.WaitContext(ctx)
-	if err != nil {
-		// The confirmation may still come: a channel whose state is
-		// unknown is not used again.
-		s.reset()
-		return fmt.Errorf("waiting for the broker's confirmation: %w", err)
-	}
-	// The broker returns an unroutable mandatory message before confirming
-	// it, and the client hands returns over before confirmations.
-	select {
-	case ret := <-s.returns:
+	if ret, ok := returned()[pub.MessageId]; ok {
 		return &UnroutableError{Exchange: ret.Exchange, RoutingKey: ret.RoutingKey, ReplyText: ret.ReplyText}
-	default:
 	}
-	if !acked {
-		if s.ch.IsClosed() {
-			s.reset()
-			return fmt.Errorf("%w: the channel closed before the confirmation", ErrNacked)
-		}
+	switch {
+	case err != nil:
+		s.conn.Reset()
+		return fmt.Errorf("waiting for the broker's confirmation: %w", err)
+	case !acked && ch.IsClosed():
+		s.conn.Reset()
+		return fmt.Errorf("%w: the channel closed before the confirmation", ErrNacked)
+	case !acked:
 		return ErrNacked
 	}
 	return nil
-}
-
-// connect opens the connection and the confirm channel if they are not
-// open.
-func (s *Sink) connect() error {
-	if s.ch != nil && !s.ch.IsClosed() {
-		return nil
-	}
-	s.reset()
-	cfg := s.amqp
-	cfg.Properties = amqp.Table{"connection_name": "amqpdedup sink"}
-	for k, v := range s.amqp.Properties {
-		cfg.Properties[k] = v
-	}
-	conn, err := amqp.DialConfig(s.url, cfg)
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
-	if err != nil {
-		conn.Close()
-		return fmt.Errorf("open a confirm channel: %w", err)
-	}
-	s.conn, s.ch = conn, ch
-	s.returns = ch.NotifyReturn(make(chan amqp.Return, 1))
-	return nil
-}
-
-// reset closes the connection, if any, so that the next Send opens another.
-func (s *Sink) reset() {
-	if s.conn != nil {
-		s.conn.Close()
-	}
-	s.conn, s.ch, s.returns = nil, nil, nil
 }
 
 // Close closes the sink's connection. A Send after Close connects again.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.reset()
+	s.conn.Reset()
 	return nil
 }
 
