@@ -30,6 +30,11 @@ type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 // the row is let go. HandleBatch runs a batch's events in shared
 // transactions (see [WithTxPerEvent]). Use it when the handler's effects
 // live in the same database.
+//
+// Each event in flight holds one of the pool's connections for its
+// transaction (HandleConcurrent runs as many at once as it is given): a
+// handler that also writes outside tx must not take its connection from
+// the same pool, which those transactions may hold to the last one.
 func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts ...Opt) (*Wrapper[M], error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
