@@ -7,21 +7,10 @@
 # DEDUP_NO_APT=1 stops instead), so `make stop-services` leaves them alone.
 set -euo pipefail
 
-log() { echo "brokers: $*" >&2; }
-die() {
-	log "ERROR: $*"
-	exit 1
-}
-
-install() { # PACKAGE COMMAND
-	command -v "$2" >/dev/null && return
-	if [[ "${DEDUP_NO_APT:-}" == 1 ]]; then
-		die "$2 is not installed: install it (apt-get install $1) or unset DEDUP_NO_APT to let this script do it"
-	fi
-	log "$2 is not installed: installing it system-wide with apt-get install $1 (set DEDUP_NO_APT=1 to stop instead)"
-	apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
-}
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+NAME=brokers
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 
 # rabbitmq_answers: the AMQP 0-9-1 protocol header gets a method frame
 # (Connection.Start) back.
@@ -43,34 +32,24 @@ nats_answers() {
 	[[ "$info" == INFO* && "$info" == *'"jetstream":true'* ]]
 }
 
-wait_for() { # SECONDS NAME CHECK
-	local i
-	for ((i = 0; i < $1 * 2; i++)); do
-		if "$3" 2>/dev/null; then
-			log "$2 ready"
-			return 0
-		fi
-		sleep 0.5
-	done
-	die "$2 did not answer within $1 s"
-}
-
 if rabbitmq_answers 2>/dev/null; then
 	log "RabbitMQ already answers on 127.0.0.1:5672"
 else
-	install rabbitmq-server rabbitmq-server
+	command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server "RabbitMQ is not installed"
 	log "starting RabbitMQ (rabbitmq-server -detached)"
 	rabbitmq-server -detached || true
-	wait_for 90 "RabbitMQ on 127.0.0.1:5672" rabbitmq_answers
+	wait_for 90 rabbitmq_answers || die "RabbitMQ does not answer on 127.0.0.1:5672"
+	log "RabbitMQ ready on 127.0.0.1:5672"
 fi
 
 if nats_answers 2>/dev/null; then
 	log "NATS with JetStream already answers on 127.0.0.1:4222"
 else
-	install nats-server nats-server
+	command -v nats-server >/dev/null || apt_install nats-server "NATS is not installed"
 	log "starting NATS with JetStream"
 	mkdir -p /var/lib/nats-server
 	start-stop-daemon --start --oknodo --background --exec "$(command -v nats-server)" -- \
 		-a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
-	wait_for 30 "NATS with JetStream on 127.0.0.1:4222" nats_answers
+	wait_for 30 nats_answers || die "NATS with JetStream does not answer on 127.0.0.1:4222"
+	log "NATS with JetStream ready on 127.0.0.1:4222"
 fi

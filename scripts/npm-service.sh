@@ -2,11 +2,8 @@
 # (fauxqs.sh, local-aws-sqs.sh); sourced, not run. The caller sets NAME (for
 # messages), PORT, DIR (the install directory under .cache) and CACHE.
 
-log() { echo "$NAME: $*" >&2; }
-die() {
-	log "ERROR: $*"
-	exit 1
-}
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # answers: any HTTP answer on 127.0.0.1:$PORT will do (SQS emulators reply
 # to a bare GET).

@@ -13,11 +13,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="$ROOT/.cache"
 PORT="${DEDUP_REDIS_PORT:-6379}"
 
-log() { echo "redis: $*" >&2; }
-die() {
-	log "ERROR: $*"
-	exit 1
-}
+NAME=redis
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 
 # answers: a PONG from 127.0.0.1:$PORT, through bash's /dev/tcp (no client needed).
 answers() {
@@ -30,12 +28,7 @@ answers() {
 }
 
 if ! command -v redis-server >/dev/null; then
-	if [[ "${DEDUP_NO_APT:-}" == 1 ]]; then
-		die "redis-server is not installed: install it (apt-get install redis-server) or unset DEDUP_NO_APT to let this script do it"
-	fi
-	log "redis-server is not installed: installing it system-wide with apt-get install redis-server (set DEDUP_NO_APT=1 to stop instead)"
-	apt-get update -qq >&2
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+	apt_install redis-server "redis-server is not installed"
 	log "installed $(redis-server --version | cut -d' ' -f1-3)"
 fi
 
