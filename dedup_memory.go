@@ -93,22 +93,13 @@ func (s *MemoryStore) acquire(rec *Record, req ClaimRequest, now time.Time) {
 
 // Complete marks the record succeeded with result if owner still holds it.
 func (s *MemoryStore) Complete(ctx context.Context, key Key, owner string, result []byte, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dedup: memory complete %s: %w", key, err)
-	}
 	result = bytes.Clone(result)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	rec := s.held(key, owner, now)
-	if rec == nil {
-		return fmt.Errorf("dedup: memory complete %s: %w", key, ErrLeaseLost)
-	}
-	rec.Status = StatusSucceeded
-	rec.Result = result
-	rec.UpdatedAt = now
-	rec.ExpiresAt = now.Add(ttl)
-	return nil
+	return s.update(ctx, "complete", key, owner, func(rec *Record, now time.Time) {
+		rec.Status = StatusSucceeded
+		rec.Result = result
+		rec.UpdatedAt = now
+		rec.ExpiresAt = now.Add(ttl)
+	})
 }
 
 // CompleteBatch completes each record its owner still holds, under one lock.
@@ -143,44 +134,43 @@ func (s *MemoryStore) CompleteBatch(ctx context.Context, cs []Completion) ([]err
 
 // Fail records a failed attempt if owner still holds the record.
 func (s *MemoryStore) Fail(ctx context.Context, key Key, owner string, f Failure) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dedup: memory fail %s: %w", key, err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	rec := s.held(key, owner, now)
-	if rec == nil {
-		return fmt.Errorf("dedup: memory fail %s: %w", key, ErrLeaseLost)
-	}
-	rec.Status = StatusFailedRetryable
-	if f.Final {
-		rec.Status = StatusFailedFinal
-	}
-	rec.LastError = f.Error
-	if rec.FirstFailure.IsZero() {
-		rec.FirstFailure = now
-	}
-	rec.LastFailure = now
-	rec.UpdatedAt = now
-	rec.ExpiresAt = now.Add(f.TTL)
-	return nil
+	return s.update(ctx, "fail", key, owner, func(rec *Record, now time.Time) {
+		rec.Status = StatusFailedRetryable
+		if f.Final {
+			rec.Status = StatusFailedFinal
+		}
+		rec.LastError = f.Error
+		if rec.FirstFailure.IsZero() {
+			rec.FirstFailure = now
+		}
+		rec.LastFailure = now
+		rec.UpdatedAt = now
+		rec.ExpiresAt = now.Add(f.TTL)
+	})
 }
 
 // Extend pushes the lease of a held record to lease from now.
 func (s *MemoryStore) Extend(ctx context.Context, key Key, owner string, lease time.Duration) error {
+	return s.update(ctx, "extend", key, owner, func(rec *Record, now time.Time) {
+		rec.LeaseUntil = now.Add(lease)
+		rec.UpdatedAt = now
+	})
+}
+
+// update applies f to the record of key while owner holds it, or returns
+// ErrLeaseLost; op names the operation in errors.
+func (s *MemoryStore) update(ctx context.Context, op string, key Key, owner string, f func(rec *Record, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dedup: memory extend %s: %w", key, err)
+		return fmt.Errorf("dedup: memory %s %s: %w", op, key, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	rec := s.held(key, owner, now)
 	if rec == nil {
-		return fmt.Errorf("dedup: memory extend %s: %w", key, ErrLeaseLost)
+		return fmt.Errorf("dedup: memory %s %s: %w", op, key, ErrLeaseLost)
 	}
-	rec.LeaseUntil = now.Add(lease)
-	rec.UpdatedAt = now
+	f(rec, now)
 	return nil
 }
 
@@ -243,19 +233,10 @@ var (
 // Release gives back a claim whose handler never started: the record becomes
 // claimable at once and the attempt is not counted.
 func (s *MemoryStore) Release(ctx context.Context, key Key, owner string) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dedup: memory release %s: %w", key, err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	rec := s.held(key, owner, now)
-	if rec == nil {
-		return fmt.Errorf("dedup: memory release %s: %w", key, ErrLeaseLost)
-	}
-	rec.Status = StatusFailedRetryable
-	rec.Attempts--
-	rec.LeaseUntil = now
-	rec.UpdatedAt = now
-	return nil
+	return s.update(ctx, "release", key, owner, func(rec *Record, now time.Time) {
+		rec.Status = StatusFailedRetryable
+		rec.Attempts--
+		rec.LeaseUntil = now
+		rec.UpdatedAt = now
+	})
 }

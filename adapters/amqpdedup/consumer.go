@@ -121,7 +121,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			s.conn.Close()
 		}
 	}
-	err := r.drain()
+	err := shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, r.log, "amqpdedup: "+r.queue)
 	r.returnHeld()
 	for _, s := range sessions {
 		s.conn.Close()
@@ -317,17 +317,6 @@ func (r *runner) returnHeld() {
 // requeue returns d to the queue. On a lost channel the broker has done so
 // already.
 func requeue(d amqp.Delivery) { _ = d.Nack(false, true) }
-
-// drain waits for running handlers, cancelling them after the shutdown
-// timeout.
-func (r *runner) drain() error {
-	if !shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, func() {
-		r.log.Warn("amqpdedup: handlers still running after the shutdown timeout; cancelling them")
-	}) {
-		return errors.New("amqpdedup: " + r.queue + ": handlers still running after their contexts were cancelled")
-	}
-	return nil
-}
 
 // sleep waits for d or until ctx is done.
 func sleep(ctx context.Context, d time.Duration) {

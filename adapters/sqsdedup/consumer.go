@@ -148,7 +148,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		pollers.Go(func() { r.poll(ctx) })
 	}
 	pollers.Wait()
-	err := r.drain()
+	err := shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, r.log, "sqsdedup: "+r.url)
 	r.stop()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
 		return errors.Join(cause, err)
@@ -490,15 +490,4 @@ func (r *runner) giveBack(d time.Duration, msgs ...types.Message) {
 				slog.Int("messages", len(lost)))
 		}
 	}
-}
-
-// drain waits for running handlers, cancelling them after the shutdown
-// timeout.
-func (r *runner) drain() error {
-	if !shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, func() {
-		r.log.Warn("sqsdedup: handlers still running after the shutdown timeout; cancelling them")
-	}) {
-		return errors.New("sqsdedup: " + r.url + ": handlers still running after their contexts were cancelled")
-	}
-	return nil
 }

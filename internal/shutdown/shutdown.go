@@ -3,6 +3,8 @@
 package shutdown
 
 import (
+	"errors"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -11,10 +13,11 @@ import (
 // cancelled their contexts: time for the wrapper to record the attempt.
 const Grace = 15 * time.Second
 
-// Wait waits for handlers to finish. After timeout it calls cancel (the
-// handlers' contexts) and onCancel, and waits up to Grace more; it returns
-// false if they were still running then.
-func Wait(handlers *sync.WaitGroup, timeout time.Duration, cancel, onCancel func()) bool {
+// Wait waits for handlers to finish. After timeout it logs so at WARN and
+// calls cancel (the handlers' contexts), then waits up to Grace more, and
+// returns an error if they are still running; name (such as
+// "sqsdedup: <queue URL>") begins the messages.
+func Wait(handlers *sync.WaitGroup, timeout time.Duration, cancel func(), log *slog.Logger, name string) error {
 	done := make(chan struct{})
 	go func() {
 		handlers.Wait()
@@ -24,16 +27,16 @@ func Wait(handlers *sync.WaitGroup, timeout time.Duration, cancel, onCancel func
 	defer t.Stop()
 	select {
 	case <-done:
-		return true
+		return nil
 	case <-t.C:
 	}
-	onCancel()
+	log.Warn(name + ": handlers still running after the shutdown timeout; cancelling them")
 	cancel()
 	t.Reset(Grace)
 	select {
 	case <-done:
-		return true
+		return nil
 	case <-t.C:
-		return false
+		return errors.New(name + ": handlers still running after their contexts were cancelled")
 	}
 }
