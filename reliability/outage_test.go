@@ -2,10 +2,12 @@ package reliability_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -87,11 +90,11 @@ func TestPostgresOutage(t *testing.T) {
 			p := newPlan(k.topic, "pg", outageEvents(), 0.30, 0.02, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
 			k.produce(p.records...)
 			group := "pg-outage-" + mode + "-" + tc.lease.String() + "-" + runID()
-			st, logs := newSettled(), &logBuffer{}
+			st, logs, amb := newSettled(), &logBuffer{}, &ambiguous{}
 			logs.dumpOnFailure(t)
 			sink := kafkaSink(t, k)
 			newWrapper := func(i int) *dedup.Wrapper[*kgo.Record] {
-				return pgWrapper(t, mode, store, effectsPool, effects, "c"+strconv.Itoa(i+1),
+				return pgWrapper(t, mode, store, effectsPool, effects, "c"+strconv.Itoa(i+1), amb,
 					wrapOpts(group+"/apply", sink, st, logs.logger(), tc.lease))
 			}
 
@@ -110,6 +113,7 @@ func TestPostgresOutage(t *testing.T) {
 			dlq := k.readAll(k.dlq)
 			fig, twice := count(p, effectRows(t, effectsPool, effects), dlq)
 			fig.outages, fig.elapsed = 1, time.Since(began)
+			twice = amb.explain(t, &fig, twice)
 			if tc.effectsApart {
 				// A copy sent to another partition is a delivery the
 				// transport gave another worker: once the first copy's
@@ -245,13 +249,13 @@ func TestDLQOutage(t *testing.T) {
 			p := newPlan(k.topic, "dlq", outageEvents()*2/3, 0.30, 0.05, 0, rand.New(rand.NewPCG(rand.Uint64(), 0)))
 			k.produce(p.records...)
 			group := "dlq-outage-" + mode + "-" + runID()
-			st, logs := newSettled(), &logBuffer{}
+			st, logs, amb := newSettled(), &logBuffer{}, &ambiguous{}
 			logs.dumpOnFailure(t)
 			sink := kafkaSink(t, k)
 			watch, stopWatch := context.WithCancel(context.Background())
 			violations := st.watchCommits(watch, k, group, p.records)
 			cs := startConsumers(t, k, group, 2, logs.logger(), func(i int) *dedup.Wrapper[*kgo.Record] {
-				return pgWrapper(t, mode, store, pool, effects, "c"+strconv.Itoa(i+1),
+				return pgWrapper(t, mode, store, pool, effects, "c"+strconv.Itoa(i+1), amb,
 					wrapOpts(group+"/apply", sink, st, logs.logger(), 5*time.Second))
 			})
 			time.Sleep(3 * time.Second)
@@ -272,6 +276,7 @@ func TestDLQOutage(t *testing.T) {
 			dlq := k.readAll(k.dlq)
 			fig, twice := count(p, effectRows(t, pool, effects), dlq)
 			fig.outages, fig.elapsed = 1, time.Since(began)
+			twice = amb.explain(t, &fig, twice)
 			checkEnd(t, "dead-letter topic outage ("+mode+")", fig, twice, <-violations)
 			t.Logf("dead-letter writes refused: %d; poison records held while refused: %d", refused.Load(), held)
 			if refused.Load() == 0 || held == 0 {
@@ -321,7 +326,11 @@ func checkLetters(t *testing.T, mode string, p *plan, dlq []*kgo.Record) {
 // pgWrapper returns a wrapper whose handler writes one row per effect to
 // the effects table, through the transactional inbox (modeInbox) or in its
 // own transaction after a store claim (modeClaim); poison always fails.
-func pgWrapper(t *testing.T, mode string, store *dedup.PostgresStore, pool *pgxpool.Pool, effects, name string, opts []dedup.Opt) *dedup.Wrapper[*kgo.Record] {
+// pgWrapper returns a wrapper whose handler writes its effect row to effects
+// in pool: in the record's transaction (modeInbox), or on its own (claim
+// mode), noting in amb the events whose write failed without saying whether
+// it committed.
+func pgWrapper(t *testing.T, mode string, store *dedup.PostgresStore, pool *pgxpool.Pool, effects, name string, amb *ambiguous, opts []dedup.Opt) *dedup.Wrapper[*kgo.Record] {
 	t.Helper()
 	insert := `INSERT INTO ` + effects + ` (event_id, worker) VALUES ($1, $2)`
 	var w *dedup.Wrapper[*kgo.Record]
@@ -340,6 +349,7 @@ func pgWrapper(t *testing.T, mode string, store *dedup.PostgresStore, pool *pgxp
 				return errPoison
 			}
 			_, err := pool.Exec(ctx, insert, header(r, "event-id"), name)
+			amb.note(header(r, "event-id"), err)
 			return err
 		}, opts...)
 	}
@@ -423,4 +433,47 @@ func splitApart(p *plan, twice []string) (together, apart []string) {
 		}
 	}
 	return together, apart
+}
+
+// ambiguous records the events whose claim-mode handler saw its effect
+// write fail without learning whether it committed: the server went away
+// after the statement was sent (a commit whose answer was lost). The
+// handler then returns an error, the wrapper records a failed attempt and
+// the event runs again: a second effect that the handler, not the wrapper,
+// made, as any at-least-once handler whose own write is not idempotent
+// would. The transactional inbox has no such window.
+type ambiguous struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+func (a *ambiguous) note(id string, err error) {
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
+		return // it committed, or the server refused it, or it was never sent
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ids == nil {
+		a.ids = map[string]bool{}
+	}
+	a.ids[id] = true
+}
+
+// explain removes from twice, and from fig's count, the events applied
+// twice after an ambiguous write, logging them, and returns the rest.
+func (a *ambiguous) explain(t *testing.T, fig *figures, twice []string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var rest, explained []string
+	for _, s := range twice {
+		if id, _, _ := strings.Cut(s, "["); a.ids[id] {
+			explained = append(explained, s)
+		} else {
+			rest = append(rest, s)
+		}
+	}
+	fig.appliedTwice -= len(explained)
+	t.Logf("events whose handler's effect write failed ambiguously: %d; applied again after it: %d %v", len(a.ids), len(explained), explained)
+	return rest
 }
