@@ -54,8 +54,10 @@ type Consumer struct {
 	url   string
 	queue string
 	w     *dedup.Wrapper[amqp.Delivery]
-	cfg   config
-	log   *slog.Logger
+	// notConsuming is why Run cannot consume the queue, while it cannot.
+	notConsuming atomic.Pointer[consumeFailure]
+	cfg          config
+	log          *slog.Logger
 }
 
 // NewConsumer returns a Consumer of queue on the broker at url (an amqp://
@@ -105,6 +107,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				break
 			}
 			failures++
+			c.failedToConsume(err)
 			wait := c.cfg.errorBackoff(failures)
 			c.log.Warn("amqpdedup: cannot consume the queue; trying again", slog.Any("error", err), slog.Duration("retry_in", wait))
 			sleep(ctx, wait)
@@ -114,13 +117,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.log.Info("amqpdedup: consuming the queue again")
 		}
 		failures = 0
+		c.notConsuming.Store(nil)
 		sessions = append(sessions, s)
-		if lost := r.consume(ctx, s); lost != nil {
+		if lost := r.consume(ctx, s); lost != nil && ctx.Err() == nil {
 			c.log.Warn("amqpdedup: consuming stopped; connecting again (unacknowledged deliveries return to the queue)",
 				slog.Any("error", lost))
 			s.conn.Close()
 		}
 	}
+	c.notConsuming.Store(nil)
 	err := shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, r.log, "amqpdedup: "+r.queue)
 	r.returnHeld()
 	for _, s := range sessions {
@@ -130,6 +135,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.Join(cause, err)
 	}
 	return err
+}
+
+// consumeFailure is why, and since when, Run cannot consume the queue.
+type consumeFailure struct {
+	since time.Time
+	err   error
+}
+
+// failedToConsume records err as why Run cannot consume, keeping the time
+// of the first failure in a row.
+func (c *Consumer) failedToConsume(err error) {
+	f := &consumeFailure{since: time.Now(), err: err}
+	if prev := c.notConsuming.Load(); prev != nil {
+		f.since = prev.since
+	}
+	c.notConsuming.Store(f)
 }
 
 // runner is the state of one Run.
@@ -195,6 +216,9 @@ func (r *runner) consume(ctx context.Context, s *session) error {
 			return nil
 		case d, ok := <-s.deliveries:
 			if !ok {
+				if ctx.Err() != nil {
+					return nil // ConsumeWithContext cancelled the consumer
+				}
 				return lostWhy(s)
 			}
 			batch := []amqp.Delivery{d}

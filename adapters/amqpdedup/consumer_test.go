@@ -306,3 +306,41 @@ func TestNewConsumerRejectsBadConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// A consumer of a queue that does not exist says so, at WARN and in
+// Health, until the queue appears; then it consumes, and Health clears. A
+// clean shutdown logs no lost connection.
+func TestHealthReportsAMissingQueue(t *testing.T) {
+	b := newBroker(t)
+	q := "dedup-test-missing-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	got := newEffects()
+	logs := &logCount{}
+	c := b.consumerAt(b.url, q, dedup.NewMemoryStore(), func(_ context.Context, d amqp.Delivery) error {
+		got.apply(d.MessageId)
+		return nil
+	}, []amqpdedup.Opt{amqpdedup.WithLogger(slog.New(logs))})
+	stop := run(t, c)
+	waitFor(t, "Health to report the missing queue", func() bool { return c.Health() != nil })
+	var amqpErr *amqp.Error
+	if err := c.Health(); !errors.As(err, &amqpErr) || amqpErr.Code != amqp.NotFound {
+		t.Fatalf("Health = %v, want an error wrapping the broker's 404", err)
+	}
+	if logs.count("amqpdedup: cannot consume the queue") == 0 {
+		t.Fatal("no WARN about the missing queue")
+	}
+	for _, name := range []string{q, q + ".dlq"} {
+		if _, err := b.ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = b.ch.QueueDelete(name, false, false, false) })
+	}
+	b.publish(q, "e-1", "x", nil)
+	waitFor(t, "the event applied once the queue exists", func() bool { return got.distinct() == 1 })
+	if err := c.Health(); err != nil {
+		t.Fatalf("Health after consuming: %v", err)
+	}
+	stop()
+	if n := logs.count("amqpdedup: consuming stopped"); n != 0 {
+		t.Fatalf("a clean shutdown logged %d lost connections", n)
+	}
+}

@@ -1,6 +1,11 @@
 package amqpdedup
 
-import "github.com/dedupkit/dedup"
+import (
+	"fmt"
+	"time"
+
+	"github.com/dedupkit/dedup"
+)
 
 // ErrOutage is dedup.ErrOutage: handling deliveries has kept failing (the
 // store or the dead-letter sink unreachable) for longer than the wrapper's
@@ -18,5 +23,15 @@ func (c *Consumer) Stats() Stats { return c.w.Stats() }
 
 // Health returns nil, or an error matching [ErrOutage] while settling
 // deliveries has kept failing for the wrapper's dedup.WithOutageThreshold or
-// longer: a readiness probe can serve it.
-func (c *Consumer) Health() error { return c.w.Health() }
+// longer, or an error wrapping the latest failure while Run cannot consume
+// the queue (the broker unreachable, the queue missing, access refused): a
+// readiness probe can serve it.
+func (c *Consumer) Health() error {
+	if err := c.w.Health(); err != nil {
+		return err
+	}
+	if f := c.notConsuming.Load(); f != nil {
+		return fmt.Errorf("amqpdedup: not consuming queue %q since %s: %w", c.queue, f.since.UTC().Format(time.RFC3339), f.err)
+	}
+	return nil
+}
