@@ -21,7 +21,7 @@ stop-services:
 
 # Everything against fauxqs, then the SQS adapter and the SQS campaigns
 # again against local-aws-sqs, a second, independent emulator: a test tuned
-# to one emulator's quirks fails on the other (README.md, "Two SQS
+# to one emulator's quirks fails on the other (docs/testing.md, "Two SQS
 # emulators"). The second run checks portability, not data races: the first
 # ran the same code under -race, and local-aws-sqs, which scans its whole
 # queue on every call, leaves the crash campaign too little CPU for -race on

@@ -18,8 +18,8 @@ const ProblemContentType = "application/problem+json"
 // configured base plus the name, stable across releases.
 type Problem string
 
-// The problems the middleware answers with; the README's table gives the
-// status of each.
+// The problems the middleware answers with; docs/http.md's table gives
+// the status of each.
 const (
 	ProblemKeyMissing      Problem = "key-missing"
 	ProblemKeyMalformed    Problem = "key-malformed"

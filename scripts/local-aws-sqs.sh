@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Starts the second SQS emulator the tests run against (README, "Testing"),
+# Starts the second SQS emulator the tests run against (docs/testing.md),
 # idempotently: local-aws-sqs 2.0.2 from npm, installed once into
 # .cache/local-aws-sqs (git-ignored) and run in the background on
 # 127.0.0.1:$LOCAL_AWS_SQS_PORT (default 4567), with its pid file and log in
 # .cache. If something already answers on the port, it is left alone. Stop it
 # with `make stop-services`.
 #
-# Known divergences from real SQS, which the tests found (README, "Testing"):
+# Known divergences from real SQS, which the tests found (docs/testing.md):
 # system attributes are returned only for the older AttributeNames parameter;
 # FIFO queues do not hold a group back while one of its messages is in flight.
 set -euo pipefail

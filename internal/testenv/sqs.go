@@ -15,7 +15,7 @@ import (
 // emulatorGaps lists, by emulator (DEDUP_SQS_EMULATOR), the tests that need
 // a feature of real SQS that emulator lacks, with the reason. [SQS] skips
 // them on that emulator only, CI included. Each reason comes with a minimal
-// reproduction against the emulator; README.md ("Testing") lists every
+// reproduction against the emulator; docs/testing.md lists every
 // divergence the tests found.
 var emulatorGaps = map[string]map[string]string{
 	// local-aws-sqs 2.0.2 (scripts/local-aws-sqs.sh).
