@@ -258,7 +258,12 @@ func TestDLQOutage(t *testing.T) {
 				return pgWrapper(t, mode, store, pool, effects, "c"+strconv.Itoa(i+1), amb,
 					wrapOpts(group+"/apply", sink, st, logs.logger(), 5*time.Second))
 			})
+			// The topic refuses until poison events have been refused a
+			// few times and for at least 3 s: on a loaded machine the first
+			// poison event reaches its last attempt later than 3 s in.
 			time.Sleep(3 * time.Second)
+			eventually(t, 90*time.Second, func() bool { return refused.Load() >= 10 },
+				"dead-letter writes refused", k.progress(group, st))
 			if len(k.readAll(k.dlq)) != 0 {
 				t.Fatal("the dead-letter topic took letters while it refused writes")
 			}
