@@ -156,8 +156,8 @@ type runner struct {
 	giveUp   context.CancelCauseFunc
 	handlers sync.WaitGroup
 	services sync.WaitGroup
-	// failures counts the deliveries not settled in a row, for the delay of
-	// their naks.
+	// failures counts the batches with deliveries not settled in a row, for
+	// the delay of their naks.
 	failures atomic.Int64
 	// maxDeliverLogged is done once a message reached MaxDeliver unsettled.
 	maxDeliverLogged sync.Once
@@ -208,7 +208,7 @@ func (c *Consumer) prepare(ctx context.Context) (*runner, error) {
 // poll pulls batches and dispatches them until ctx is done; it returns an
 // error only when the connection is closed for good.
 func (r *runner) poll(ctx context.Context) error {
-	failures := 0
+	pullFailures := 0
 	for {
 		n := r.slots.take(ctx, r.batch)
 		if n == 0 {
@@ -221,7 +221,7 @@ func (r *runner) poll(ctx context.Context) error {
 			r.handlers.Go(func() { r.handle(ctx, msgs) })
 		}
 		if err == nil {
-			failures = 0
+			pullFailures = 0
 			continue
 		}
 		if errors.Is(err, nats.ErrConnectionClosed) {
@@ -230,8 +230,8 @@ func (r *runner) poll(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		failures++
-		wait := dedup.ExponentialBackoff(100*time.Millisecond, 10*time.Second)(failures)
+		pullFailures++
+		wait := dedup.ExponentialBackoff(100*time.Millisecond, 10*time.Second)(pullFailures)
 		r.log.Warn("natsdedup: pull failed", slog.Any("error", err), slog.Duration("retry_in", wait))
 		t := time.NewTimer(wait)
 		select {
@@ -281,30 +281,60 @@ func (r *runner) handle(stop context.Context, msgs []jetstream.Msg) {
 		return
 	}
 	acks := make([]jetstream.Msg, 0, len(msgs))
+	f := failures{r: r, stop: stop}
 	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
-		if r.settle(stop, msgs[i], res, err) {
+		if r.settle(stop, msgs[i], res, err, &f) {
 			acks = append(acks, msgs[i])
 		}
 	}, dedup.CallLease(r.ackWait))
 	if err != nil { // the batch claim failed: none of them ran
+		delay, level := f.failed()
+		r.log.Log(r.work, level, "natsdedup: claiming a batch failed; its messages will come back",
+			slog.Int("messages", len(msgs)), slog.Duration("retry_in", delay), slog.Any("error", err))
+		r.hb.remove(msgs...)
 		for _, m := range msgs {
-			r.settle(stop, m, dedup.Result{}, err)
+			r.nak(m, delay)
 		}
 	}
 	r.ack(acks)
 }
 
+// failures is what one batch knows of its deliveries not settled: they
+// count once toward the run of failures that sets their naks' delay.
+type failures struct {
+	r       *runner
+	stop    context.Context
+	counted bool
+	delay   time.Duration
+	level   slog.Level
+}
+
+// failed returns the delay of the nak of a delivery not settled, and the
+// level to log it at. A delivery stopped by the shutdown is given back at
+// once.
+func (f *failures) failed() (time.Duration, slog.Level) {
+	if f.stop.Err() != nil {
+		return 0, slog.LevelWarn
+	}
+	if !f.counted {
+		f.counted = true
+		f.level = f.r.failed()
+		f.delay = dedup.ExponentialBackoff(time.Second, maxFailureDelay)(int(f.r.failures.Add(1)))
+	}
+	return f.delay, f.level
+}
+
+// maxFailureDelay bounds the nak delay of deliveries not settled while the
+// store or the sink fails.
+const maxFailureDelay = 15 * time.Second
+
 // settle acts on the outcome of one message, except an acknowledgement,
 // which it leaves to the caller by returning true.
-func (r *runner) settle(stop context.Context, m jetstream.Msg, res dedup.Result, err error) (ack bool) {
+func (r *runner) settle(stop context.Context, m jetstream.Msg, res dedup.Result, err error, f *failures) (ack bool) {
 	r.hb.remove(m)
 	switch {
 	case err != nil:
-		delay, level := time.Duration(0), slog.LevelWarn
-		if stop.Err() == nil { // not a handler cancelled by the shutdown
-			level = r.failed()
-			delay = dedup.ExponentialBackoff(time.Second, 30*time.Second)(int(r.failures.Add(1)))
-		}
+		delay, level := f.failed()
 		r.log.Log(r.work, level, "natsdedup: message not acknowledged; it will come back",
 			slog.String("subject", m.Subject()), slog.String("key", res.Key.String()),
 			slog.Duration("retry_in", delay), slog.Any("error", err))

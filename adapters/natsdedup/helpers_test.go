@@ -211,12 +211,6 @@ func (r *recorder) deliveries() int {
 	return len(r.results)
 }
 
-func (r *recorder) effectsOf(id string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.effects[id]
-}
-
 // applied returns how many events have had at least one effect.
 func (r *recorder) applied() int {
 	r.mu.Lock()
