@@ -345,3 +345,42 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// A handler still running after the shutdown timeout is cancelled and its
+// message naked for immediate redelivery, not left to its AckWait: the next
+// consumer applies it once, well within the AckWait of 30 s.
+func TestShutdownTimeoutGivesBackAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	cons := e.consumer(t, 30*time.Second)
+	store := dedup.NewMemoryStore()
+	rec := newRecorder()
+	scope := dedup.WithScope(uniqueScope())
+	started := make(chan struct{}, 1)
+	stuck := wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
+		started <- struct{}{}
+		<-ctx.Done() // until the shutdown timeout cancels it
+		return ctx.Err()
+	}, scope)
+	e.publish(t, "evt-1", "x", nil)
+	stop := start(t, cons, stuck, natsdedup.WithShutdownTimeout(500*time.Millisecond))
+	select {
+	case <-started:
+	case <-time.After(deadline):
+		t.Fatal("the handler never started")
+	}
+	stop()
+	stoppedAt := time.Now()
+
+	stop = start(t, cons, wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
+		rec.effect(eventID(m))
+		return nil
+	}, scope))
+	waitFor(t, deadline, "the message applied by the next consumer", func() bool { return rec.applied() == 1 })
+	if d := time.Since(stoppedAt); d > 20*time.Second {
+		t.Errorf("redelivered after %v: the message was left to its AckWait instead of naked", d)
+	}
+	stop()
+	rec.assertOnce(t, []string{"evt-1"})
+	assertAllAcked(t, cons)
+}
