@@ -100,14 +100,20 @@ func TestPublishCarriesIDAndHeaders(t *testing.T) {
 	if len(msgs) != 2 {
 		t.Fatalf("%d messages stored, want 2", len(msgs))
 	}
-	for i, m := range msgs {
-		ev := events[i]
-		if m.Subject != ev.Destination || string(m.Data) != string(ev.Payload) || m.Header.Get(jetstream.MsgIDHeader) != ev.ID {
-			t.Errorf("message %d: subject %s, data %q, Nats-Msg-Id %q; want %s, %q, %s", i, m.Subject, m.Data, m.Header.Get(jetstream.MsgIDHeader),
-				ev.Destination, ev.Payload, ev.ID)
+	byID := map[string]*jetstream.RawStreamMsg{}
+	for _, m := range msgs { // events of different keys are stored in any order
+		byID[m.Header.Get(jetstream.MsgIDHeader)] = m
+	}
+	for i, ev := range events {
+		m := byID[ev.ID]
+		if m == nil {
+			t.Fatalf("event %d (%s) not stored with its ID as Nats-Msg-Id", i, ev.ID)
+		}
+		if m.Subject != ev.Destination || string(m.Data) != string(ev.Payload) {
+			t.Errorf("event %d: subject %s, data %q; want %s, %q", i, m.Subject, m.Data, ev.Destination, ev.Payload)
 		}
 	}
-	if h := msgs[0].Header; h.Get("traceparent") != "00-abc-def-01" || h.Get("tenant") != "acme" || len(h.Values("tenant")) != 1 {
+	if h := byID[events[0].ID].Header; h.Get("traceparent") != "00-abc-def-01" || h.Get("tenant") != "acme" || len(h.Values("tenant")) != 1 {
 		t.Errorf("headers %v", h)
 	}
 }
