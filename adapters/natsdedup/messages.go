@@ -60,7 +60,10 @@ func WithIDFunc(f func(jetstream.Msg) (string, error)) MessagesOpt {
 // every copy after it), the data as the fingerprinted payload, the
 // delivery count (NumDelivered) as the transport's attempt count, the W3C
 // trace context its producer propagated from its headers, and the message
-// as a dead letter.
+// as a dead letter. The delivery count includes the deliveries a
+// [Consumer] naked because the event was in flight elsewhere, so such an
+// event may reach dedup.WithMaxAttempts with fewer handler runs, as with
+// SQS's receive count.
 //
 // A dead letter's origin maps JetStream onto dedup.Origin: Topic is the
 // subject, Offset the stream sequence, Group the consumer, Timestamp the

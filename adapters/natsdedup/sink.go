@@ -21,8 +21,8 @@ import (
 var ErrNoDLQSubject = errors.New("natsdedup: no dead-letter subject for this letter")
 
 // ErrNoDLQStream is matched by the error of [Sink.Send] when no stream
-// captures the dead-letter subject: the server stored nothing. It wraps
-// jetstream.ErrNoStreamResponse as well.
+// captures the dead-letter subject: the server stored nothing. That error,
+// which names the subject, also matches jetstream.ErrNoStreamResponse.
 var ErrNoDLQStream = errors.New("natsdedup: no stream captures the dead-letter subject")
 
 // DefaultDLQPrefix starts the dead-letter subject of a letter unless
