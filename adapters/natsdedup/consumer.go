@@ -1,0 +1,460 @@
+package natsdedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/outage"
+)
+
+// cancelGrace bounds how long Run still waits for handlers once it has
+// cancelled their contexts: time for the wrapper to record the attempt.
+const cancelGrace = 15 * time.Second
+
+// minAckWait is the shortest AckWait Run accepts: the heartbeat sends
+// InProgress every third of it.
+const minAckWait = time.Second
+
+// Consumer pulls messages from a JetStream pull consumer and runs them
+// through a dedup.Wrapper, then acts on each outcome. The messages of one
+// pull are claimed in one store call, handled concurrently and their
+// successes completed together ([dedup.Wrapper.HandleConcurrent]); the next
+// batch is pulled and handled meanwhile. The outcomes:
+//
+//   - OutcomeProcessed, OutcomeDuplicate: the message is acknowledged with
+//     DoubleAck, which the server confirms (or Ack, [WithPlainAck]).
+//   - OutcomeDeadLettered, OutcomeConflict: the wrapper has parked the
+//     message in its dead-letter sink and recorded it; the message is
+//     terminated (Term), so that the server never delivers it again and
+//     reports it as terminated, not as processed, in its advisories.
+//   - OutcomeRetry: NakWithDelay(Result.RetryAfter): the server delivers it
+//     again after the backoff.
+//   - OutcomeInFlight (the event is being handled elsewhere): NakWithDelay
+//     of the wrapper's RetryAfter or [WithInFlightDelay], the shorter.
+//   - An error (the store or the sink unreachable): NakWithDelay with a
+//     backoff that grows while errors last. Nothing is acknowledged.
+//
+// While a message is held, a heartbeat sends InProgress every third of the
+// consumer's AckWait, so that a handler may take longer than AckWait
+// without the message being delivered to anyone else. The store lease of
+// each call is the AckWait (dedup.CallLease) unless the wrapper sets
+// dedup.WithLease, so that after a crash the message comes back about when
+// its claim can be taken over.
+//
+// The JetStream consumer must have AckExplicitPolicy. Its MaxDeliver should
+// be -1 (unlimited, the default) or larger than the wrapper's
+// dedup.WithMaxAttempts: every delivery counts, those answered
+// OutcomeInFlight too, and the server does not deliver a message again once
+// MaxDeliver is reached, so the wrapper could not dead-letter it. Messages
+// are handled in no particular order.
+//
+// Several Consumers, in one process or many, may pull from one durable
+// consumer: the wrapper gives each event one effect.
+type Consumer struct {
+	cons jetstream.Consumer
+	w    *dedup.Wrapper[jetstream.Msg]
+	cfg  config
+	log  *slog.Logger
+}
+
+// NewConsumer returns a Consumer pulling from cons and running messages
+// through w, which should read messages with [Messages].
+func NewConsumer(cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg], opts ...Opt) (*Consumer, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case cons == nil:
+		return nil, fmt.Errorf("%w: natsdedup: nil jetstream.Consumer", dedup.ErrConfig)
+	case w == nil:
+		return nil, fmt.Errorf("%w: natsdedup: nil wrapper", dedup.ErrConfig)
+	}
+	log := cfg.logger
+	if info := cons.CachedInfo(); info != nil {
+		log = log.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name))
+	}
+	return &Consumer{cons: cons, w: w, cfg: cfg, log: log}, nil
+}
+
+// Run pulls and handles messages until ctx is done, then shuts down and
+// returns nil: it stops pulling (a pull in progress is waited for, up to
+// [WithFetchWait], and what it brings is naked), lets running handlers
+// finish (cancelling their contexts after [WithShutdownTimeout]), and naks
+// the messages it will not handle, so that the server delivers them again
+// at once. No goroutine of Run's outlives it.
+//
+// Run first reads the consumer's info: it fails at once if that fails
+// (unless ctx is done by then), or, with an error matching dedup.ErrConfig,
+// if the consumer's ack policy is not explicit. It returns an error if the
+// NATS connection is closed for good, and, with [WithMaxOutage], one
+// matching [ErrOutage] once settling messages has kept failing for longer
+// than that bound. While the connection is down, pulls come back empty and
+// are retried; the messages held meanwhile keep their handlers, and their
+// acknowledgements and naks reach the server once the connection is back.
+func (c *Consumer) Run(ctx context.Context) error {
+	r, err := c.prepare(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started: nothing was pulled
+		}
+		return err
+	}
+	ctx, giveUp := context.WithCancelCause(ctx)
+	defer giveUp(nil)
+	r.giveUp = giveUp
+	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
+	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
+	r.services.Go(func() { r.hb.run(r.bg) })
+	stopLog := context.AfterFunc(ctx, func() {
+		c.log.Info("natsdedup: stopping: waiting for the pull in progress and running handlers")
+	})
+	defer stopLog()
+
+	pollErr := r.poll(ctx)
+	giveUp(pollErr) // no-op unless poll failed for good
+	err = r.drain()
+	r.stopBg()
+	r.services.Wait()
+	r.cancelWork()
+	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
+		return errors.Join(cause, err)
+	}
+	return errors.Join(pollErr, err)
+}
+
+// runner is the state of one Run.
+type runner struct {
+	*Consumer
+	ackWait    time.Duration
+	fetchWait  time.Duration
+	batch      int
+	maxDeliver int
+	slots      *slots
+	hb         *heartbeat
+	// work is the handlers' context: it outlives Run's until the shutdown
+	// timeout, so that running handlers can finish.
+	work       context.Context
+	cancelWork context.CancelFunc
+	// bg is for the consumer's own calls (acknowledgements, heartbeat),
+	// until Run returns.
+	bg     context.Context
+	stopBg context.CancelFunc
+	// giveUp stops Run with an error (WithMaxOutage, a closed connection).
+	giveUp   context.CancelCauseFunc
+	handlers sync.WaitGroup
+	services sync.WaitGroup
+	// failures counts the batches with deliveries not settled in a row, for
+	// the delay of their naks.
+	failures atomic.Int64
+	// maxDeliverLogged is done once a message reached MaxDeliver unsettled.
+	maxDeliverLogged sync.Once
+}
+
+// prepare reads the consumer's configuration and returns a runner for it.
+func (c *Consumer) prepare(ctx context.Context) (*runner, error) {
+	info, err := c.cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("natsdedup: read the consumer's info: %w", err)
+	}
+	cc := info.Config
+	if cc.AckPolicy != jetstream.AckExplicitPolicy {
+		return nil, fmt.Errorf("%w: natsdedup: consumer %s of stream %s has ack policy %s, want %s: a message must be acknowledged only once it is settled",
+			dedup.ErrConfig, info.Name, info.Stream, cc.AckPolicy, jetstream.AckExplicitPolicy)
+	}
+	ackWait := cc.AckWait
+	if ackWait <= 0 {
+		ackWait = 30 * time.Second // the server's default
+	}
+	if c.cfg.ackWait > 0 {
+		if c.cfg.ackWait > ackWait {
+			return nil, fmt.Errorf("%w: natsdedup: WithAckWait(%v) exceeds the AckWait of consumer %s (%v)",
+				dedup.ErrConfig, c.cfg.ackWait, info.Name, ackWait)
+		}
+		ackWait = c.cfg.ackWait
+	}
+	if ackWait < minAckWait {
+		return nil, fmt.Errorf("%w: natsdedup: consumer %s has an AckWait of %v, under the %v a heartbeat can keep",
+			dedup.ErrConfig, info.Name, ackWait, minAckWait)
+	}
+	batch := min(c.cfg.batchSize, c.cfg.workers)
+	if cc.MaxRequestBatch > 0 {
+		batch = min(batch, cc.MaxRequestBatch)
+	}
+	wait := c.cfg.fetchWait
+	if cc.MaxRequestExpires > 0 {
+		wait = min(wait, cc.MaxRequestExpires)
+	}
+	r := &runner{
+		Consumer: c, ackWait: ackWait, fetchWait: wait, batch: batch, maxDeliver: cc.MaxDeliver,
+		slots: newSlots(c.cfg.workers),
+	}
+	r.hb = &heartbeat{every: ackWait / 3, log: c.log, held: make(map[string]jetstream.Msg)}
+	return r, nil
+}
+
+// poll pulls batches and dispatches them until ctx is done; it returns an
+// error only when the connection is closed for good.
+func (r *runner) poll(ctx context.Context) error {
+	pullFailures := 0
+	for {
+		n := r.slots.take(ctx, r.batch)
+		if n == 0 {
+			return nil
+		}
+		msgs, err := r.fetch(ctx, n)
+		r.slots.give(n - len(msgs))
+		if len(msgs) > 0 {
+			r.hb.add(msgs...)
+			r.handlers.Go(func() { r.handle(ctx, msgs) })
+		}
+		if err == nil {
+			pullFailures = 0
+			continue
+		}
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return fmt.Errorf("natsdedup: pull: %w", err)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		pullFailures++
+		wait := dedup.ExponentialBackoff(100*time.Millisecond, 10*time.Second)(pullFailures)
+		r.log.Warn("natsdedup: pull failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// fetch pulls up to n messages: those pending at once, else the first to
+// arrive within the fetch wait together with those pending right after it.
+// A pull in progress is not cancelled when ctx ends: the server would keep
+// what it sends to an abandoned pull until its AckWait ran out.
+func (r *runner) fetch(ctx context.Context, n int) ([]jetstream.Msg, error) {
+	msgs, err := collect(r.cons.FetchNoWait(n))
+	if len(msgs) > 0 || err != nil || ctx.Err() != nil {
+		return msgs, err
+	}
+	msgs, err = collect(r.cons.Fetch(1, jetstream.FetchMaxWait(r.fetchWait)))
+	if len(msgs) == 0 || err != nil || n == 1 {
+		return msgs, err
+	}
+	more, err := collect(r.cons.FetchNoWait(n - 1))
+	return append(msgs, more...), err
+}
+
+// collect reads a pull's messages to the end.
+func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	var msgs []jetstream.Msg
+	for m := range b.Messages() {
+		msgs = append(msgs, m)
+	}
+	return msgs, b.Error()
+}
+
+// handle runs one pull's messages through the wrapper and acts on their
+// outcomes; stop is Run's context.
+func (r *runner) handle(stop context.Context, msgs []jetstream.Msg) {
+	defer r.slots.give(len(msgs))
+	if stop.Err() != nil {
+		r.giveBack(msgs...)
+		return
+	}
+	acks := make([]jetstream.Msg, 0, len(msgs))
+	f := failures{r: r, stop: stop}
+	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
+		if r.settle(stop, msgs[i], res, err, &f) {
+			acks = append(acks, msgs[i])
+		}
+	}, dedup.CallLease(r.ackWait))
+	if err != nil { // the batch claim failed: none of them ran
+		delay, level := f.failed()
+		r.log.Log(r.work, level, "natsdedup: claiming a batch failed; its messages will come back",
+			slog.Int("messages", len(msgs)), slog.Duration("retry_in", delay), slog.Any("error", err))
+		r.hb.remove(msgs...)
+		for _, m := range msgs {
+			r.nak(m, delay)
+		}
+	}
+	r.ack(acks)
+}
+
+// failures is what one batch knows of its deliveries not settled: they
+// count once toward the run of failures that sets their naks' delay.
+type failures struct {
+	r       *runner
+	stop    context.Context
+	counted bool
+	delay   time.Duration
+	level   slog.Level
+}
+
+// failed returns the delay of the nak of a delivery not settled, and the
+// level to log it at. A delivery stopped by the shutdown is given back at
+// once.
+func (f *failures) failed() (time.Duration, slog.Level) {
+	if f.stop.Err() != nil {
+		return 0, slog.LevelWarn
+	}
+	if !f.counted {
+		f.counted = true
+		f.level = f.r.failed()
+		f.delay = dedup.ExponentialBackoff(time.Second, maxFailureDelay)(int(f.r.failures.Add(1)))
+	}
+	return f.delay, f.level
+}
+
+// maxFailureDelay bounds the nak delay of deliveries not settled while the
+// store or the sink fails.
+const maxFailureDelay = 15 * time.Second
+
+// settle acts on the outcome of one message, except an acknowledgement,
+// which it leaves to the caller by returning true.
+func (r *runner) settle(stop context.Context, m jetstream.Msg, res dedup.Result, err error, f *failures) (ack bool) {
+	r.hb.remove(m)
+	switch {
+	case err != nil:
+		delay, level := f.failed()
+		r.log.Log(r.work, level, "natsdedup: message not acknowledged; it will come back",
+			slog.String("subject", m.Subject()), slog.String("key", res.Key.String()),
+			slog.Duration("retry_in", delay), slog.Any("error", err))
+		r.nak(m, delay)
+		return false
+	case res.Settled():
+		r.failures.Store(0)
+		if res.Outcome == dedup.OutcomeDeadLettered || res.Outcome == dedup.OutcomeConflict {
+			if err := m.Term(); err != nil {
+				r.log.Warn("natsdedup: dead-lettered message not terminated; it may come back and be acknowledged as a duplicate",
+					slog.String("key", res.Key.String()), slog.Any("error", err))
+			}
+			return false
+		}
+		return true
+	case res.Outcome == dedup.OutcomeInFlight:
+		r.checkMaxDeliver(m, res)
+		r.nak(m, min(res.RetryAfter, r.cfg.inFlightDelay))
+	default: // dedup.OutcomeRetry
+		r.failures.Store(0)
+		r.checkMaxDeliver(m, res)
+		r.nak(m, res.RetryAfter)
+	}
+	return false
+}
+
+// checkMaxDeliver logs, once per Run, a message the server will not deliver
+// again although it is not settled: the consumer's MaxDeliver is too low.
+func (r *runner) checkMaxDeliver(m jetstream.Msg, res dedup.Result) {
+	if r.maxDeliver <= 0 {
+		return
+	}
+	md, err := m.Metadata()
+	if err != nil || md.NumDelivered < uint64(r.maxDeliver) {
+		return
+	}
+	r.maxDeliverLogged.Do(func() {
+		r.log.Error("natsdedup: a message reached the consumer's MaxDeliver unsettled; the server will not deliver it again, so the wrapper cannot retry nor dead-letter it: set MaxDeliver to -1 or above dedup.WithMaxAttempts",
+			slog.Int("max_deliver", r.maxDeliver), slog.String("key", res.Key.String()), slog.String("outcome", res.Outcome.String()))
+	})
+}
+
+// failed is called for each message that could not be settled (the wrapper
+// has recorded the failure): it stops Run once failures have lasted longer
+// than WithMaxOutage, and returns the level to log this one at.
+func (r *runner) failed() slog.Level {
+	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.maxOutage, ErrOutage)
+	if stop != nil {
+		r.giveUp(stop)
+	}
+	return level
+}
+
+// nak asks the server to deliver m again after d.
+func (r *runner) nak(m jetstream.Msg, d time.Duration) {
+	if err := m.NakWithDelay(max(d, 0)); err != nil {
+		r.log.Warn("natsdedup: nak failed; the message comes back when its AckWait runs out",
+			slog.String("subject", m.Subject()), slog.Any("error", err))
+	}
+}
+
+// giveBack stops holding msgs, which were not handled, and naks them so
+// that they are delivered again at once.
+func (r *runner) giveBack(msgs ...jetstream.Msg) {
+	r.hb.remove(msgs...)
+	for _, m := range msgs {
+		r.nak(m, 0)
+	}
+}
+
+// ack acknowledges settled messages, waiting for the server's confirmation
+// of each unless WithPlainAck.
+func (r *runner) ack(msgs []jetstream.Msg) {
+	warn := func(m jetstream.Msg, err error) {
+		r.log.Warn("natsdedup: acknowledgement failed; the message is settled and, should it come back, is acknowledged as a duplicate",
+			slog.String("subject", m.Subject()), slog.Any("error", err))
+	}
+	if r.cfg.plainAck {
+		for _, m := range msgs {
+			if err := m.Ack(); err != nil {
+				warn(m, err)
+			}
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for _, m := range msgs {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.bg, r.cfg.ackTimeout)
+			defer cancel()
+			if err := m.DoubleAck(ctx); err != nil {
+				warn(m, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// drain waits for running handlers, cancelling them after the shutdown
+// timeout.
+func (r *runner) drain() error {
+	done := make(chan struct{})
+	go func() {
+		r.handlers.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(r.cfg.shutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+	}
+	r.log.Warn("natsdedup: handlers still running after the shutdown timeout; cancelling them")
+	r.cancelWork()
+	t.Reset(cancelGrace)
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return errors.New("natsdedup: handlers still running after their contexts were cancelled")
+	}
+}
