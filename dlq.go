@@ -39,7 +39,9 @@ type Header struct {
 
 // Origin says where a dead-lettered message came from. Kafka fills Topic,
 // Partition, Offset, Group and Timestamp; SQS fills QueueURL and MessageID;
-// RabbitMQ fills Queue, Exchange, RoutingKey, MessageID and Timestamp.
+// RabbitMQ fills Queue, Exchange, RoutingKey, MessageID and Timestamp;
+// NATS JetStream fills Topic (the subject), Stream, Offset (the stream
+// sequence), Group (the consumer), MessageID and Timestamp.
 type Origin struct {
 	Topic      string
 	Partition  int32
@@ -51,6 +53,7 @@ type Origin struct {
 	Queue      string
 	Exchange   string
 	RoutingKey string
+	Stream     string
 }
 
 // DeadLetter is a message parked because it can never succeed, with why.
@@ -100,6 +103,12 @@ func (d *DeadLetter) Metadata() []Header {
 		if !o.Timestamp.IsZero() {
 			h = append(h, Header{Key: "dedup-origin-timestamp", Value: []byte(formatTime(o.Timestamp))})
 		}
+	}
+	if o.Stream != "" {
+		h = append(h,
+			Header{Key: "dedup-origin-stream", Value: []byte(o.Stream)},
+			Header{Key: "dedup-origin-message-id", Value: []byte(o.MessageID)},
+		)
 	}
 	if o.QueueURL != "" {
 		h = append(h,

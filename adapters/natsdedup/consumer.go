@@ -14,11 +14,8 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/outage"
+	"github.com/dedupkit/dedup/internal/shutdown"
 )
-
-// cancelGrace bounds how long Run still waits for handlers once it has
-// cancelled their contexts: time for the wrapper to record the attempt.
-const cancelGrace = 15 * time.Second
 
 // minAckWait is the shortest AckWait Run accepts: the heartbeat sends
 // InProgress every third of it.
@@ -125,7 +122,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	pollErr := r.poll(ctx)
 	giveUp(pollErr) // no-op unless poll failed for good
-	err = r.drain()
+	err = shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, r.log, "natsdedup")
 	r.stopBg()
 	r.services.Wait()
 	r.cancelWork()
@@ -431,30 +428,4 @@ func (r *runner) ack(msgs []jetstream.Msg) {
 		})
 	}
 	wg.Wait()
-}
-
-// drain waits for running handlers, cancelling them after the shutdown
-// timeout.
-func (r *runner) drain() error {
-	done := make(chan struct{})
-	go func() {
-		r.handlers.Wait()
-		close(done)
-	}()
-	t := time.NewTimer(r.cfg.shutdownTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-t.C:
-	}
-	r.log.Warn("natsdedup: handlers still running after the shutdown timeout; cancelling them")
-	r.cancelWork()
-	t.Reset(cancelGrace)
-	select {
-	case <-done:
-		return nil
-	case <-t.C:
-		return errors.New("natsdedup: handlers still running after their contexts were cancelled")
-	}
 }

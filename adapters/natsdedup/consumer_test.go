@@ -131,7 +131,7 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 			want := map[string]string{
 				"tenant": "acme", "dedup-reason": "handler-error", "dedup-attempts": "3",
 				"dedup-event-id": "poison-1", "dedup-scope": scope, "dedup-cause": errBoom.Error(),
-				"dedup-origin-topic": e.subject, "dedup-origin-queue": "T_" + e.token, "dedup-origin-offset": "1",
+				"dedup-origin-topic": e.subject, "dedup-origin-stream": "T_" + e.token, "dedup-origin-offset": "1",
 				"dedup-origin-group": cons.CachedInfo().Name, "dedup-origin-message-id": "poison-1",
 			}
 			for k, v := range want {

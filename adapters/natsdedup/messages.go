@@ -67,7 +67,7 @@ func WithIDFunc(f func(jetstream.Msg) (string, error)) MessagesOpt {
 //
 // A dead letter's origin maps JetStream onto dedup.Origin: Topic is the
 // subject, Offset the stream sequence, Group the consumer, Timestamp the
-// time the stream stored the message, QueueURL the stream's name and
+// time the stream stored the message, Stream the stream's name and
 // MessageID the message's "Nats-Msg-Id" header, if any. Partition is 0.
 func Messages(opts ...MessagesOpt) dedup.Messages[jetstream.Msg] {
 	cfg := messagesConfig{header: DefaultIDHeader}
@@ -146,7 +146,7 @@ func deadLetter(m jetstream.Msg) dedup.DeadLetter {
 		dl.Origin.Offset = int64(min(md.Sequence.Stream, 1<<63-1))
 		dl.Origin.Group = md.Consumer
 		dl.Origin.Timestamp = md.Timestamp
-		dl.Origin.QueueURL = md.Stream
+		dl.Origin.Stream = md.Stream
 	}
 	return dl
 }

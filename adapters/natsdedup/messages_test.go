@@ -73,7 +73,7 @@ func TestMessages(t *testing.T) {
 	}
 	dl := msgs.DeadLetter(m)
 	o := dl.Origin
-	if string(dl.Payload) != "payload" || o.Topic != e.subject || o.Offset != 1 || o.QueueURL != "T_"+e.token ||
+	if string(dl.Payload) != "payload" || o.Topic != e.subject || o.Offset != 1 || o.Stream != "T_"+e.token ||
 		o.Group == "" || o.MessageID != "id-1" || o.Timestamp.IsZero() {
 		t.Errorf("dead letter %+v", dl)
 	}

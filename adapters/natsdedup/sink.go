@@ -113,7 +113,7 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 func letterID(dl *dedup.DeadLetter) string {
 	o := dl.Origin
 	h := sha256.New()
-	for _, p := range []string{dl.Scope, dl.EventID, o.QueueURL, o.Topic, strconv.FormatInt(o.Offset, 10)} {
+	for _, p := range []string{dl.Scope, dl.EventID, o.Stream, o.Topic, strconv.FormatInt(o.Offset, 10)} {
 		h.Write([]byte(p))
 		h.Write([]byte{0})
 	}

@@ -21,7 +21,7 @@ func letter(subject string) dedup.DeadLetter {
 			{Key: "Nats-Expected-Last-Sequence", Value: []byte("41")}, // would fail the publish
 			{Key: "dedup-reason", Value: []byte("from an earlier dead-lettering")},
 		},
-		Origin:   dedup.Origin{Topic: subject, Offset: 42, QueueURL: "ORDERS", Group: "billing", Timestamp: time.Now()},
+		Origin:   dedup.Origin{Topic: subject, Offset: 42, Stream: "ORDERS", Group: "billing", Timestamp: time.Now()},
 		Reason:   dedup.ReasonHandlerError,
 		Error:    "wrapped: boom",
 		Cause:    "boom",
