@@ -1,0 +1,340 @@
+package natsreliability_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
+	"github.com/dedupkit/dedup/internal/testenv"
+)
+
+// crashSize sizes the campaign: about a minute with -race on a busy
+// two-core machine; DEDUP_SOAK=1 runs a long one.
+type crashSize struct {
+	events  int
+	procs   int
+	produce time.Duration // the events are published over this long
+	chaos   time.Duration // kills stop after this long
+	settle  time.Duration // then everything must be settled within this long
+}
+
+func crashSizing() crashSize {
+	if crashtest.Soak() {
+		return crashSize{events: 30000, procs: 4, produce: 5 * time.Minute, chaos: 8 * time.Minute, settle: 3 * time.Minute}
+	}
+	return crashSize{events: 2000, procs: 3, produce: 20 * time.Second, chaos: 50 * time.Second, settle: 90 * time.Second}
+}
+
+const (
+	crashMaxAttempts = 4
+	// crashAckWait is the durable consumer's AckWait: a killed worker's
+	// messages are delivered again this long after its last heartbeat.
+	crashAckWait = 2 * time.Second
+)
+
+// TestNATSCrashCampaign runs worker processes of one durable JetStream pull
+// consumer with the transactional inbox on PostgreSQL and kills them with
+// SIGKILL at random moments (mid-batch, mid-handler, mid-transaction) while
+// about 30% of the events are published twice and 2% are poison,
+// restarting each killed worker. At the end every good event has exactly
+// one effect (the inbox commits the effect with its record: applied twice
+// must be 0), every poison event is in the dead-letter stream with its
+// metadata and has no effect, and the consumer has nothing pending.
+func TestNATSCrashCampaign(t *testing.T) {
+	size := crashSizing()
+	seed := uint64(time.Now().UnixNano())
+	if s := testenv.Env("DEDUP_SEED", ""); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (DEDUP_SEED=%d replays the plan and the kill schedule, not the timing)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, seed))
+
+	url := testenv.NATSURL(t)
+	_, js := testenv.NATS(t)
+	pool := testenv.Postgres(t)
+	run := crashtest.RunID()
+	token := strings.ToLower(run)
+	ctx := context.Background()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "NREL_" + run, Subjects: []string{token + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlq, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "NRELDLQ_" + run, Subjects: []string{"dlq." + token + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = js.DeleteStream(context.Background(), "NREL_"+run)
+		_ = js.DeleteStream(context.Background(), "NRELDLQ_"+run)
+	})
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "workers", AckPolicy: jetstream.AckExplicitPolicy, AckWait: crashAckWait, MaxDeliver: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := token + ".orders"
+	cfg := workerConfig{
+		URL: url, Stream: "NREL_" + run, Durable: "workers",
+		DSN:          testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN),
+		Table:        "natsrel_records_" + run,
+		EffectsTable: effectsTable(t, pool, "natsrel_effects_"+run),
+		Scope:        "natsrel-" + run,
+		MaxAttempts:  crashMaxAttempts,
+	}
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(cfg.Table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
+
+	events, messages := plan(size.events, rng)
+	poison := map[string]bool{}
+	for _, e := range events {
+		if e.poison {
+			poison[e.id] = true
+		}
+	}
+	good := len(events) - len(poison)
+
+	start := time.Now()
+	f := crashtest.NewFleet(t, workerEnv, size.procs, func(_ int, name string) any {
+		c := cfg
+		c.Name = name
+		return c
+	})
+	produced := make(chan error, 1)
+	go func() { produced <- publishOver(js, subject, messages, size.produce) }()
+	producing := true
+	// pending is what the consumer has not settled: not yet delivered, or
+	// delivered and not acknowledged (naked ones waiting out their delay
+	// included).
+	pending := func() int {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(info.NumPending) + info.NumAckPending
+	}
+	letterCount := func() int {
+		info, err := dlq.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(info.State.Msgs)
+	}
+	done := func() bool {
+		if producing {
+			select {
+			case err := <-produced:
+				if err != nil {
+					t.Fatalf("publishing: %v", err)
+				}
+				producing = false
+			default:
+				return false
+			}
+		}
+		return pending() == 0 && count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= len(poison)
+	}
+
+	// Chaos: kill a random worker every 0.3 to 1.2 s, start it again 0 to
+	// 0.5 s later, until everything settled or the chaos time is up.
+	lastReport := time.Now()
+	for !done() && time.Since(start) < size.chaos {
+		time.Sleep(300*time.Millisecond + time.Duration(rng.Int64N(int64(900*time.Millisecond))))
+		i := rng.IntN(size.procs)
+		f.Kill(i)
+		time.Sleep(time.Duration(rng.Int64N(int64(500 * time.Millisecond))))
+		f.Start(i)
+		if time.Since(lastReport) > 10*time.Second {
+			lastReport = time.Now()
+			t.Logf("%v: kills=%d effects=%d/%d pending=%d", time.Since(start).Round(time.Second), f.Kills(),
+				count(t, pool, cfg.EffectsTable, "effect"), good, pending())
+		}
+	}
+	deadline := time.Now().Add(size.settle)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not settled %v after the chaos: effects %d/%d, pending %d, letters %d/%d", size.settle,
+				count(t, pool, cfg.EffectsTable, "effect"), good, pending(), letterCount(), len(poison))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, name := range f.Stop() {
+		t.Errorf("worker %s: Consumer.Run returned an error (see its log)", name)
+	}
+	for _, c := range f.Crashed() {
+		t.Errorf("worker exited without being killed or stopped: %s", c)
+	}
+	f.CheckLogs()
+
+	effects := perEvent(t, pool, cfg.EffectsTable, "effect")
+	starts := perEvent(t, pool, cfg.EffectsTable, "start")
+	var lost, twice, poisonApplied []string
+	reruns := 0 // runs of a good event's handler after its first: each one a kill's doing
+	for _, e := range events {
+		if !e.poison {
+			reruns += max(0, starts[e.id]-1)
+		}
+		switch n := effects[e.id]; {
+		case e.poison && n > 0:
+			poisonApplied = append(poisonApplied, e.id)
+		case !e.poison && n == 0:
+			lost = append(lost, e.id)
+		case n > 1:
+			twice = append(twice, fmt.Sprintf("%s×%d", e.id, n))
+		}
+	}
+	letters := map[string]int{}
+	info, err := dlq.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := dlq.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := m.Header.Get("dedup-event-id")
+		letters[id]++
+		if m.Header.Get("dedup-reason") != string(dedup.ReasonHandlerError) || m.Header.Get("dedup-origin-stream") != cfg.Stream {
+			t.Errorf("letter %s: reason %q, origin stream %q", id, m.Header.Get("dedup-reason"), m.Header.Get("dedup-origin-stream"))
+		}
+	}
+	var goodParked []string
+	for id := range letters {
+		if !poison[id] {
+			goodParked = append(goodParked, id)
+		}
+	}
+	t.Logf("NATS crash campaign: %d events (%d messages, %d poison) in %v; kills %d, restarts %d; good events' handlers run again %d times; "+
+		"lost %d, applied twice %d, poison applied %d, good dead-lettered %d, letters %d for %d poison events",
+		len(events), len(messages), len(poison), time.Since(start).Round(time.Second), f.Kills(), f.Restarts(), reruns,
+		len(lost), len(twice), len(poisonApplied), len(goodParked), sum(letters), len(letters))
+	if len(lost) > 0 || len(twice) > 0 || len(poisonApplied) > 0 || len(goodParked) > 0 {
+		t.Errorf("lost %v; applied twice %v; poison applied %v; good dead-lettered %v", lost, twice, poisonApplied, goodParked)
+	}
+	if len(letters) != len(poison) {
+		t.Errorf("%d poison events have letters, want %d", len(letters), len(poison))
+	}
+	if f.Kills() == 0 || reruns == 0 {
+		t.Errorf("no kill landed mid-handler (kills %d): the campaign proved nothing", f.Kills())
+	}
+}
+
+// publishOver publishes messages evenly over d, each acknowledged by the
+// stream, the event ID in the event-id header.
+func publishOver(js jetstream.JetStream, subject string, messages []event, d time.Duration) error {
+	const batch = 50
+	pace := d / time.Duration((len(messages)+batch-1)/batch)
+	for from := 0; from < len(messages); from += batch {
+		var acks []jetstream.PubAckFuture
+		for _, e := range messages[from:min(from+batch, len(messages))] {
+			msg := &nats.Msg{Subject: subject, Header: nats.Header{idHeader: []string{e.id}},
+				Data: fmt.Appendf(nil, `{"event":%q,"poison":%t}`, e.id, e.poison)}
+			ack, err := js.PublishMsgAsync(msg)
+			if err != nil {
+				return err
+			}
+			acks = append(acks, ack)
+		}
+		for _, a := range acks {
+			select {
+			case <-a.Ok():
+			case err := <-a.Err():
+				return err
+			case <-time.After(30 * time.Second):
+				return fmt.Errorf("publish to %s: no acknowledgement", subject)
+			}
+		}
+		time.Sleep(pace)
+	}
+	return nil
+}
+
+// event is one logical event of the campaign.
+type event struct {
+	id     string
+	poison bool
+}
+
+// plan returns n events, 2% of them poison, and the messages carrying them:
+// each event once and about 30% twice, shuffled.
+func plan(n int, rng *rand.Rand) (events, messages []event) {
+	for i := range n {
+		e := event{id: fmt.Sprintf("evt-%05d", i), poison: rng.Float64() < 0.02}
+		events = append(events, e)
+		messages = append(messages, e)
+		if rng.Float64() < 0.3 {
+			messages = append(messages, e)
+		}
+	}
+	rng.Shuffle(len(messages), func(i, j int) { messages[i], messages[j] = messages[j], messages[i] })
+	return events, messages
+}
+
+func effectsTable(t *testing.T, pool *pgxpool.Pool, table string) string {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (
+		event_id text NOT NULL, worker text NOT NULL, kind text NOT NULL,
+		at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE `+table) })
+	return table
+}
+
+// count returns how many distinct events have rows of kind.
+func count(t *testing.T, pool *pgxpool.Pool, table, kind string) int {
+	t.Helper()
+	var n int
+	q := `SELECT count(DISTINCT event_id) FROM ` + table + ` WHERE kind = $1`
+	if err := pool.QueryRow(context.Background(), q, kind).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// perEvent returns the number of rows of kind per event.
+func perEvent(t *testing.T, pool *pgxpool.Pool, table, kind string) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT event_id, count(*) FROM `+table+` WHERE kind = $1 GROUP BY 1`, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
