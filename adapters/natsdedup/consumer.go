@@ -13,8 +13,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/heartbeat"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
+	"github.com/dedupkit/dedup/internal/slots"
 )
 
 // minAckWait is the shortest AckWait Run accepts: the heartbeat sends
@@ -114,7 +116,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	r.giveUp = giveUp
 	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
 	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
-	r.services.Go(func() { r.hb.run(r.bg) })
+	r.services.Go(func() { r.hb.Run(r.bg) })
 	stopLog := context.AfterFunc(ctx, func() {
 		c.log.Info("natsdedup: stopping: waiting for the pull in progress and running handlers")
 	})
@@ -139,8 +141,8 @@ type runner struct {
 	fetchWait  time.Duration
 	batch      int
 	maxDeliver int
-	slots      *slots
-	hb         *heartbeat
+	slots      *slots.Slots
+	hb         *heartbeat.Held[jetstream.Msg]
 	// work is the handlers' context: it outlives Run's until the shutdown
 	// timeout, so that running handlers can finish.
 	work       context.Context
@@ -196,9 +198,9 @@ func (c *Consumer) prepare(ctx context.Context) (*runner, error) {
 	}
 	r := &runner{
 		Consumer: c, ackWait: ackWait, fetchWait: wait, batch: batch, maxDeliver: cc.MaxDeliver,
-		slots: newSlots(c.cfg.workers),
+		slots: slots.New(c.cfg.workers),
 	}
-	r.hb = &heartbeat{every: ackWait / 3, log: c.log, held: make(map[string]jetstream.Msg)}
+	r.hb = newHeartbeat(ackWait/3, c.log)
 	return r, nil
 }
 
@@ -207,14 +209,14 @@ func (c *Consumer) prepare(ctx context.Context) (*runner, error) {
 func (r *runner) poll(ctx context.Context) error {
 	pullFailures := 0
 	for {
-		n := r.slots.take(ctx, r.batch)
+		n := r.slots.Take(ctx, r.batch)
 		if n == 0 {
 			return nil
 		}
 		msgs, err := r.fetch(ctx, n)
-		r.slots.give(n - len(msgs))
+		r.slots.Give(n - len(msgs))
 		if len(msgs) > 0 {
-			r.hb.add(msgs...)
+			r.hb.Add(msgs...)
 			r.handlers.Go(func() { r.handle(ctx, msgs) })
 		}
 		if err == nil {
@@ -272,7 +274,7 @@ func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 // handle runs one pull's messages through the wrapper and acts on their
 // outcomes; stop is Run's context.
 func (r *runner) handle(stop context.Context, msgs []jetstream.Msg) {
-	defer r.slots.give(len(msgs))
+	defer r.slots.Give(len(msgs))
 	if stop.Err() != nil {
 		r.giveBack(msgs...)
 		return
@@ -288,7 +290,7 @@ func (r *runner) handle(stop context.Context, msgs []jetstream.Msg) {
 		delay, level := f.failed()
 		r.log.Log(r.work, level, "natsdedup: claiming a batch failed; its messages will come back",
 			slog.Int("messages", len(msgs)), slog.Duration("retry_in", delay), slog.Any("error", err))
-		r.hb.remove(msgs...)
+		r.hb.Remove(msgs...)
 		for _, m := range msgs {
 			r.nak(m, delay)
 		}
@@ -328,7 +330,7 @@ const maxFailureDelay = 15 * time.Second
 // settle acts on the outcome of one message, except an acknowledgement,
 // which it leaves to the caller by returning true.
 func (r *runner) settle(stop context.Context, m jetstream.Msg, res dedup.Result, err error, f *failures) (ack bool) {
-	r.hb.remove(m)
+	r.hb.Remove(m)
 	switch {
 	case err != nil:
 		delay, level := f.failed()
@@ -396,7 +398,7 @@ func (r *runner) nak(m jetstream.Msg, d time.Duration) {
 // giveBack stops holding msgs, which were not handled, and naks them so
 // that they are delivered again at once.
 func (r *runner) giveBack(msgs ...jetstream.Msg) {
-	r.hb.remove(msgs...)
+	r.hb.Remove(msgs...)
 	for _, m := range msgs {
 		r.nak(m, 0)
 	}

@@ -15,8 +15,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/heartbeat"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
+	"github.com/dedupkit/dedup/internal/slots"
 )
 
 // Consumer receives messages from one SQS queue and runs them through a
@@ -160,7 +162,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 type runner struct {
 	*Consumer
 	vis   time.Duration
-	slots *slots // free workers, one per message held
+	slots *slots.Slots // free workers, one per message held
 	// work is the handlers' context: it outlives Run's until the shutdown
 	// timeout, so that running handlers can finish.
 	work       context.Context
@@ -172,21 +174,21 @@ type runner struct {
 	giveUp   context.CancelCauseFunc
 	handlers sync.WaitGroup
 	services sync.WaitGroup
-	hb       *heartbeat
+	hb       *heartbeat.Held[types.Message]
 	del      *deleter
 	batches  *batches
 }
 
 // start returns a runner with its heartbeat and deleter running.
 func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
-	r := &runner{Consumer: c, vis: vis, slots: newSlots(c.cfg.workers), batches: newBatches()}
+	r := &runner{Consumer: c, vis: vis, slots: slots.New(c.cfg.workers), batches: newBatches()}
 	// The store lease defaults to the visibility timeout (dedup.CallLease),
 	// unless the wrapper sets dedup.WithLease.
 	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
 	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.hb = newHeartbeat(r)
 	r.del = newDeleter(r)
-	r.services.Go(func() { r.hb.run(r.bg) })
+	r.services.Go(func() { r.hb.Run(r.bg) })
 	r.services.Go(func() { r.del.run(r.bg) })
 	return r
 }
@@ -222,7 +224,7 @@ func (r *runner) poll(ctx context.Context) {
 		}
 		failures = 0
 		r.release(n - len(out.Messages))
-		r.hb.add(out.Messages...)
+		r.hb.Add(out.Messages...)
 		msgs := out.Messages
 		if len(msgs) == n {
 			msgs = r.fill(ctx, msgs)
@@ -253,7 +255,7 @@ func (r *runner) fill(ctx context.Context, msgs []types.Message) []types.Message
 		return msgs
 	}
 	for len(msgs) < r.cfg.batchSize() && ctx.Err() == nil {
-		n := r.slots.tryTake(min(r.cfg.maxMessages, r.cfg.batchSize()-len(msgs)))
+		n := r.slots.TryTake(min(r.cfg.maxMessages, r.cfg.batchSize()-len(msgs)))
 		if n == 0 {
 			break
 		}
@@ -266,7 +268,7 @@ func (r *runner) fill(ctx context.Context, msgs []types.Message) []types.Message
 			break
 		}
 		r.release(n - len(out.Messages))
-		r.hb.add(out.Messages...)
+		r.hb.Add(out.Messages...)
 		msgs = append(msgs, out.Messages...)
 		if len(out.Messages) < n {
 			break
@@ -321,9 +323,9 @@ func (r *runner) checkReceiveCount(msgs []types.Message) {
 
 // acquire takes between one and maxMessages free worker slots, waiting for
 // the first; it returns 0 when ctx is done.
-func (r *runner) acquire(ctx context.Context) int { return r.slots.take(ctx, r.cfg.maxMessages) }
+func (r *runner) acquire(ctx context.Context) int { return r.slots.Take(ctx, r.cfg.maxMessages) }
 
-func (r *runner) release(n int) { r.slots.give(n) }
+func (r *runner) release(n int) { r.slots.Give(n) }
 
 func (r *runner) dispatch(stop context.Context, msgs []types.Message) {
 	if len(msgs) == 0 {
@@ -439,7 +441,7 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 	if err != nil && stop.Err() == nil {
 		r.log.Log(r.work, r.failed(), "sqsdedup: claiming a group's messages failed; they come back when their visibility timeout runs out",
 			slog.Int("messages", len(rest)), slog.Any("error", err))
-		r.hb.remove(rest...)
+		r.hb.Remove(rest...)
 	} else {
 		r.giveBack(0, rest...)
 	}
@@ -470,7 +472,7 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 		if stop.Err() != nil {
 			r.giveBack(0, m)
 		} else {
-			r.hb.remove(m)
+			r.hb.Remove(m)
 		}
 	case res.Settled():
 		r.del.add(m)
@@ -483,7 +485,7 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 
 // giveBack stops holding msgs and makes them visible again after d.
 func (r *runner) giveBack(d time.Duration, msgs ...types.Message) {
-	r.hb.remove(msgs...)
+	r.hb.Remove(msgs...)
 	for _, batch := range chunks(msgs) {
 		if lost := r.retryBatch(r.bg, "visibility change", batch, 3, r.visibilityCall(d)); len(lost) > 0 {
 			r.log.Warn("sqsdedup: messages not given back; they come back when their visibility timeout runs out",

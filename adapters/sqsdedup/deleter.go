@@ -44,7 +44,7 @@ func (d *deleter) add(m types.Message) {
 	case <-d.quit:
 		d.r.log.Warn("sqsdedup: settled after shutdown, not deleted; it will come back as a duplicate",
 			slog.String("message_id", aws.ToString(m.MessageId)))
-		d.r.hb.remove(m)
+		d.r.hb.Remove(m)
 	}
 }
 
@@ -89,7 +89,7 @@ func (d *deleter) flush(ctx context.Context, msgs []types.Message) {
 	for _, batch := range chunks(msgs) {
 		// A heartbeat racing with the delete would be refused for messages
 		// already gone, and warn that they may be delivered again.
-		d.r.hb.remove(batch...)
+		d.r.hb.Remove(batch...)
 		if lost := d.r.retryBatch(ctx, "delete", batch, deleteAttempts, d.r.deleteCall); len(lost) > 0 {
 			d.r.log.Warn("sqsdedup: messages not deleted; they will come back and be deleted as duplicates",
 				slog.Int("messages", len(lost)))

@@ -15,8 +15,8 @@ import (
 // deletes are flushed.
 func HandleGroup(c *Consumer, stop context.Context, vis time.Duration, msgs []types.Message) {
 	r := c.start(context.Background(), vis)
-	r.slots.free -= len(msgs) // the receive took them
-	r.hb.add(msgs...)
+	r.slots.TryTake(len(msgs)) // the receive took them
+	r.hb.Add(msgs...)
 	r.handleGroup(stop, msgs)
 	r.stop()
 }

@@ -1,24 +1,28 @@
-package sqsdedup
+// Package slots counts a consumer's free workers, one per message held, for
+// the transport adapters that pull messages (sqsdedup, natsdedup): a pull
+// asks for no more messages than there are workers free to handle them.
+package slots
 
 import (
 	"context"
 	"sync"
 )
 
-// slots counts the free worker slots, one per message held. Slots given
+// Slots counts the free worker slots, one per message held. Slots given
 // back together are taken together, so that a poller waiting for them
 // receives as many messages as a finished receive freed, not the first one.
-type slots struct {
+type Slots struct {
 	mu   sync.Mutex
 	free int
 	wake chan struct{} // a token when slots may be free
 }
 
-func newSlots(n int) *slots { return &slots{free: n, wake: make(chan struct{}, 1)} }
+// New returns Slots with n free.
+func New(n int) *Slots { return &Slots{free: n, wake: make(chan struct{}, 1)} }
 
-// take waits for a free slot and takes up to max, or returns 0 once ctx is
+// Take waits for a free slot and takes up to max, or returns 0 once ctx is
 // done (a free slot does not win a tie with ctx).
-func (s *slots) take(ctx context.Context, max int) int {
+func (s *Slots) Take(ctx context.Context, max int) int {
 	for ctx.Err() == nil {
 		s.mu.Lock()
 		n := min(s.free, max)
@@ -39,8 +43,8 @@ func (s *slots) take(ctx context.Context, max int) int {
 	return 0
 }
 
-// give gives n slots back.
-func (s *slots) give(n int) {
+// Give gives n slots back.
+func (s *Slots) Give(n int) {
 	if n == 0 {
 		return
 	}
@@ -50,15 +54,15 @@ func (s *slots) give(n int) {
 	s.signal()
 }
 
-func (s *slots) signal() {
+func (s *Slots) signal() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
-// tryTake takes up to max free slots without waiting.
-func (s *slots) tryTake(max int) int {
+// TryTake takes up to max free slots without waiting.
+func (s *Slots) TryTake(max int) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := min(s.free, max)
