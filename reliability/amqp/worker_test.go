@@ -71,6 +71,9 @@ func workerMain(raw string) int {
 	}
 	defer starts.Close()
 	consumer, closeSink, err := newConsumer(pool, starts, cfg, log)
+	if err != nil && ctx.Err() != nil {
+		return 0 // stopped (SIGTERM) while it was setting up
+	}
 	if err != nil {
 		log.Error("worker: setup failed", slog.Any("error", err))
 		return 1
