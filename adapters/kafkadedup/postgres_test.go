@@ -115,14 +115,14 @@ func TestHandoverMidBatchPostgresInbox(t *testing.T) {
 			var parkA, never atomic.Bool
 			parkedA := make(chan struct{}, 1)
 			a := start(t, consumer(seenA, handler(&parkA, parkedA)))
-			eventually(t, 10*time.Second, func() bool { return rows() >= 60 }, "first consumer made no progress")
+			eventually(t, 60*time.Second, func() bool { return rows() >= 60 }, "first consumer made no progress")
 			b := start(t, consumer(seenB, handler(&never, nil)))
-			eventually(t, 10*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.OutcomeProcessed] > 0 },
+			eventually(t, 60*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.OutcomeProcessed] > 0 },
 				"second consumer never got a partition")
 			parkA.Store(true)
 			select {
 			case <-parkedA:
-			case <-time.After(10 * time.Second):
+			case <-time.After(60 * time.Second):
 				t.Fatal("the first consumer ran no handler after the handover")
 			}
 			a.stop(t)

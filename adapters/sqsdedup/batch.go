@@ -9,6 +9,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/dedupkit/dedup/internal/sqsbody"
 )
 
 const (
@@ -77,7 +79,7 @@ func (r *runner) deleteCall(ctx context.Context, msgs []types.Message) ([]string
 	for i, m := range msgs {
 		entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle}
 	}
-	out, err := r.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(r.url), Entries: entries}, keepConnection)
+	out, err := r.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(r.url), Entries: entries}, sqsbody.KeepConnection)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,7 +108,7 @@ func (r *runner) visibilityCall(d time.Duration) batchCall {
 		}
 		out, err := r.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{
 			QueueUrl: aws.String(r.url), Entries: entries,
-		}, keepConnection)
+		}, sqsbody.KeepConnection)
 		if err != nil {
 			return nil, nil, err
 		}

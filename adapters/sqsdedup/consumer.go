@@ -19,6 +19,7 @@ import (
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
 	"github.com/dedupkit/dedup/internal/slots"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 )
 
 // Consumer receives messages from one SQS queue and runs them through a
@@ -302,7 +303,7 @@ func (r *runner) receive(ctx context.Context, n int, wait time.Duration) (*sqs.R
 		// instead of leaving those of the lost response blocking their groups.
 		in.ReceiveRequestAttemptId = aws.String(rand.Text())
 	}
-	return r.client.ReceiveMessage(ctx, in, keepConnection)
+	return r.client.ReceiveMessage(ctx, in, sqsbody.KeepConnection)
 }
 
 // checkReceiveCount logs, once per Consumer, that the endpoint returns

@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 )
 
 const (
@@ -136,7 +137,7 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	if err != nil {
 		return fmt.Errorf("sqsdedup: dead letter %s/%s for %s: %w", dl.Scope, dl.EventID, s.url, err)
 	}
-	if _, err := s.client.SendMessage(ctx, in, keepConnection); err != nil {
+	if _, err := s.client.SendMessage(ctx, in, sqsbody.KeepConnection); err != nil {
 		return fmt.Errorf("sqsdedup: send dead letter %s/%s to %s: %w", dl.Scope, dl.EventID, s.url, err)
 	}
 	return nil

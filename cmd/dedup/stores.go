@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 	"github.com/dedupkit/dedup/redisstore"
 )
 
@@ -176,7 +177,7 @@ func sqsClient(ctx context.Context, endpoint string) (*sqs.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sqs.NewFromConfig(cfg, func(o *sqs.Options) {
+	return sqs.NewFromConfig(cfg, sqsbody.KeepConnection, func(o *sqs.Options) {
 		if endpoint != "aws" {
 			o.BaseEndpoint = aws.String(endpoint)
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -15,10 +14,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go/middleware"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 )
 
 // runSQS consumes a queue on fauxqs through sqsdedup.Consumer with its
@@ -89,8 +88,8 @@ func openQueue(ctx context.Context, cfg config, m *meter) (*sqs.Client, string, 
 		HTTPClient: awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
 			t.MaxIdleConnsPerHost = 32
 		}),
-		APIOptions: []func(*middleware.Stack) error{m.sqs.apiOption, readOnlyBody},
-	})
+		APIOptions: []func(*middleware.Stack) error{m.sqs.apiOption},
+	}, sqsbody.KeepConnection) // as sqsdedup sends its own calls
 	queue := "dedupbench-" + dedup.NewOwnerToken()[:12]
 	out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(queue),
 		Attributes: map[string]string{"VisibilityTimeout": "30"}})
@@ -180,32 +179,4 @@ func sendEvents(ctx context.Context, client *sqs.Client, url string, cfg config)
 		}
 	}
 	return nil
-}
-
-// readOnlyBody sends each request's body without its io.WriterTo, as
-// sqsdedup does for its own calls (adapters/sqsdedup/body.go): the SDK
-// closes a body once the answer's headers are in, after which the WriterTo
-// of its wrapper answers io.EOF; net/http, checking that nothing is left of
-// a body it has written, takes that for a failed write when its goroutine
-// was descheduled until then (a local endpoint, a loaded machine), and
-// closes the connection under the answer. The SDK then sends the call again:
-// a SendMessageBatch sends its events twice, and a receive leaves the
-// messages of the lost answer invisible for the visibility timeout, a 30 s
-// stall of the row.
-func readOnlyBody(stack *middleware.Stack) error {
-	return stack.Finalize.Add(middleware.FinalizeMiddlewareFunc("dedupbench-read-only-body",
-		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
-			if req, ok := in.Request.(*smithyhttp.Request); ok {
-				if s, ok := req.GetStream().(io.ReadSeeker); ok {
-					if _, ok := s.(io.WriterTo); ok {
-						rc, err := req.SetStream(struct{ io.ReadSeeker }{s})
-						if err != nil {
-							return middleware.FinalizeOutput{}, middleware.Metadata{}, err
-						}
-						in.Request = rc
-					}
-				}
-			}
-			return next.HandleFinalize(ctx, in)
-		}), middleware.After)
 }

@@ -1,4 +1,8 @@
-package sqsdedup
+// Package sqsbody keeps the answers of SQS calls made on a fast endpoint or
+// a loaded machine from being thrown away and their calls made again: the
+// receive of sqsdedup, the redrive of the dedup command and dedupbench use
+// it.
+package sqsbody
 
 import (
 	"context"
@@ -9,8 +13,8 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
-// keepConnection is a per-call option of every SQS call this package makes.
-// It keeps a fast answer from being thrown away, and its call made again.
+// KeepConnection is an SQS client or per-call option that keeps a fast
+// answer from being thrown away, and its call made again.
 //
 // The SDK (smithy-go's transport) closes a request's body as soon as the
 // response's headers are in, and the wrapper it sends the body in then
@@ -27,7 +31,7 @@ import (
 //
 // Sending the body without WriteTo makes the check read instead, and a read
 // of the closed body is a plain end of stream.
-func keepConnection(o *sqs.Options) {
+func KeepConnection(o *sqs.Options) {
 	o.APIOptions = append(o.APIOptions, func(stack *middleware.Stack) error {
 		return stack.Finalize.Add(readOnlyBody{}, middleware.After)
 	})
@@ -37,7 +41,7 @@ func keepConnection(o *sqs.Options) {
 // of it (io.Seeker, for the retries' rewinding and the length).
 type readOnlyBody struct{}
 
-func (readOnlyBody) ID() string { return "sqsdedup.readOnlyBody" }
+func (readOnlyBody) ID() string { return "sqsbody.readOnlyBody" }
 
 func (readOnlyBody) HandleFinalize(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (
 	middleware.FinalizeOutput, middleware.Metadata, error,
