@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupkit/dedup"
@@ -73,7 +72,7 @@ func TestAMQPCrashCampaign(t *testing.T) {
 		URL: url, Queue: queue,
 		DSN:          testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN),
 		Table:        "amqprel_records_" + run,
-		EffectsTable: effectsTable(t, pool, "amqprel_effects_"+run),
+		EffectsTable: crashtest.EffectsTable(t, pool, "amqprel_effects_"+run),
 		Scope:        "amqprel-" + run,
 		MaxAttempts:  crashMaxAttempts,
 		Prefetch:     40,
@@ -87,11 +86,11 @@ func TestAMQPCrashCampaign(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
 
-	events, messages := plan(size.events, rng)
+	events, messages := crashtest.Plan(size.events, rng)
 	poison := map[string]bool{}
 	for _, e := range events {
-		if e.poison {
-			poison[e.id] = true
+		if e.Poison {
+			poison[e.ID] = true
 		}
 	}
 	good := len(events) - len(poison)
@@ -124,7 +123,7 @@ func TestAMQPCrashCampaign(t *testing.T) {
 				return false
 			}
 		}
-		return depth(queue) == 0 && count(t, pool, cfg.EffectsTable, "effect") == good && depth(queue+".dlq") >= len(poison)
+		return depth(queue) == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && depth(queue+".dlq") >= len(poison)
 	}
 
 	// Chaos: kill a random worker every 0.3 to 1.2 s, start it again 0 to
@@ -139,14 +138,14 @@ func TestAMQPCrashCampaign(t *testing.T) {
 		if time.Since(lastReport) > 10*time.Second {
 			lastReport = time.Now()
 			t.Logf("%v: kills=%d effects=%d/%d queue=%d", time.Since(start).Round(time.Second), f.Kills(),
-				count(t, pool, cfg.EffectsTable, "effect"), good, depth(queue))
+				crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, depth(queue))
 		}
 	}
 	deadline := time.Now().Add(size.settle)
 	for !done() {
 		if time.Now().After(deadline) {
 			t.Fatalf("not settled %v after the chaos: effects %d/%d, queue %d, letters %d/%d", size.settle,
-				count(t, pool, cfg.EffectsTable, "effect"), good, depth(queue), depth(queue+".dlq"), len(poison))
+				crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, depth(queue), depth(queue+".dlq"), len(poison))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -158,21 +157,21 @@ func TestAMQPCrashCampaign(t *testing.T) {
 	}
 	f.CheckLogs()
 
-	effects := perEvent(t, pool, cfg.EffectsTable, "effect")
-	starts := perEvent(t, pool, cfg.EffectsTable, "start")
+	effects := crashtest.PerEvent(t, pool, cfg.EffectsTable, "effect")
+	starts := crashtest.PerEvent(t, pool, cfg.EffectsTable, "start")
 	var lost, twice, poisonApplied []string
 	reruns := 0 // runs of a good event's handler after its first: each one a kill's doing
 	for _, e := range events {
-		if !e.poison {
-			reruns += max(0, starts[e.id]-1)
+		if !e.Poison {
+			reruns += max(0, starts[e.ID]-1)
 		}
-		switch n := effects[e.id]; {
-		case e.poison && n > 0:
-			poisonApplied = append(poisonApplied, e.id)
-		case !e.poison && n == 0:
-			lost = append(lost, e.id)
+		switch n := effects[e.ID]; {
+		case e.Poison && n > 0:
+			poisonApplied = append(poisonApplied, e.ID)
+		case !e.Poison && n == 0:
+			lost = append(lost, e.ID)
 		case n > 1:
-			twice = append(twice, fmt.Sprintf("%s×%d", e.id, n))
+			twice = append(twice, fmt.Sprintf("%s×%d", e.ID, n))
 		}
 	}
 	letters := map[string]int{}
@@ -199,7 +198,7 @@ func TestAMQPCrashCampaign(t *testing.T) {
 	t.Logf("RabbitMQ crash campaign: %d events (%d messages, %d poison) in %v; kills %d, restarts %d; good events' handlers run again %d times; "+
 		"lost %d, applied twice %d, poison applied %d, good dead-lettered %d, letters %d for %d poison events",
 		len(events), len(messages), len(poison), time.Since(start).Round(time.Second), f.Kills(), f.Restarts(), reruns,
-		len(lost), len(twice), len(poisonApplied), len(goodParked), sum(letters), len(letters))
+		len(lost), len(twice), len(poisonApplied), len(goodParked), crashtest.Sum(letters), len(letters))
 	if len(lost) > 0 || len(twice) > 0 || len(poisonApplied) > 0 || len(goodParked) > 0 {
 		t.Errorf("lost %v; applied twice %v; poison applied %v; good dead-lettered %v", lost, twice, poisonApplied, goodParked)
 	}
@@ -211,37 +210,16 @@ func TestAMQPCrashCampaign(t *testing.T) {
 	}
 }
 
-// event is one logical event of the campaign.
-type event struct {
-	id     string
-	poison bool
-}
-
-// plan returns n events, 2% of them poison, and the messages carrying them:
-// each event once and about 30% twice, shuffled.
-func plan(n int, rng *rand.Rand) (events, messages []event) {
-	for i := range n {
-		e := event{id: fmt.Sprintf("evt-%05d", i), poison: rng.Float64() < 0.02}
-		events = append(events, e)
-		messages = append(messages, e)
-		if rng.Float64() < 0.3 {
-			messages = append(messages, e)
-		}
-	}
-	rng.Shuffle(len(messages), func(i, j int) { messages[i], messages[j] = messages[j], messages[i] })
-	return events, messages
-}
-
 // publishOver publishes messages evenly over d, each confirmed.
-func publishOver(ch *amqp.Channel, queue string, messages []event, d time.Duration) error {
+func publishOver(ch *amqp.Channel, queue string, messages []crashtest.Event, d time.Duration) error {
 	const batch = 50
 	pace := d / time.Duration((len(messages)+batch-1)/batch)
 	for from := 0; from < len(messages); from += batch {
 		var confirms []*amqp.DeferredConfirmation
 		for _, e := range messages[from:min(from+batch, len(messages))] {
 			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", queue, true, false, amqp.Publishing{
-				MessageId: e.id, DeliveryMode: amqp.Persistent,
-				Body: fmt.Appendf(nil, `{"event":%q,"poison":%t}`, e.id, e.poison)})
+				MessageId: e.ID, DeliveryMode: amqp.Persistent,
+				Body: fmt.Appendf(nil, `{"event":%q,"poison":%t}`, e.ID, e.Poison)})
 			if err != nil {
 				return err
 			}
@@ -255,57 +233,4 @@ func publishOver(ch *amqp.Channel, queue string, messages []event, d time.Durati
 		time.Sleep(pace)
 	}
 	return nil
-}
-
-func effectsTable(t *testing.T, pool *pgxpool.Pool, table string) string {
-	t.Helper()
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (
-		event_id text NOT NULL, worker text NOT NULL, kind text NOT NULL,
-		at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE `+table) })
-	return table
-}
-
-// count returns how many distinct events have rows of kind.
-func count(t *testing.T, pool *pgxpool.Pool, table, kind string) int {
-	t.Helper()
-	var n int
-	q := `SELECT count(DISTINCT event_id) FROM ` + table + ` WHERE kind = $1`
-	if err := pool.QueryRow(context.Background(), q, kind).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// perEvent returns the number of rows of kind per event.
-func perEvent(t *testing.T, pool *pgxpool.Pool, table, kind string) map[string]int {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT event_id, count(*) FROM `+table+` WHERE kind = $1 GROUP BY 1`, kind)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[id] = n
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func sum(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -87,7 +86,7 @@ func TestNATSCrashCampaign(t *testing.T) {
 		URL: url, Stream: "NREL_" + run, Durable: "workers",
 		DSN:          testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN),
 		Table:        "natsrel_records_" + run,
-		EffectsTable: effectsTable(t, pool, "natsrel_effects_"+run),
+		EffectsTable: crashtest.EffectsTable(t, pool, "natsrel_effects_"+run),
 		Scope:        "natsrel-" + run,
 		MaxAttempts:  crashMaxAttempts,
 	}
@@ -100,11 +99,11 @@ func TestNATSCrashCampaign(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
 
-	events, messages := plan(size.events, rng)
+	events, messages := crashtest.Plan(size.events, rng)
 	poison := map[string]bool{}
 	for _, e := range events {
-		if e.poison {
-			poison[e.id] = true
+		if e.Poison {
+			poison[e.ID] = true
 		}
 	}
 	good := len(events) - len(poison)
@@ -147,7 +146,7 @@ func TestNATSCrashCampaign(t *testing.T) {
 				return false
 			}
 		}
-		return pending() == 0 && count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= len(poison)
+		return pending() == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= len(poison)
 	}
 
 	// Chaos: kill a random worker every 0.3 to 1.2 s, start it again 0 to
@@ -162,14 +161,14 @@ func TestNATSCrashCampaign(t *testing.T) {
 		if time.Since(lastReport) > 10*time.Second {
 			lastReport = time.Now()
 			t.Logf("%v: kills=%d effects=%d/%d pending=%d", time.Since(start).Round(time.Second), f.Kills(),
-				count(t, pool, cfg.EffectsTable, "effect"), good, pending())
+				crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, pending())
 		}
 	}
 	deadline := time.Now().Add(size.settle)
 	for !done() {
 		if time.Now().After(deadline) {
 			t.Fatalf("not settled %v after the chaos: effects %d/%d, pending %d, letters %d/%d", size.settle,
-				count(t, pool, cfg.EffectsTable, "effect"), good, pending(), letterCount(), len(poison))
+				crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, pending(), letterCount(), len(poison))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -181,21 +180,21 @@ func TestNATSCrashCampaign(t *testing.T) {
 	}
 	f.CheckLogs()
 
-	effects := perEvent(t, pool, cfg.EffectsTable, "effect")
-	starts := perEvent(t, pool, cfg.EffectsTable, "start")
+	effects := crashtest.PerEvent(t, pool, cfg.EffectsTable, "effect")
+	starts := crashtest.PerEvent(t, pool, cfg.EffectsTable, "start")
 	var lost, twice, poisonApplied []string
 	reruns := 0 // runs of a good event's handler after its first: each one a kill's doing
 	for _, e := range events {
-		if !e.poison {
-			reruns += max(0, starts[e.id]-1)
+		if !e.Poison {
+			reruns += max(0, starts[e.ID]-1)
 		}
-		switch n := effects[e.id]; {
-		case e.poison && n > 0:
-			poisonApplied = append(poisonApplied, e.id)
-		case !e.poison && n == 0:
-			lost = append(lost, e.id)
+		switch n := effects[e.ID]; {
+		case e.Poison && n > 0:
+			poisonApplied = append(poisonApplied, e.ID)
+		case !e.Poison && n == 0:
+			lost = append(lost, e.ID)
 		case n > 1:
-			twice = append(twice, fmt.Sprintf("%s×%d", e.id, n))
+			twice = append(twice, fmt.Sprintf("%s×%d", e.ID, n))
 		}
 	}
 	letters := map[string]int{}
@@ -223,7 +222,7 @@ func TestNATSCrashCampaign(t *testing.T) {
 	t.Logf("NATS crash campaign: %d events (%d messages, %d poison) in %v; kills %d, restarts %d; good events' handlers run again %d times; "+
 		"lost %d, applied twice %d, poison applied %d, good dead-lettered %d, letters %d for %d poison events",
 		len(events), len(messages), len(poison), time.Since(start).Round(time.Second), f.Kills(), f.Restarts(), reruns,
-		len(lost), len(twice), len(poisonApplied), len(goodParked), sum(letters), len(letters))
+		len(lost), len(twice), len(poisonApplied), len(goodParked), crashtest.Sum(letters), len(letters))
 	if len(lost) > 0 || len(twice) > 0 || len(poisonApplied) > 0 || len(goodParked) > 0 {
 		t.Errorf("lost %v; applied twice %v; poison applied %v; good dead-lettered %v", lost, twice, poisonApplied, goodParked)
 	}
@@ -237,14 +236,14 @@ func TestNATSCrashCampaign(t *testing.T) {
 
 // publishOver publishes messages evenly over d, each acknowledged by the
 // stream, the event ID in the event-id header.
-func publishOver(js jetstream.JetStream, subject string, messages []event, d time.Duration) error {
+func publishOver(js jetstream.JetStream, subject string, messages []crashtest.Event, d time.Duration) error {
 	const batch = 50
 	pace := d / time.Duration((len(messages)+batch-1)/batch)
 	for from := 0; from < len(messages); from += batch {
 		var acks []jetstream.PubAckFuture
 		for _, e := range messages[from:min(from+batch, len(messages))] {
-			msg := &nats.Msg{Subject: subject, Header: nats.Header{idHeader: []string{e.id}},
-				Data: fmt.Appendf(nil, `{"event":%q,"poison":%t}`, e.id, e.poison)}
+			msg := &nats.Msg{Subject: subject, Header: nats.Header{idHeader: []string{e.ID}},
+				Data: fmt.Appendf(nil, `{"event":%q,"poison":%t}`, e.ID, e.Poison)}
 			ack, err := js.PublishMsgAsync(msg)
 			if err != nil {
 				return err
@@ -263,78 +262,4 @@ func publishOver(js jetstream.JetStream, subject string, messages []event, d tim
 		time.Sleep(pace)
 	}
 	return nil
-}
-
-// event is one logical event of the campaign.
-type event struct {
-	id     string
-	poison bool
-}
-
-// plan returns n events, 2% of them poison, and the messages carrying them:
-// each event once and about 30% twice, shuffled.
-func plan(n int, rng *rand.Rand) (events, messages []event) {
-	for i := range n {
-		e := event{id: fmt.Sprintf("evt-%05d", i), poison: rng.Float64() < 0.02}
-		events = append(events, e)
-		messages = append(messages, e)
-		if rng.Float64() < 0.3 {
-			messages = append(messages, e)
-		}
-	}
-	rng.Shuffle(len(messages), func(i, j int) { messages[i], messages[j] = messages[j], messages[i] })
-	return events, messages
-}
-
-func effectsTable(t *testing.T, pool *pgxpool.Pool, table string) string {
-	t.Helper()
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (
-		event_id text NOT NULL, worker text NOT NULL, kind text NOT NULL,
-		at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE `+table) })
-	return table
-}
-
-// count returns how many distinct events have rows of kind.
-func count(t *testing.T, pool *pgxpool.Pool, table, kind string) int {
-	t.Helper()
-	var n int
-	q := `SELECT count(DISTINCT event_id) FROM ` + table + ` WHERE kind = $1`
-	if err := pool.QueryRow(context.Background(), q, kind).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// perEvent returns the number of rows of kind per event.
-func perEvent(t *testing.T, pool *pgxpool.Pool, table, kind string) map[string]int {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT event_id, count(*) FROM `+table+` WHERE kind = $1 GROUP BY 1`, kind)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[id] = n
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func sum(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strings"
@@ -151,7 +150,7 @@ func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[jet
 		if _, err := pool.Exec(ctx, insert, id, worker, "start"); err != nil {
 			return err
 		}
-		if err := pause(ctx, 20*time.Millisecond); err != nil {
+		if err := crashtest.Pause(ctx, 20*time.Millisecond); err != nil {
 			return err
 		}
 		if strings.Contains(string(m.Data()), `"poison":true`) {
@@ -160,18 +159,6 @@ func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[jet
 		if _, err := tx.Exec(ctx, insert, id, worker, "effect"); err != nil {
 			return err
 		}
-		return pause(ctx, 10*time.Millisecond)
-	}
-}
-
-// pause sleeps up to max, at random, or until ctx is done.
-func pause(ctx context.Context, max time.Duration) error {
-	t := time.NewTimer(rand.N(max))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		return crashtest.Pause(ctx, 10*time.Millisecond)
 	}
 }
