@@ -313,16 +313,21 @@ func (b *batch[M]) give(ctx context.Context, errs []error) bool {
 			w.health.Stamp()
 		}
 	}()
+	// Every failed completion is reported, also those past where yield
+	// stops: a lost lease is a possible repeat whatever the transport does.
+	for _, i := range pending {
+		p := &b.outcomes[i]
+		if p.comp < 0 {
+			continue
+		}
+		if cerr := errs[p.comp]; cerr != nil {
+			p.res.Outcome = 0
+			p.err = w.settleError("complete", p.res.Key, cerr, !p.dup)
+		}
+		p.comp = -1
+	}
 	for _, i := range pending {
 		p := b.outcomes[i]
-		if p.comp >= 0 {
-			if cerr := errs[p.comp]; cerr != nil {
-				p.res.Outcome = 0
-				p.err = w.settleError("complete", p.res.Key, cerr, !p.dup)
-			}
-			p.comp = -1
-			b.outcomes[p.i] = p
-		}
 		if stopped && (p.err != nil || !p.res.Settled()) {
 			break
 		}

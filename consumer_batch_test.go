@@ -1,9 +1,12 @@
 package dedup_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,6 +152,36 @@ func TestBatchCompletion(t *testing.T) {
 				require.ErrorIs(t, errs[2], dedup.ErrLeaseLost, "a repeat of an event whose completion was lost is not a duplicate")
 				require.NoError(t, errs[3])
 				require.Equal(t, []dedup.Outcome{dedup.OutcomeProcessed, 0, 0, dedup.OutcomeProcessed}, outcomes)
+			})
+
+			// A transport stops at the first unsettled result; the lost
+			// leases after it are still reported, each a possible repeat.
+			t.Run("EveryLostLeaseReported", func(t *testing.T) {
+				store := newStore(t)
+				var logs bytes.Buffer
+				w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
+					k := dedup.Key{Scope: scopeFrom(ctx), EventID: e.ID}
+					rec, err := store.Get(ctx, k)
+					if err != nil {
+						return err
+					}
+					return store.Fail(ctx, k, rec.Owner, dedup.Failure{Error: "taken", TTL: time.Hour})
+				}, fastOpts(t, dedup.NewMemorySink(), dedup.WithBatchCompletion(time.Minute),
+					dedup.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))...)
+				require.NoError(t, err)
+				ctx := context.WithValue(ctx, scopeKey{}, w.Scope())
+				var given int
+				err = w.HandleBatch(ctx, []event{{ID: "r1", Body: "x"}, {ID: "r2", Body: "x"}, {ID: "r3", Body: "x"}},
+					func(i int, res dedup.Result, err error) bool {
+						given++
+						return res.Settled()
+					})
+				require.NoError(t, err)
+				require.Equal(t, 1, given)
+				require.Equal(t, 3, strings.Count(logs.String(), "level=ERROR msg=\"dedup: lease lost: another worker took this event over while it ran"), logs.String())
+				for _, id := range []string{"r1", "r2", "r3"} {
+					require.Contains(t, logs.String(), "/"+id+"\" op=complete")
+				}
 			})
 
 			t.Run("UnsettledStopsAfterWriting", func(t *testing.T) {
