@@ -29,10 +29,15 @@ type FingerprintFunc func(payload []byte) (string, error)
 func SHA256Fingerprint() FingerprintFunc { return sha256Fingerprint }
 
 func sha256Fingerprint(payload []byte) (string, error) {
-	sum := sha256.Sum256(payload)
+	return hexSHA256(payload), nil
+}
+
+// hexSHA256 returns the hex SHA-256 of b, allocating only the string.
+func hexSHA256(b []byte) string {
+	sum := sha256.Sum256(b)
 	var buf [2 * sha256.Size]byte
 	hex.Encode(buf[:], sum[:])
-	return string(buf[:]), nil
+	return string(buf[:])
 }
 
 // JSONFingerprint returns a fingerprint over the canonical JSON of the named
@@ -53,8 +58,7 @@ func JSONFingerprint(version string, fields ...string) FingerprintFunc {
 				return "", err
 			}
 		}
-		sum := sha256.Sum256(out)
-		return hex.EncodeToString(sum[:]), nil
+		return hexSHA256(out), nil
 	}
 }
 

@@ -2,8 +2,6 @@ package idemhttp
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -22,17 +20,29 @@ func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyP
 		return nil, nil
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.maxBody))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		return nil, &keyProblem{ProblemBodyTooLarge, fmt.Sprintf("the body is over %d bytes", c.maxBody)}
-	case err != nil:
-		return nil, &keyProblem{ProblemBodyUnreadable, err.Error()}
+	if err != nil {
+		return nil, c.bodyProblem(err)
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
+	rb := &bodyCopy{}
+	rb.Reset(body)
+	r.Body, r.ContentLength = rb, int64(len(body))
 	return body, nil
 }
+
+// bodyProblem says why a body could not be read. Kept out of readBody so
+// that the target of errors.As escapes only when a read failed.
+func (c *config) bodyProblem(err error) *keyProblem {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return &keyProblem{ProblemBodyTooLarge, fmt.Sprintf("the body is over %d bytes", c.maxBody)}
+	}
+	return &keyProblem{ProblemBodyUnreadable, err.Error()}
+}
+
+// bodyCopy is a body already read, given back to the handler.
+type bodyCopy struct{ bytes.Reader }
+
+func (*bodyCopy) Close() error { return nil }
 
 // isJSON reports whether a Content-Type names JSON (application/json or a
 // +json suffix).
@@ -70,8 +80,8 @@ func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem)
 	if r.URL.RawQuery != "" {
 		parts = append(append(append(parts, '?'), canonicalQuery(r.URL.RawQuery)...), 0)
 	}
-	sum := sha256.Sum256(parts)
-	return hex.EncodeToString(sum[:]), nil
+	fp, _ := dedup.SHA256Fingerprint()(parts) // never fails
+	return fp, nil
 }
 
 // canonicalQuery returns raw with its parameters sorted by name and encoded

@@ -125,8 +125,8 @@ func (f *front) answerClaim(w http.ResponseWriter, r *http.Request, p *prepared,
 
 // replay answers with the stored response, marked as a replay.
 func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
-	s, err := decodeSnapshot(rec.Result)
-	if err != nil {
+	var s snapshot
+	if err := decodeSnapshot(rec.Result, &s); err != nil {
 		f.cfg.logger.Error("idemhttp: stored response unreadable; not replayed",
 			slog.String("key", p.key.String()), slog.Any("error", err))
 		f.cfg.writeProblem(w, ProblemStoredMalformed, http.StatusInternalServerError,
@@ -134,9 +134,7 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 		return
 	}
 	h := w.Header()
-	for k, v := range s.header {
-		h[k] = v
-	}
+	s.writeHeader(h)
 	h.Set(ReplayHeader, "true")
 	if bodyAllowed(s.status) {
 		h.Set("Content-Length", strconv.Itoa(len(s.body)))

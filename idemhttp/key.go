@@ -46,21 +46,34 @@ func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyP
 }
 
 // entropyBits estimates the entropy of key: its length times the Shannon
-// entropy of its character frequencies.
+// entropy of its character frequencies, n·log2(n) − Σ c·log2(c) over the
+// count c of each character.
 func entropyBits(key string) float64 {
-	var counts [128]int // keys are printable ASCII once parsed
+	var counts [128]uint16 // keys are printable ASCII once parsed
 	for i := 0; i < len(key); i++ {
 		counts[key[i]&0x7f]++
 	}
-	n := float64(len(key))
-	h := 0.0
+	bits := nLog2n(len(key))
 	for _, c := range counts {
-		if c > 0 {
-			p := float64(c) / n
-			h -= p * math.Log2(p)
-		}
+		bits -= nLog2n(int(c))
 	}
-	return h * n
+	return bits
+}
+
+// nLog2nTable holds n·log2(n) for every count a key can hold.
+var nLog2nTable = func() (t [dedup.MaxIDLen + 1]float64) {
+	for n := 2; n < len(t); n++ {
+		t[n] = float64(n) * math.Log2(float64(n))
+	}
+	return t
+}()
+
+// nLog2n returns n·log2(n), 0 for 0 and 1.
+func nLog2n(n int) float64 {
+	if n < len(nLog2nTable) {
+		return nLog2nTable[n]
+	}
+	return float64(n) * math.Log2(float64(n))
 }
 
 // parseKeyField parses an Idempotency-Key field value: an RFC 8941 Item whose

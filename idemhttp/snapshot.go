@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // A response snapshot, as kept in dedup.Record.Result, is
@@ -26,11 +27,47 @@ const (
 // errSnapshot is wrapped by every snapshot decoding error.
 var errSnapshot = errors.New("idemhttp: malformed response snapshot")
 
-// snapshot is a stored response.
+// snapshot is a stored response. Its header names and values are cut
+// from one string, so that decoding allocates once whatever their number.
 type snapshot struct {
 	status int
-	header http.Header // canonical names
+	n      int                       // header values
+	text   string                    // the names and values
+	ends   [2 * maxSnapHeaders]int32 // in text, where each name and value ends
 	body   []byte
+}
+
+// field returns the i-th name or value: 2k for the k-th name, 2k+1 for its
+// value.
+func (s *snapshot) field(i int) string {
+	from := int32(0)
+	if i > 0 {
+		from = s.ends[i-1]
+	}
+	return s.text[from:s.ends[i]]
+}
+
+// writeHeader sets s's headers in h, in place of any h held under their
+// names.
+func (s *snapshot) writeHeader(h http.Header) {
+	for k := 0; k < s.n; k++ {
+		name, value := s.field(2*k), s.field(2*k+1)
+		if s.seenBefore(k, name) {
+			h[name] = append(h[name], value)
+		} else {
+			h[name] = []string{value}
+		}
+	}
+}
+
+// seenBefore reports whether a header before the k-th has name.
+func (s *snapshot) seenBefore(k int, name string) bool {
+	for j := 0; j < k; j++ {
+		if s.field(2*j) == name {
+			return true
+		}
+	}
+	return false
 }
 
 // encodeSnapshot encodes the status, the headers of h named in names, and
@@ -68,38 +105,55 @@ func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]b
 	return append(b, body...), nil
 }
 
-// decodeSnapshot decodes b, refusing anything encodeSnapshot cannot have
-// written.
-func decodeSnapshot(b []byte) (snapshot, error) {
+// decodeSnapshot decodes b into s, refusing anything encodeSnapshot cannot
+// have written.
+func decodeSnapshot(b []byte, s *snapshot) error {
 	if len(b) < 5 || b[0] != snapshotMagic {
-		return snapshot{}, fmt.Errorf("%w: no snapshot header", errSnapshot)
+		return fmt.Errorf("%w: no snapshot header", errSnapshot)
 	}
 	if b[1] != snapshotVersion {
-		return snapshot{}, fmt.Errorf("%w: unknown version %d", errSnapshot, b[1])
+		return fmt.Errorf("%w: unknown version %d", errSnapshot, b[1])
 	}
-	s := snapshot{status: int(binary.BigEndian.Uint16(b[2:4]))}
+	s.status = int(binary.BigEndian.Uint16(b[2:4]))
 	if s.status < 200 || s.status > 499 {
-		return snapshot{}, fmt.Errorf("%w: status %d", errSnapshot, s.status)
+		return fmt.Errorf("%w: status %d", errSnapshot, s.status)
 	}
 	b = b[4:]
 	n, err := uvarint(&b, maxSnapHeaders)
 	if err != nil {
-		return snapshot{}, fmt.Errorf("%w: header count: %v", errSnapshot, err)
+		return fmt.Errorf("%w: header count: %v", errSnapshot, err)
 	}
-	s.header = make(http.Header, n)
-	for i := 0; i < n; i++ {
-		name, err := field(&b)
-		if err != nil || !validToken(name) || http.CanonicalHeaderKey(name) != name {
-			return snapshot{}, fmt.Errorf("%w: header %d name %q", errSnapshot, i, name)
+	// First the lengths, then one copy of the names and values.
+	type span struct{ from, to int }
+	var spans [2 * maxSnapHeaders]span
+	rest, text := b, 0
+	for i := 0; i < 2*n; i++ {
+		l, err := uvarint(&rest, -1)
+		if err != nil {
+			return fmt.Errorf("%w: header %d: %v", errSnapshot, i/2, err)
 		}
-		value, err := field(&b)
-		if err != nil || !validHeaderValue(value) {
-			return snapshot{}, fmt.Errorf("%w: header %s value", errSnapshot, name)
-		}
-		s.header[name] = append(s.header[name], value)
+		from := len(b) - len(rest)
+		spans[i] = span{from, from + l}
+		text += l
+		rest = rest[l:]
 	}
-	s.body = b
-	return s, nil
+	var buf strings.Builder
+	buf.Grow(text)
+	for i := 0; i < 2*n; i++ {
+		buf.Write(b[spans[i].from:spans[i].to])
+		s.ends[i] = int32(buf.Len())
+	}
+	s.n, s.text, s.body = n, buf.String(), rest
+	for k := 0; k < n; k++ {
+		name, value := s.field(2*k), s.field(2*k+1)
+		if !validToken(name) || http.CanonicalHeaderKey(name) != name {
+			return fmt.Errorf("%w: header %d name %q", errSnapshot, k, name)
+		}
+		if !validHeaderValue(value) {
+			return fmt.Errorf("%w: header %s value", errSnapshot, name)
+		}
+	}
+	return nil
 }
 
 // uvarint consumes a length from b, refusing one over max or over what b
@@ -117,16 +171,6 @@ func uvarint(b *[]byte, max int) (int, error) {
 		return 0, errors.New("length out of range")
 	}
 	return int(v), nil
-}
-
-func field(b *[]byte) (string, error) {
-	n, err := uvarint(b, -1)
-	if err != nil {
-		return "", err
-	}
-	s := string((*b)[:n])
-	*b = (*b)[n:]
-	return s, nil
 }
 
 // validHeaderValue reports whether v may be sent as a field value: no

@@ -14,13 +14,19 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := decodeSnapshot(b)
-	if err != nil {
+	var s snapshot
+	if err := decodeSnapshot(b, &s); err != nil {
 		t.Fatal(err)
 	}
-	if s.status != 201 || string(s.body) != `{"id":1}` || s.header.Get("Location") != "/p/1" ||
-		s.header.Get("Set-Cookie") != "" || len(s.header.Values("Etag")) != 2 {
-		t.Errorf("decoded %+v", s)
+	got := s.header()
+	if s.status != 201 || string(s.body) != `{"id":1}` || got.Get("Location") != "/p/1" ||
+		got.Get("Set-Cookie") != "" || len(got.Values("Etag")) != 2 {
+		t.Errorf("decoded %d %v %q", s.status, got, s.body)
+	}
+	replaced := http.Header{"Etag": {`"old"`}, "Vary": {"Accept"}}
+	s.writeHeader(replaced)
+	if v := replaced.Values("Etag"); len(v) != 2 || v[0] != `"a"` || replaced.Get("Vary") != "Accept" {
+		t.Errorf("written over a header: %v", replaced)
 	}
 }
 
@@ -36,7 +42,7 @@ func TestSnapshotRefusesDamage(t *testing.T) {
 		"bad name":     encodeSnapshotRaw("content type", "x"),
 		"CR in value":  encodeSnapshotRaw("Location", "/a\r\nSet-Cookie: x"),
 	} {
-		if _, err := decodeSnapshot(b); !errors.Is(err, errSnapshot) {
+		if err := decodeSnapshot(b, new(snapshot)); !errors.Is(err, errSnapshot) {
 			t.Errorf("%s: %v, want a snapshot error", name, err)
 		}
 	}
@@ -56,7 +62,7 @@ func TestSnapshotEncodeRefusesWhatDecodeRefuses(t *testing.T) {
 		"DEL in value":   {"Etag": {"\x7f"}},
 	} {
 		if b, err := encodeSnapshot(200, h, []string{"Link", "Location", "ETag"}, nil); err == nil {
-			_, derr := decodeSnapshot(b)
+			derr := decodeSnapshot(b, new(snapshot))
 			t.Errorf("%s: encoded (decoding: %v), want refused", name, derr)
 		}
 	}
@@ -68,9 +74,16 @@ func TestSnapshotEncodeRefusesWhatDecodeRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := decodeSnapshot(b); err != nil {
+	if err := decodeSnapshot(b, new(snapshot)); err != nil {
 		t.Errorf("64 values, one with a tab: %v", err)
 	}
+}
+
+// header returns s's headers.
+func (s *snapshot) header() http.Header {
+	h := http.Header{}
+	s.writeHeader(h)
+	return h
 }
 
 func encodeSnapshotRaw(name, value string) []byte {
@@ -87,20 +100,21 @@ func FuzzSnapshot(f *testing.F) {
 	f.Add(seed)
 	f.Add([]byte{snapshotMagic, 1, 0, 200, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		s, err := decodeSnapshot(b)
-		if err != nil {
+		var s snapshot
+		if err := decodeSnapshot(b, &s); err != nil {
 			return
 		}
-		names := make([]string, 0, len(s.header))
-		for k := range s.header {
+		h := s.header()
+		names := make([]string, 0, len(h))
+		for k := range h {
 			names = append(names, k)
 		}
-		b, err = encodeSnapshot(s.status, s.header, names, s.body)
+		b, err := encodeSnapshot(s.status, h, names, s.body)
 		if err != nil {
 			t.Fatalf("re-encoding %x: %v", b, err)
 		}
-		again, err := decodeSnapshot(b)
-		if err != nil || again.status != s.status || !bytes.Equal(again.body, s.body) {
+		var again snapshot
+		if err := decodeSnapshot(b, &again); err != nil || again.status != s.status || !bytes.Equal(again.body, s.body) {
 			t.Fatalf("re-encoding %x: %v", b, err)
 		}
 	})
