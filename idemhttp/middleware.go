@@ -126,9 +126,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 				slog.String("key", p.key.String()), slog.String("reason", reason), slog.Any("error", err))
 		}
 	}
-	var perr *dedup.PanicError
 	switch {
-	case errors.As(err, &perr):
+	case err != nil:
+		// Held.Run returns an error only for a panic: the handler's own
+		// error is not returned to it.
+		perr := panicOf(err)
 		fail(fmt.Sprintf("handler panic: %v", perr.Value))
 		panic(perr.Value)
 	case rec.over:
@@ -165,6 +167,17 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	default:
 		rec.flush()
 	}
+}
+
+// panicOf returns the *dedup.PanicError that err, an error of Held.Run, is.
+// Kept out of run so that the target of errors.As escapes only after a
+// panic.
+func panicOf(err error) *dedup.PanicError {
+	var perr *dedup.PanicError
+	if !errors.As(err, &perr) {
+		return &dedup.PanicError{Value: err}
+	}
+	return perr
 }
 
 // answer sends an answer that is not stored: the handler's own, or, when
