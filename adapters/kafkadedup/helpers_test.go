@@ -177,12 +177,15 @@ type running struct {
 	done   chan error
 	once   sync.Once
 	err    error
+	// within bounds how long Run may take to return once canceled
+	// (default 20 s): a consumer draining its handlers may need longer.
+	within time.Duration
 }
 
 func start(t *testing.T, c *kafkadedup.Consumer) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
+	r := &running{cancel: cancel, done: make(chan error, 1), within: 20 * time.Second}
 	go func() { r.done <- c.Run(ctx) }()
 	t.Cleanup(func() { _ = r.wait(t) })
 	return r
@@ -195,8 +198,8 @@ func (r *running) wait(t *testing.T) error {
 		r.cancel()
 		select {
 		case r.err = <-r.done:
-		case <-time.After(20 * time.Second):
-			t.Fatal("Run did not return 20 s after its context was canceled")
+		case <-time.After(r.within):
+			t.Fatalf("Run did not return %v after its context was canceled", r.within)
 		}
 	})
 	return r.err

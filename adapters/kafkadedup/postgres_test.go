@@ -115,6 +115,7 @@ func TestHandoverMidBatchPostgresInbox(t *testing.T) {
 			var parkA, never atomic.Bool
 			parkedA := make(chan struct{}, 1)
 			a := start(t, consumer(seenA, handler(&parkA, parkedA)))
+			a.within += tc.drain // its started batch runs to its end
 			eventually(t, 60*time.Second, func() bool { return rows() >= 60 }, "first consumer made no progress")
 			b := start(t, consumer(seenB, handler(&never, nil)))
 			eventually(t, 60*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.OutcomeProcessed] > 0 },
