@@ -52,11 +52,20 @@ func TestAMQPCrashCampaign(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 
 	url := testenv.RabbitMQURL(t)
-	ch, err := testenv.RabbitMQ(t).Channel()
+	conn := testenv.RabbitMQ(t)
+	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.Confirm(false); err != nil {
+	// The producer has a channel of its own: amqp091-go does not keep a
+	// publish's frames together against another method on its channel
+	// (depth's queue.declare), and RabbitMQ closes the connection on
+	// UNEXPECTED_FRAME when they interleave.
+	pub, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
 	pool := testenv.Postgres(t)
@@ -102,7 +111,7 @@ func TestAMQPCrashCampaign(t *testing.T) {
 		return c
 	})
 	produced := make(chan error, 1)
-	go func() { produced <- publishOver(ch, queue, messages, size.produce) }()
+	go func() { produced <- publishOver(pub, queue, messages, size.produce) }()
 	producing := true
 	depth := func(q string) int {
 		st, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
