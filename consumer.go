@@ -289,7 +289,7 @@ func (w *Wrapper[M]) leaseFor(ctx context.Context, suggested time.Duration) time
 		}
 		return time.Second
 	}
-	return DefaultLease
+	return defaultLease
 }
 
 func (d *delivery[M]) request(ttl time.Duration) ClaimRequest {

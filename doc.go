@@ -55,7 +55,5 @@
 // [Classify] to answer a refused claim from the blocking record,
 // [ValidateBatch], [NewOwnerToken], [MayTakeOver]; a transport adapter
 // passes what it knows of a call's deliveries as [CallOpt] values
-// ([CallLease], its redelivery deadline; [CallStop], its shutdown). A front
-// end that settles a claim itself, as idemhttp's middleware does, keeps it
-// with [Hold]: the wrapper's heartbeat, fenced writes and retries.
+// ([CallLease], its redelivery deadline; [CallStop], its shutdown).
 package dedup

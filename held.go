@@ -7,16 +7,17 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/dedupkit/dedup/internal/inmodule"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
-// Held is a claim acquired from a [Store] by a front end that settles it
-// itself, such as idemhttp's middleware, kept by the rules a [Wrapper]
-// keeps its own by: its lease is extended while the work runs, and its
-// outcome is written fenced on the claim, tried again while the lease
-// lasts, and counted as written when an earlier try landed though its
-// answer was lost.
-type Held struct {
+// held is a claim acquired from a [Store] by a front end that settles it
+// itself, idemhttp's middleware (through internal/inmodule), kept by the
+// rules a [Wrapper] keeps its own by: its lease is extended while the work
+// runs, and its outcome is written fenced on the claim, tried again while
+// the lease lasts, and counted as written when an earlier try landed though
+// its answer was lost.
+type held struct {
 	store  Store
 	key    Key
 	owner  string
@@ -24,22 +25,24 @@ type Held struct {
 	logger *slog.Logger
 }
 
-// Hold returns c, a claim acquired from store with lease, held; logger
+func init() { inmodule.Hold = hold }
+
+// hold returns c, a claim acquired from store with lease, held; logger
 // receives what the heartbeat and the settling writes have to say (nil:
 // slog.Default()).
-func Hold(store Store, c Claim, lease time.Duration, logger *slog.Logger) (*Held, error) {
+func hold(store Store, c Claim, lease time.Duration, logger *slog.Logger) (inmodule.Held[Failure], error) {
 	switch {
 	case nilcheck.IsNil(store):
-		return nil, fmt.Errorf("%w: Hold: nil store", ErrConfig)
+		return nil, fmt.Errorf("%w: hold: nil store", ErrConfig)
 	case c.Status != ClaimAcquired || c.Record.Owner == "":
-		return nil, fmt.Errorf("%w: Hold: the claim of %s was not acquired (%v)", ErrConfig, c.Record.Key, c.Status)
+		return nil, fmt.Errorf("%w: hold: the claim of %s was not acquired (%v)", ErrConfig, c.Record.Key, c.Status)
 	case lease <= 0:
-		return nil, fmt.Errorf("%w: Hold: lease %v must be positive", ErrConfig, lease)
+		return nil, fmt.Errorf("%w: hold: lease %v must be positive", ErrConfig, lease)
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Held{store: store, key: c.Record.Key, owner: c.Record.Owner, lease: lease, logger: logger}, nil
+	return &held{store: store, key: c.Record.Key, owner: c.Record.Owner, lease: lease, logger: logger}, nil
 }
 
 // Run runs fn while the claim is kept: the lease is extended every third of
@@ -47,7 +50,7 @@ func Hold(store Store, c Claim, lease time.Duration, logger *slog.Logger) (*Held
 // goes on whether anyone waits for it or not), and fn's context is
 // cancelled with a cause matching ErrLeaseLost when another worker takes
 // the key over. A panic in fn is returned as a *PanicError.
-func (h *Held) Run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
+func (h *held) Run(ctx context.Context, fn func(ctx context.Context) error) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	hb := &heartbeat{store: h.store, logger: h.logger}
 	hb.start(context.WithoutCancel(ctx), cancel, h.key, h.owner, h.lease)
@@ -60,14 +63,14 @@ func (h *Held) Run(ctx context.Context, fn func(ctx context.Context) error) (err
 }
 
 // Complete records the claim as succeeded with result, kept for ttl.
-func (h *Held) Complete(ctx context.Context, result []byte, ttl time.Duration) error {
+func (h *held) Complete(ctx context.Context, result []byte, ttl time.Duration) error {
 	return retryHeld(ctx, h.logger, nil, h.lease, func(ctx context.Context, retried bool) error {
 		return completeFenced(ctx, h.store, h.key, h.owner, result, ttl, retried)
 	})
 }
 
 // Fail records a failed attempt, leaving the key retryable unless f.Final.
-func (h *Held) Fail(ctx context.Context, f Failure) error {
+func (h *held) Fail(ctx context.Context, f Failure) error {
 	return retryHeld(ctx, h.logger, nil, h.lease, func(ctx context.Context, retried bool) error {
 		return failFenced(ctx, h.store, h.key, h.owner, f, retried)
 	})

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/inmodule"
 )
 
 // heldStore refuses every lease extension, as when another worker took the
@@ -31,6 +33,9 @@ func (s *heldStore) Complete(ctx context.Context, key dedup.Key, owner string, r
 	return err
 }
 
+// hold is the root package's hold, as idemhttp reaches it.
+var hold = inmodule.Hold.(func(dedup.Store, dedup.Claim, time.Duration, *slog.Logger) (inmodule.Held[dedup.Failure], error))
+
 func acquire(t *testing.T, store dedup.Store) dedup.Claim {
 	t.Helper()
 	c, err := store.Claim(context.Background(), dedup.ClaimRequest{Key: dedup.Key{Scope: uniqueScope(t), EventID: "op"},
@@ -46,7 +51,7 @@ func acquire(t *testing.T, store dedup.Store) dedup.Claim {
 func TestHeld(t *testing.T) {
 	store := &heldStore{Store: dedup.NewMemoryStore()}
 	c := acquire(t, store)
-	h, err := dedup.Hold(store, c, 300*time.Millisecond, nil)
+	h, err := hold(store, c, 300*time.Millisecond, nil)
 	require.NoError(t, err)
 	err = h.Run(context.Background(), func(ctx context.Context) error {
 		<-ctx.Done() // the first extension, at a third of the lease, is refused
@@ -66,39 +71,6 @@ func TestHeld(t *testing.T) {
 	require.ErrorAs(t, err, &perr)
 	require.Equal(t, "boom", perr.Value)
 
-	_, err = dedup.Hold(store, dedup.Claim{Status: dedup.ClaimDuplicate}, time.Minute, nil)
+	_, err = hold(store, dedup.Claim{Status: dedup.ClaimDuplicate}, time.Minute, nil)
 	require.ErrorIs(t, err, dedup.ErrConfig)
-}
-
-// A front end other than a Wrapper claims a key, keeps the claim while its
-// operation runs, and stores the operation's result.
-func ExampleHold() {
-	ctx := context.Background()
-	store := dedup.NewMemoryStore()
-	key := dedup.Key{Scope: "payments/api", EventID: "req-42"}
-	c, err := store.Claim(ctx, dedup.ClaimRequest{Key: key, Fingerprint: "body-hash", Lease: 30 * time.Second, TTL: 24 * time.Hour})
-	if err != nil || c.Status != dedup.ClaimAcquired {
-		fmt.Println("not ours:", c.Status, err)
-		return
-	}
-	h, err := dedup.Hold(store, c, 30*time.Second, nil)
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	var result []byte
-	if err := h.Run(ctx, func(ctx context.Context) error {
-		result = []byte("charged")
-		return nil
-	}); err != nil {
-		_ = h.Fail(ctx, dedup.Failure{Error: err.Error(), TTL: 24 * time.Hour})
-		return
-	}
-	if err := h.Complete(ctx, result, 24*time.Hour); err != nil {
-		fmt.Println(err)
-		return
-	}
-	rec, _ := store.Get(ctx, key)
-	fmt.Println(rec.Status, string(rec.Result))
-	// Output: SUCCEEDED charged
 }

@@ -14,11 +14,12 @@ import (
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
-// Defaults applied by [Wrap] when an option is not given.
+// Defaults applied by [Wrap] when an option is not given; the options' docs
+// state them.
 const (
-	DefaultMaxAttempts = 5
-	DefaultLease       = 30 * time.Second
-	DefaultTTL         = 7 * 24 * time.Hour
+	defaultMaxAttempts = 5
+	defaultLease       = 30 * time.Second
+	defaultTTL         = 7 * 24 * time.Hour
 )
 
 // defaultBatchWait is how long HandleBatch holds a success back at most to
@@ -59,9 +60,9 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		fingerprint:     SHA256Fingerprint(),
-		maxAttempts:     DefaultMaxAttempts,
+		maxAttempts:     defaultMaxAttempts,
 		backoff:         ExponentialBackoff(200*time.Millisecond, 30*time.Second),
-		ttl:             DefaultTTL,
+		ttl:             defaultTTL,
 		logger:          slog.Default(),
 		outageThreshold: defaultOutageThreshold,
 		batchWait:       defaultBatchWait,

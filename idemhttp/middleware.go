@@ -105,7 +105,7 @@ func (m *Middleware) claim(ctx context.Context, p *prepared) (dedup.Claim, error
 // as long as the handler runs, whether anyone waits for its answer or not,
 // so a retry never runs the operation beside it.
 func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, p *prepared, c dedup.Claim) {
-	held, err := dedup.Hold(m.store, c, m.cfg.lease, m.cfg.logger)
+	held, err := holdClaim(m.store, c, m.cfg.lease, m.cfg.logger)
 	if err != nil {
 		m.storeError(w, p, "claim", err)
 		return
@@ -128,7 +128,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 	switch {
 	case err != nil:
-		// Held.Run returns an error only for a panic: the handler's own
+		// held.Run returns an error only for a panic: the handler's own
 		// error is not returned to it.
 		perr := panicOf(err)
 		fail(fmt.Sprintf("handler panic: %v", perr.Value))
@@ -169,7 +169,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 }
 
-// panicOf returns the *dedup.PanicError that err, an error of Held.Run, is.
+// panicOf returns the *dedup.PanicError that err, an error of held.Run, is.
 // Kept out of run so that the target of errors.As escapes only after a
 // panic.
 func panicOf(err error) *dedup.PanicError {

@@ -22,6 +22,13 @@ const (
 	DefaultRetryAfter   = time.Second
 )
 
+// The lease and retention a claim gets unless WithLease and WithTTL say
+// otherwise: those of the core's Wrapper.
+const (
+	defaultLease = 30 * time.Second
+	defaultTTL   = 7 * 24 * time.Hour
+)
+
 // defaultStoredHeaders are the response headers a snapshot keeps unless
 // WithStoredHeaders names others.
 var defaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
@@ -69,8 +76,8 @@ func defaultConfig() config {
 		maxBody:        DefaultMaxBodyBytes,
 		maxSnapshot:    DefaultMaxSnapshot,
 		minKeyBits:     DefaultMinKeyBits,
-		lease:          dedup.DefaultLease,
-		ttl:            dedup.DefaultTTL,
+		lease:          defaultLease,
+		ttl:            defaultTTL,
 		retryAfter:     DefaultRetryAfter,
 		conflictStatus: http.StatusUnprocessableEntity,
 		storedHeaders:  defaultStoredHeaders,

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/internal/inmodule"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 	"github.com/dedupkit/dedup/internal/txguard"
 )
@@ -129,7 +128,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 
 	var owner string
 	if p != nil {
-		c, err := m.store.ClaimTx(ctx, inmodule.Token{}, tx, p.claimRequest(m.cfg))
+		c, err := claimTx(m.store, ctx, tx, p.claimRequest(m.cfg))
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
@@ -175,7 +174,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 	if commit && aborted(tx) {
 		// A statement of the handler failed: none of its writes can
 		// commit. A final 4xx stands without them; a success does not.
-		if !store || rec.status < 400 || m.store.RollbackToClaimTx(sctx, inmodule.Token{}, tx) != nil {
+		if !store || rec.status < 400 || rollbackToClaimTx(m.store, sctx, tx) != nil {
 			_ = tx.Rollback(sctx)
 			m.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back, not stored",
 				slog.String("key", keyName(p)), slog.Int("status", rec.status))
@@ -204,7 +203,7 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 			"the answer's headers cannot be stored for replay, so the operation was not applied", 0)
 		return
 	}
-	if err := m.store.CompleteTx(sctx, inmodule.Token{}, tx, p.key, owner, snap); err != nil {
+	if err := completeTx(m.store, sctx, tx, p.key, owner, snap); err != nil {
 		m.storeError(w, p, "complete", err)
 		return
 	}

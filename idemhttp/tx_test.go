@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -180,10 +181,18 @@ func TestTxRetryingClient(t *testing.T) {
 	}
 }
 
+// The PostgreSQL store's claims in a caller's transaction, as the
+// middleware reaches them.
+var (
+	claimTx           = inmodule.ClaimTx.(func(*dedup.PostgresStore, context.Context, pgx.Tx, dedup.ClaimRequest) (dedup.Claim, error))
+	completeTx        = inmodule.CompleteTx.(func(*dedup.PostgresStore, context.Context, pgx.Tx, dedup.Key, string, []byte) error)
+	rollbackToClaimTx = inmodule.RollbackToClaimTx.(func(*dedup.PostgresStore, context.Context, pgx.Tx) error)
+)
+
 func TestClaimTxHooks(t *testing.T) {
 	store, pool := postgresStore(t)
 	ctx := context.Background()
-	if _, err := store.ClaimTx(ctx, inmodule.Token{}, nil, dedup.ClaimRequest{}); err == nil {
+	if _, err := claimTx(store, ctx, nil, dedup.ClaimRequest{}); err == nil {
 		t.Error("ClaimTx(nil tx) succeeded")
 	}
 	tx, err := pool.Begin(ctx)
@@ -192,11 +201,11 @@ func TestClaimTxHooks(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	key := dedup.Key{Scope: "s", EventID: newKey()}
-	c, err := store.ClaimTx(ctx, inmodule.Token{}, tx, dedup.ClaimRequest{Key: key, Fingerprint: "f", TTL: dedup.DefaultTTL})
+	c, err := claimTx(store, ctx, tx, dedup.ClaimRequest{Key: key, Fingerprint: "f", TTL: time.Hour})
 	if err != nil || c.Status != dedup.ClaimAcquired {
 		t.Fatalf("claim: %v %v", c.Status, err)
 	}
-	if err := store.CompleteTx(ctx, inmodule.Token{}, tx, key, "another owner", []byte("r")); err == nil {
+	if err := completeTx(store, ctx, tx, key, "another owner", []byte("r")); err == nil {
 		t.Error("CompleteTx with another owner succeeded")
 	}
 	// A write, then a failed statement: rolling back to the claim undoes
@@ -208,13 +217,13 @@ func TestClaimTxHooks(t *testing.T) {
 	if _, err := tx.Exec(ctx, "INSERT INTO "+charges+" (amount) VALUES (NULL)"); err == nil {
 		t.Fatal("NULL amount inserted")
 	}
-	if err := store.RollbackToClaimTx(ctx, inmodule.Token{}, tx); err != nil {
+	if err := rollbackToClaimTx(store, ctx, tx); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.RollbackToClaimTx(ctx, inmodule.Token{}, nil); !errors.Is(err, dedup.ErrConfig) {
+	if err := rollbackToClaimTx(store, ctx, nil); !errors.Is(err, dedup.ErrConfig) {
 		t.Errorf("RollbackToClaimTx(nil tx): %v, want ErrConfig", err)
 	}
-	if err := store.CompleteTx(ctx, inmodule.Token{}, tx, key, c.Record.Owner, []byte("r")); err != nil {
+	if err := completeTx(store, ctx, tx, key, c.Record.Owner, []byte("r")); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {

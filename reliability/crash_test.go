@@ -104,7 +104,7 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 		RecordsTable: records,
 		EffectsTable: effects,
 		Scope:        group + "/apply",
-		MaxAttempts:  dedup.DefaultMaxAttempts,
+		MaxAttempts:  5,
 		Lease:        2 * time.Second,
 	}
 	f := crashtest.NewFleet(t, workerEnv, 3, func(slot int, name string) any {

@@ -113,7 +113,7 @@ func wrapOpts(scope string, sink dedup.Sink, st *settled, log *slog.Logger, leas
 	return []dedup.Opt{
 		dedup.WithScope(scope),
 		dedup.WithSink(sink),
-		dedup.WithMaxAttempts(dedup.DefaultMaxAttempts),
+		dedup.WithMaxAttempts(5),
 		dedup.WithBackoff(dedup.ExponentialBackoff(10*time.Millisecond, 50*time.Millisecond)),
 		dedup.WithLease(lease),
 		dedup.WithLogger(log),

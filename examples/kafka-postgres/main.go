@@ -70,7 +70,7 @@ func parseFlags() config {
 	flag.StringVar(&c.topic, "topic", env("KAFKA_TOPIC", "payments"), "topic to consume")
 	flag.StringVar(&c.dlqTopic, "dlq-topic", env("KAFKA_DLQ_TOPIC", ""), "dead-letter topic (default <topic>.dlq)")
 	flag.StringVar(&c.dsn, "dsn", env("DATABASE_URL", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")), "PostgreSQL connection string")
-	flag.IntVar(&c.maxAttempts, "max-attempts", dedup.DefaultMaxAttempts, "handler attempts before an event is dead-lettered")
+	flag.IntVar(&c.maxAttempts, "max-attempts", 5, "handler attempts before an event is dead-lettered")
 	flag.BoolVar(&c.migrate, "migrate", true, "create the dedup table and schema.sql's tables if missing")
 	flag.BoolVar(&c.kfake, "kfake", false, "start an in-process Kafka cluster with demo payments instead of using -brokers")
 	flag.IntVar(&c.demoEvents, "demo-events", 1000, "payments produced with -kfake")
