@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/amqpconn"
+	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
 )
@@ -64,11 +65,8 @@ type Consumer struct {
 // or amqps:// URI) running deliveries through w, which should read them
 // with [Messages] for the same queue. The queue must exist when Run starts.
 func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt) (*Consumer, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
+	cfg, err := consumeropt.Build(defaultConfig(), opts, Opt.apply, (*config).validate)
+	if err != nil {
 		return nil, err
 	}
 	if _, err := amqp.ParseURI(url); err != nil {
@@ -80,7 +78,7 @@ func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt
 	case w == nil:
 		return nil, fmt.Errorf("%w: amqpdedup: nil wrapper", dedup.ErrConfig)
 	}
-	return &Consumer{url: url, queue: queue, w: w, cfg: cfg, log: cfg.logger.With(slog.String("queue", queue))}, nil
+	return &Consumer{url: url, queue: queue, w: w, cfg: cfg, log: cfg.Logger.With(slog.String("queue", queue))}, nil
 }
 
 // Run consumes and handles deliveries until ctx is done, then shuts down and
@@ -126,7 +124,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	c.notConsuming.Store(nil)
-	err := shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, r.log, "amqpdedup: "+r.queue)
+	err := shutdown.Wait(&r.handlers, r.cfg.ShutdownTimeout, r.cancelWork, r.log, "amqpdedup: "+r.queue)
 	r.returnHeld()
 	for _, s := range sessions {
 		s.conn.Close()
@@ -287,7 +285,7 @@ func (r *runner) settle(stop context.Context, d amqp.Delivery, res dedup.Result,
 				slog.String("key", res.Key.String()), slog.Any("error", err))
 		}
 	case res.Outcome == dedup.OutcomeInFlight:
-		r.holdBack(stop, d, min(res.RetryAfter, r.cfg.inFlightDelay))
+		r.holdBack(stop, d, min(res.RetryAfter, r.cfg.InFlightDelay))
 	default: // dedup.OutcomeRetry
 		r.holdBack(stop, d, res.RetryAfter)
 	}
@@ -297,7 +295,7 @@ func (r *runner) settle(stop context.Context, d amqp.Delivery, res dedup.Result,
 // Run once failures have lasted longer than WithMaxOutage, and returns the
 // level to log this one at.
 func (r *runner) failed() slog.Level {
-	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.maxOutage, ErrOutage)
+	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.MaxOutage, ErrOutage)
 	if stop != nil {
 		r.giveUp(stop)
 	}

@@ -9,13 +9,14 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/amqpconn"
+	"github.com/dedupkit/dedup/internal/consumeropt"
 )
 
 // Defaults applied by [NewConsumer] when an option is not given.
 const (
 	DefaultPrefetch        = 100
 	DefaultInFlightDelay   = 5 * time.Second
-	DefaultShutdownTimeout = 30 * time.Second
+	DefaultShutdownTimeout = consumeropt.DefaultShutdownTimeout
 )
 
 // Opt configures a [Consumer].
@@ -26,23 +27,18 @@ type optFunc func(*config)
 func (f optFunc) apply(x *config) { f(x) }
 
 type config struct {
-	prefetch        int
-	amqp            amqp.Config
-	inFlightDelay   time.Duration
-	errorBackoff    dedup.Backoff
-	shutdownTimeout time.Duration
-	maxOutage       time.Duration
-	logger          *slog.Logger
+	consumeropt.Common
+	prefetch     int
+	amqp         amqp.Config
+	errorBackoff dedup.Backoff
 }
 
 func defaultConfig() config {
 	return config{
-		prefetch:        DefaultPrefetch,
-		amqp:            amqpconn.DefaultConfig(),
-		inFlightDelay:   DefaultInFlightDelay,
-		errorBackoff:    dedup.ExponentialBackoff(time.Second, 30*time.Second),
-		shutdownTimeout: DefaultShutdownTimeout,
-		logger:          slog.Default(),
+		Common:       consumeropt.Defaults(DefaultInFlightDelay),
+		prefetch:     DefaultPrefetch,
+		amqp:         amqpconn.DefaultConfig(),
+		errorBackoff: dedup.ExponentialBackoff(time.Second, 30*time.Second),
 	}
 }
 
@@ -50,18 +46,10 @@ func (c *config) validate() error {
 	switch {
 	case c.prefetch < 1 || c.prefetch > 65535:
 		return fmt.Errorf("%w: WithPrefetch(%d): must be 1 to 65535", dedup.ErrConfig, c.prefetch)
-	case c.inFlightDelay < 0:
-		return fmt.Errorf("%w: WithInFlightDelay(%v): must not be negative", dedup.ErrConfig, c.inFlightDelay)
 	case c.errorBackoff == nil:
 		return fmt.Errorf("%w: WithErrorBackoff(nil)", dedup.ErrConfig)
-	case c.shutdownTimeout <= 0:
-		return fmt.Errorf("%w: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
-	case c.maxOutage < 0:
-		return fmt.Errorf("%w: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, c.maxOutage)
-	case c.logger == nil:
-		return fmt.Errorf("%w: WithLogger(nil)", dedup.ErrConfig)
 	}
-	return nil
+	return c.Common.Validate("")
 }
 
 // WithPrefetch sets the channel's QoS prefetch count: how many deliveries
@@ -78,7 +66,7 @@ func WithDialConfig(cfg amqp.Config) Opt { return optFunc(func(c *config) { c.am
 // elsewhere (dedup.OutcomeInFlight) is held before it is returned to the
 // queue, to be looked at again (default 5 s, or the wrapper's shorter
 // RetryAfter).
-func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.inFlightDelay = d }) }
+func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.InFlightDelay = d }) }
 
 // WithErrorBackoff sets how long a delivery that could not be settled (the
 // store or the sink unreachable) is held before it is returned to the queue,
@@ -90,16 +78,16 @@ func WithErrorBackoff(b dedup.Backoff) Opt { return optFunc(func(c *config) { c.
 // WithShutdownTimeout sets how long Run waits, once its context is done, for
 // handlers to finish before it cancels their contexts (default 30 s).
 func WithShutdownTimeout(d time.Duration) Opt {
-	return optFunc(func(c *config) { c.shutdownTimeout = d })
+	return optFunc(func(c *config) { c.ShutdownTimeout = d })
 }
 
 // WithMaxOutage makes Run stop, as if its context were cancelled, and return
 // an error matching [ErrOutage] once handling deliveries has kept failing
 // for longer than d (default 0: Run never gives up).
-func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.maxOutage = d }) }
+func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.MaxOutage = d }) }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
 // The Consumer logs at WARN what it will retry (a lost connection, a
 // delivery not acknowledged); the wrapper logs an outage of the store or
 // the sink (dedup.WithOutageThreshold).
-func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/heartbeat"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
@@ -68,11 +69,8 @@ type Consumer struct {
 // NewConsumer returns a Consumer pulling from cons and running messages
 // through w, which should read messages with [Messages].
 func NewConsumer(cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg], opts ...Opt) (*Consumer, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
+	cfg, err := consumeropt.Build(defaultConfig(), opts, Opt.apply, (*config).validate)
+	if err != nil {
 		return nil, err
 	}
 	switch {
@@ -81,7 +79,7 @@ func NewConsumer(cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg], opts 
 	case w == nil:
 		return nil, fmt.Errorf("%w: natsdedup: nil wrapper", dedup.ErrConfig)
 	}
-	log := cfg.logger
+	log := cfg.Logger
 	if info := cons.CachedInfo(); info != nil {
 		log = log.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name))
 	}
@@ -124,7 +122,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	pollErr := r.poll(ctx)
 	giveUp(pollErr) // no-op unless poll failed for good
-	err = shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, r.log, "natsdedup")
+	err = shutdown.Wait(&r.handlers, r.cfg.ShutdownTimeout, r.cancelWork, r.log, "natsdedup")
 	r.stopBg()
 	r.services.Wait()
 	r.cancelWork()
@@ -351,7 +349,7 @@ func (r *runner) settle(stop context.Context, m jetstream.Msg, res dedup.Result,
 		return true
 	case res.Outcome == dedup.OutcomeInFlight:
 		r.checkMaxDeliver(m, res)
-		r.nak(m, min(res.RetryAfter, r.cfg.inFlightDelay))
+		r.nak(m, min(res.RetryAfter, r.cfg.InFlightDelay))
 	default: // dedup.OutcomeRetry
 		r.failures.Store(0)
 		r.checkMaxDeliver(m, res)
@@ -380,7 +378,7 @@ func (r *runner) checkMaxDeliver(m jetstream.Msg, res dedup.Result) {
 // has recorded the failure): it stops Run once failures have lasted longer
 // than WithMaxOutage, and returns the level to log this one at.
 func (r *runner) failed() slog.Level {
-	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.maxOutage, ErrOutage)
+	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.MaxOutage, ErrOutage)
 	if stop != nil {
 		r.giveUp(stop)
 	}

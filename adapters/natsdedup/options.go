@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/consumeropt"
 )
 
 // Defaults applied by [NewConsumer] when an option is not given.
@@ -22,7 +23,7 @@ const (
 	DefaultInFlightDelay = time.Second
 	// DefaultShutdownTimeout is how long Run waits for running handlers once
 	// its context is done.
-	DefaultShutdownTimeout = 30 * time.Second
+	DefaultShutdownTimeout = consumeropt.DefaultShutdownTimeout
 	// DefaultAckTimeout bounds the wait for the server's confirmation of an
 	// acknowledgement (see [WithAckTimeout]).
 	DefaultAckTimeout = 10 * time.Second
@@ -36,27 +37,22 @@ type optFunc func(*config)
 func (f optFunc) apply(x *config) { f(x) }
 
 type config struct {
-	workers         int
-	batchSize       int
-	fetchWait       time.Duration
-	ackWait         time.Duration
-	inFlightDelay   time.Duration
-	shutdownTimeout time.Duration
-	ackTimeout      time.Duration
-	plainAck        bool
-	maxOutage       time.Duration
-	logger          *slog.Logger
+	consumeropt.Common
+	workers    int
+	batchSize  int
+	fetchWait  time.Duration
+	ackWait    time.Duration
+	ackTimeout time.Duration
+	plainAck   bool
 }
 
 func defaultConfig() config {
 	return config{
-		workers:         DefaultWorkers,
-		batchSize:       DefaultBatchSize,
-		fetchWait:       DefaultFetchWait,
-		inFlightDelay:   DefaultInFlightDelay,
-		shutdownTimeout: DefaultShutdownTimeout,
-		ackTimeout:      DefaultAckTimeout,
-		logger:          slog.Default(),
+		Common:     consumeropt.Defaults(DefaultInFlightDelay),
+		workers:    DefaultWorkers,
+		batchSize:  DefaultBatchSize,
+		fetchWait:  DefaultFetchWait,
+		ackTimeout: DefaultAckTimeout,
 	}
 }
 
@@ -70,18 +66,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: natsdedup: WithFetchWait(%v): must be at least 100ms", dedup.ErrConfig, c.fetchWait)
 	case c.ackWait < 0:
 		return fmt.Errorf("%w: natsdedup: WithAckWait(%v): must not be negative", dedup.ErrConfig, c.ackWait)
-	case c.inFlightDelay < 0:
-		return fmt.Errorf("%w: natsdedup: WithInFlightDelay(%v): must not be negative", dedup.ErrConfig, c.inFlightDelay)
-	case c.shutdownTimeout <= 0:
-		return fmt.Errorf("%w: natsdedup: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
 	case c.ackTimeout <= 0:
 		return fmt.Errorf("%w: natsdedup: WithAckTimeout(%v): must be positive", dedup.ErrConfig, c.ackTimeout)
-	case c.maxOutage < 0:
-		return fmt.Errorf("%w: natsdedup: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, c.maxOutage)
-	case c.logger == nil:
-		return fmt.Errorf("%w: natsdedup: WithLogger(nil)", dedup.ErrConfig)
 	}
-	return nil
+	return c.Common.Validate("natsdedup: ")
 }
 
 // WithWorkers sets how many messages a Consumer holds and handles at once
@@ -114,12 +102,12 @@ func WithAckWait(d time.Duration) Opt { return optFunc(func(c *config) { c.ackWa
 // elsewhere (dedup.OutcomeInFlight) waits before it is delivered again
 // (default 1 s); it is naked with that delay, or with the wrapper's shorter
 // RetryAfter, and never kept by the heartbeat meanwhile.
-func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.inFlightDelay = d }) }
+func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.InFlightDelay = d }) }
 
 // WithShutdownTimeout sets how long Run waits, once its context is done, for
 // running handlers to finish before it cancels their contexts (default 30 s).
 func WithShutdownTimeout(d time.Duration) Opt {
-	return optFunc(func(c *config) { c.shutdownTimeout = d })
+	return optFunc(func(c *config) { c.ShutdownTimeout = d })
 }
 
 // WithAckTimeout sets how long the Consumer waits for the server to confirm
@@ -139,10 +127,10 @@ func WithPlainAck() Opt { return optFunc(func(c *config) { c.plainAck = true }) 
 // (a failed pull, a message not acknowledged). The wrapper has its own
 // logger, dedup.WithLogger, and logs an outage of the store or the
 // dead-letter sink (dedup.WithOutageThreshold).
-func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }
 
 // WithMaxOutage makes Run stop, as if its context were cancelled, and return
 // an error matching [ErrOutage] once settling messages has kept failing for
 // longer than d (default 0: Run never gives up), so that a supervisor can
 // restart or replace the process.
-func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.maxOutage = d }) }
+func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.MaxOutage = d }) }

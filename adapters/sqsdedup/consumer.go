@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/heartbeat"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
@@ -73,11 +74,8 @@ type Consumer struct {
 // NewConsumer returns a Consumer of the queue at queueURL running messages
 // through w, which should read messages with [Messages] for the same URL.
 func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Message], opts ...Opt) (*Consumer, error) {
-	cfg := defaultConfig()
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
+	cfg, err := consumeropt.Build(defaultConfig(), opts, Opt.apply, (*config).validate)
+	if err != nil {
 		return nil, err
 	}
 	switch {
@@ -88,7 +86,7 @@ func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Mes
 	case w == nil:
 		return nil, fmt.Errorf("%w: sqsdedup: nil wrapper", dedup.ErrConfig)
 	}
-	log := cfg.logger.With(slog.String("queue", queueURL))
+	log := cfg.Logger.With(slog.String("queue", queueURL))
 	return &Consumer{client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg, log: log}, nil
 }
 
@@ -151,7 +149,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		pollers.Go(func() { r.poll(ctx) })
 	}
 	pollers.Wait()
-	err := shutdown.Wait(&r.handlers, r.cfg.shutdownTimeout, r.cancelWork, r.log, "sqsdedup: "+r.url)
+	err := shutdown.Wait(&r.handlers, r.cfg.ShutdownTimeout, r.cancelWork, r.log, "sqsdedup: "+r.url)
 	r.stop()
 	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
 		return errors.Join(cause, err)
@@ -383,7 +381,7 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	var again []types.Message
 	var inFlight []dedup.Result
 	r.handleConcurrent(stop, msgs, func(m types.Message, res dedup.Result) bool {
-		if res.Outcome == dedup.OutcomeInFlight && r.cfg.inFlightDelay > 0 && stop.Err() == nil && r.batches.shared(b) {
+		if res.Outcome == dedup.OutcomeInFlight && r.cfg.InFlightDelay > 0 && stop.Err() == nil && r.batches.shared(b) {
 			again, inFlight = append(again, m), append(inFlight, res)
 			return true
 		}
@@ -394,7 +392,7 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	}
 	// Until the other batches are settled, for at most the in-flight delay:
 	// the longest a message in flight waits before it is looked at again.
-	r.batches.waitOthers(stop, b, r.cfg.inFlightDelay)
+	r.batches.waitOthers(stop, b, r.cfg.InFlightDelay)
 	if stop.Err() != nil {
 		for i, m := range again {
 			r.settle(stop, m, inFlight[i], nil)
@@ -453,7 +451,7 @@ func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 // has recorded the failure): it stops Run once failures have lasted longer
 // than WithMaxOutage, and returns the level to log this one at.
 func (r *runner) failed() slog.Level {
-	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.maxOutage, ErrOutage)
+	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.MaxOutage, ErrOutage)
 	if stop != nil {
 		r.giveUp(stop)
 	}
@@ -478,7 +476,7 @@ func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result,
 	case res.Settled():
 		r.del.add(m)
 	case res.Outcome == dedup.OutcomeInFlight:
-		r.giveBack(min(res.RetryAfter, r.cfg.inFlightDelay), m)
+		r.giveBack(min(res.RetryAfter, r.cfg.InFlightDelay), m)
 	default: // dedup.OutcomeRetry
 		r.giveBack(res.RetryAfter, m)
 	}

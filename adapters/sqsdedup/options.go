@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/consumeropt"
 )
 
 // Defaults applied by [NewConsumer] when an option is not given.
@@ -17,7 +18,7 @@ const (
 	DefaultWaitTime        = 20 * time.Second
 	DefaultInFlightDelay   = 5 * time.Second
 	DefaultDeleteInterval  = 100 * time.Millisecond
-	DefaultShutdownTimeout = 30 * time.Second
+	DefaultShutdownTimeout = consumeropt.DefaultShutdownTimeout
 )
 
 // Opt configures a [Consumer].
@@ -28,28 +29,23 @@ type optFunc func(*config)
 func (f optFunc) apply(x *config) { f(x) }
 
 type config struct {
-	pollers         int
-	workers         int
-	maxMessages     int
-	waitTime        time.Duration
-	visibility      time.Duration
-	inFlightDelay   time.Duration
-	deleteInterval  time.Duration
-	shutdownTimeout time.Duration
-	maxOutage       time.Duration
-	logger          *slog.Logger
+	consumeropt.Common
+	pollers        int
+	workers        int
+	maxMessages    int
+	waitTime       time.Duration
+	visibility     time.Duration
+	deleteInterval time.Duration
 }
 
 func defaultConfig() config {
 	return config{
-		pollers:         1,
-		workers:         DefaultWorkers,
-		maxMessages:     10,
-		waitTime:        DefaultWaitTime,
-		inFlightDelay:   DefaultInFlightDelay,
-		deleteInterval:  DefaultDeleteInterval,
-		shutdownTimeout: DefaultShutdownTimeout,
-		logger:          slog.Default(),
+		Common:         consumeropt.Defaults(DefaultInFlightDelay),
+		pollers:        1,
+		workers:        DefaultWorkers,
+		maxMessages:    10,
+		waitTime:       DefaultWaitTime,
+		deleteInterval: DefaultDeleteInterval,
 	}
 }
 
@@ -65,18 +61,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: WithWaitTime(%v): must be 0 to 20s", dedup.ErrConfig, c.waitTime)
 	case c.visibility < 0 || c.visibility > maxVisibility:
 		return fmt.Errorf("%w: WithVisibilityTimeout(%v): must be 0 (the queue's) to 12h", dedup.ErrConfig, c.visibility)
-	case c.inFlightDelay < 0:
-		return fmt.Errorf("%w: WithInFlightDelay(%v): must not be negative", dedup.ErrConfig, c.inFlightDelay)
 	case c.deleteInterval <= 0:
 		return fmt.Errorf("%w: WithDeleteInterval(%v): must be positive", dedup.ErrConfig, c.deleteInterval)
-	case c.shutdownTimeout <= 0:
-		return fmt.Errorf("%w: WithShutdownTimeout(%v): must be positive", dedup.ErrConfig, c.shutdownTimeout)
-	case c.logger == nil:
-		return fmt.Errorf("%w: WithLogger(nil)", dedup.ErrConfig)
-	case c.maxOutage < 0:
-		return fmt.Errorf("%w: WithMaxOutage(%v): must not be negative", dedup.ErrConfig, c.maxOutage)
 	}
-	return nil
+	return c.Common.Validate("")
 }
 
 // WithPollers sets how many goroutines receive from the queue (default 1).
@@ -114,7 +102,7 @@ func WithVisibilityTimeout(d time.Duration) Opt { return optFunc(func(c *config)
 // again as soon as they are settled, within d. A message still in flight is
 // given back for d, or the wrapper's shorter RetryAfter, rounded up to whole
 // seconds (SQS's unit); WithInFlightDelay(0) gives it back at once, visible.
-func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.inFlightDelay = d }) }
+func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c.InFlightDelay = d }) }
 
 // WithDeleteInterval sets how long a settled message may wait for others to
 // fill a DeleteMessageBatch of 10 (default 100 ms).
@@ -125,7 +113,7 @@ func WithDeleteInterval(d time.Duration) Opt {
 // WithShutdownTimeout sets how long Run waits, once its context is done, for
 // handlers to finish before it cancels their contexts (default 30 s).
 func WithShutdownTimeout(d time.Duration) Opt {
-	return optFunc(func(c *config) { c.shutdownTimeout = d })
+	return optFunc(func(c *config) { c.ShutdownTimeout = d })
 }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
@@ -133,10 +121,10 @@ func WithShutdownTimeout(d time.Duration) Opt {
 // (a failed receive, a message not acknowledged before an outage). The
 // wrapper has its own logger, dedup.WithLogger, and logs an outage of the
 // store or the dead-letter sink (dedup.WithOutageThreshold).
-func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }
 
 // WithMaxOutage makes Run stop, as if its context were cancelled, and return
 // an error matching [ErrOutage] once handling messages has kept failing for
 // longer than d (default 0: Run never gives up), so that a supervisor can
 // restart or replace the process.
-func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.maxOutage = d }) }
+func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.MaxOutage = d }) }
