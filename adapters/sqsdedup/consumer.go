@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/consumeropt"
+	"github.com/dedupkit/dedup/internal/group"
 	"github.com/dedupkit/dedup/internal/heartbeat"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
@@ -341,27 +342,9 @@ func (r *runner) dispatch(stop context.Context, msgs []types.Message) {
 
 // groups splits msgs by MessageGroupId, keeping their order.
 func groups(msgs []types.Message) [][]types.Message {
-	return groupBy(msgs, func(m types.Message) string {
+	return group.By(msgs, func(m types.Message) string {
 		return m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
 	})
-}
-
-// groupBy splits items by group, keeping their order within each group and
-// the groups in the order of their first item.
-func groupBy[T any](items []T, group func(T) string) [][]T {
-	var out [][]T
-	index := make(map[string]int)
-	for _, it := range items {
-		g := group(it)
-		i, ok := index[g]
-		if !ok {
-			i = len(out)
-			index[g] = i
-			out = append(out, nil)
-		}
-		out[i] = append(out[i], it)
-	}
-	return out
 }
 
 // handleReceive handles a batch of messages from a standard queue together:

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/group"
 )
 
 // LambdaMessages returns how a dedup.Wrapper reads the SQS records of a
@@ -83,7 +84,7 @@ func LambdaHandler(w *dedup.Wrapper[events.SQSMessage]) func(context.Context, ev
 // lambdaGroups splits FIFO records by MessageGroupId, keeping their order;
 // records of a standard queue form one group.
 func lambdaGroups(recs []events.SQSMessage) [][]events.SQSMessage {
-	return groupBy(recs, func(rec events.SQSMessage) string {
+	return group.By(recs, func(rec events.SQSMessage) string {
 		g, ok := rec.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
 		if !strings.HasSuffix(rec.EventSourceARN, ".fifo") || !ok {
 			return ""

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/natsdedup"
+	"github.com/dedupkit/dedup/internal/group"
 	"github.com/dedupkit/dedup/outbox"
 )
 
@@ -88,23 +89,16 @@ func NewPublisher(js jetstream.JetStream, opts ...Opt) (*Publisher, error) {
 // a leader being elected) leaves it to be retried.
 func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) []error {
 	errs := make([]error, len(events))
-	var chains [][]int
-	index := map[string]int{}
-	for i := range events {
-		e := &events[i]
-		if len(e.Key) == 0 {
-			chains = append(chains, []int{i})
-			continue
-		}
-		k := e.Destination + "\x00" + string(e.Key)
-		c, ok := index[k]
-		if !ok {
-			c = len(chains)
-			index[k] = c
-			chains = append(chains, nil)
-		}
-		chains[c] = append(chains[c], i)
+	idx := make([]int, len(events))
+	for i := range idx {
+		idx[i] = i
 	}
+	chains := group.By(idx, func(i int) chainKey {
+		if e := &events[i]; len(e.Key) > 0 {
+			return chainKey{destination: e.Destination, key: string(e.Key)}
+		}
+		return chainKey{alone: i + 1}
+	})
 	sem := make(chan struct{}, p.concurrency)
 	var wg sync.WaitGroup
 	for _, chain := range chains {
@@ -116,6 +110,14 @@ func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) []error 
 	}
 	wg.Wait()
 	return errs
+}
+
+// chainKey identifies the events published one after the other: those of
+// one destination and key. An event without a key is alone in its chain:
+// alone is its index plus one.
+type chainKey struct {
+	destination, key string
+	alone            int
 }
 
 // publishChain publishes the events at idx, of one key, in order.
