@@ -19,6 +19,12 @@ stop-services:
 		rm -f "$$file"; \
 	done
 
+# go test's timeout, per package. Its default, 10 minutes, is too close to
+# what reliability/ takes beside another suite on two cores (7 to 9 minutes,
+# more at a load average of 15): the campaigns bound their own waits, so
+# this one only catches a package that hangs.
+TEST_TIMEOUT ?= 30m
+
 # Everything against fauxqs, then the SQS adapter and the SQS campaigns
 # again against local-aws-sqs, a second, independent emulator: a test tuned
 # to one emulator's quirks fails on the other (docs/testing.md, "Two SQS
@@ -27,14 +33,14 @@ stop-services:
 # queue on every call, leaves the crash campaign too little CPU for -race on
 # a busy two-core machine.
 test: services
-	go test -race -count=1 ./...
+	go test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	DEDUP_SQS_ENDPOINT=http://127.0.0.1:$(LOCAL_AWS_SQS_PORT) DEDUP_SQS_EMULATOR=local-aws-sqs \
-		go test -count=1 ./adapters/sqsdedup ./reliability/sqs
+		go test -count=1 -timeout $(TEST_TIMEOUT) ./adapters/sqsdedup ./reliability/sqs
 
 # The edit-test loop: every package's tests but the crash and outage
 # campaigns of reliability/ (make test runs those too, as CI does).
 check: services
-	go test -race -count=1 $$(go list ./... | grep -v /reliability)
+	go test -race -count=1 -timeout $(TEST_TIMEOUT) $$(go list ./... | grep -v /reliability)
 
 # A short run of each fuzz target beyond its committed seed corpus. A count
 # of executions, not a duration: with a duration, Go's fuzz coordinator
