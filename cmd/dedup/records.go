@@ -38,35 +38,44 @@ func viewOf(store string, r dedup.Record) recordView {
 		LastError: r.LastError, FirstFailure: r.FirstFailure, LastFailure: r.LastFailure}
 }
 
-func keyFlags(fs *flag.FlagSet, k *dedup.Key) {
-	fs.StringVar(&k.Scope, "scope", "", "the key's scope (required)")
-	fs.StringVar(&k.EventID, "id", "", "the key's event ID (required)")
+// keyCommand is a command on one key: its flags are the stores' and the
+// key's, and what the command registers on fs besides.
+type keyCommand struct {
+	fs     *flag.FlagSet
+	stores storeFlags
+	key    dedup.Key
 }
 
-func checkKey(k dedup.Key) error {
-	if k.Scope == "" || k.EventID == "" {
+func newKeyCommand(name string, withRedis bool) *keyCommand {
+	c := &keyCommand{fs: newFlags(name)}
+	c.stores.register(c.fs, withRedis)
+	c.fs.StringVar(&c.key.Scope, "scope", "", "the key's scope (required)")
+	c.fs.StringVar(&c.key.EventID, "id", "", "the key's event ID (required)")
+	return c
+}
+
+// parse parses args and checks the key.
+func (c *keyCommand) parse(args []string) error {
+	if err := parse(c.fs, args, 0); err != nil {
+		return err
+	}
+	if c.key.Scope == "" || c.key.EventID == "" {
 		return fmt.Errorf("%w: -scope and -id are required", errUsage)
 	}
-	if err := k.Validate(); err != nil {
+	if err := c.key.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return nil
 }
 
 func runInspect(ctx context.Context, args []string, out io.Writer) error {
-	fs := newFlags("inspect")
-	var sf storeFlags
-	sf.register(fs, true)
-	var key dedup.Key
-	keyFlags(fs, &key)
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, args, 0); err != nil {
+	c := newKeyCommand("inspect", true)
+	asJSON := c.fs.Bool("json", false, "print JSON")
+	if err := c.parse(args); err != nil {
 		return err
 	}
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	stores, err := sf.open(ctx)
+	key := c.key
+	stores, err := c.stores.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -166,20 +175,14 @@ func runStuck(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func runRelease(ctx context.Context, args []string, out io.Writer) error {
-	fs := newFlags("release")
-	var sf storeFlags
-	sf.register(fs, false)
-	var key dedup.Key
-	keyFlags(fs, &key)
-	force := fs.Bool("force", false, "release a key whose lease is still running (its worker may be alive)")
-	yes := fs.Bool("yes", false, "do it (default: say what would be done)")
-	if err := parse(fs, args, 0); err != nil {
+	c := newKeyCommand("release", false)
+	force := c.fs.Bool("force", false, "release a key whose lease is still running (its worker may be alive)")
+	yes := c.fs.Bool("yes", false, "do it (default: say what would be done)")
+	if err := c.parse(args); err != nil {
 		return err
 	}
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	store, admin, closeStore, err := sf.openAdmin(ctx)
+	key := c.key
+	store, admin, closeStore, err := c.stores.openAdmin(ctx)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,20 @@ func (r *redrive) register(fs *flag.FlagSet) {
 	fs.BoolVar(&r.yes, "yes", false, "do it (default: list what would be redriven)")
 }
 
+// start registers r's flags on fs, beside the source's own registered
+// already, parses args, checks that the flag named required is set, and
+// opens the store.
+func (r *redrive) start(ctx context.Context, fs *flag.FlagSet, args []string, required string) error {
+	r.register(fs)
+	if err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if fs.Lookup(required).Value.String() == "" {
+		return fmt.Errorf("%w: -%s is required", errUsage, required)
+	}
+	return r.open(ctx)
+}
+
 // open checks the flags and opens the store whose records are reset.
 func (r *redrive) open(ctx context.Context) error {
 	if r.maxRedrives < 1 || r.rate < 0 || r.minAge < 0 {
@@ -93,6 +107,40 @@ func (r *redrive) close() {
 	if r.closeFn != nil {
 		r.closeFn()
 	}
+}
+
+// drain redrives the dead letters next reads, batch after batch, each
+// through send, until next reads none or ctx is done, then prints the
+// summary.
+func drain[M any](ctx context.Context, r *redrive, out io.Writer, next func() ([]M, error), send func(M) error) error {
+	for {
+		batch, err := next()
+		if ctx.Err() != nil {
+			r.sum.print(out, !r.yes)
+			return interrupted(ctx)
+		}
+		if err != nil {
+			return err
+		}
+		if len(batch) == 0 {
+			r.sum.print(out, !r.yes)
+			return nil
+		}
+		for _, m := range batch {
+			if err := send(m); err != nil {
+				r.sum.print(out, !r.yes)
+				if ctx.Err() != nil {
+					return interrupted(ctx)
+				}
+				return err
+			}
+			r.progress()
+		}
+	}
+}
+
+func interrupted(ctx context.Context) error {
+	return fmt.Errorf("interrupted: run it again to resume: %w", ctx.Err())
 }
 
 // letter is what a redrive reads of one dead letter.

@@ -23,19 +23,12 @@ import (
 // letter in flight at the interruption, which the consumer's dedup answers.
 func redriveKafka(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("redrive kafka")
-	var r redrive
-	r.register(fs)
 	brokers := fs.String("brokers", env("DEDUP_KAFKA_BROKERS", "127.0.0.1:9092"), "Kafka bootstrap brokers, comma-separated (DEDUP_KAFKA_BROKERS)")
 	dlq := fs.String("dlq", "", "the dead-letter topic (required)")
 	group := fs.String("group", "dedup-redrive", "the consumer group whose offsets mark the redrive's progress")
 	idle := fs.Duration("idle", 3*time.Second, "stop once no dead letter came for this long")
-	if err := parse(fs, args, 0); err != nil {
-		return err
-	}
-	if *dlq == "" {
-		return fmt.Errorf("%w: -dlq is required", errUsage)
-	}
-	if err := r.open(ctx); err != nil {
+	var r redrive
+	if err := r.start(ctx, fs, args, "dlq"); err != nil {
 		return err
 	}
 	defer r.close()
@@ -55,32 +48,15 @@ func redriveKafka(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer consumer.Close()
 
-	for {
+	poll := func() ([]*kgo.Record, error) {
 		pctx, cancel := context.WithTimeout(ctx, *idle)
+		defer cancel()
 		fetches := consumer.PollFetches(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			r.sum.print(out, !r.yes)
-			return fmt.Errorf("interrupted: run it again to resume: %w", ctx.Err())
-		}
-		if err := fetchError(fetches); err != nil {
-			return err
-		}
-		if fetches.NumRecords() == 0 {
-			r.sum.print(out, !r.yes)
-			return nil
-		}
-		for _, rec := range fetches.Records() {
-			if err := r.kafkaLetter(ctx, producer, consumer, rec, out); err != nil {
-				r.sum.print(out, !r.yes)
-				if ctx.Err() != nil {
-					return fmt.Errorf("interrupted: run it again to resume: %w", ctx.Err())
-				}
-				return err
-			}
-			r.progress()
-		}
+		return fetches.Records(), fetchError(fetches)
 	}
+	return drain(ctx, &r, out, poll, func(rec *kgo.Record) error {
+		return r.kafkaLetter(ctx, producer, consumer, rec, out)
+	})
 }
 
 // kafkaLetter redrives or skips one dead letter, then commits its offset.

@@ -23,17 +23,10 @@ import (
 // resumes where it stopped.
 func redriveSQS(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlags("redrive sqs")
-	var r redrive
-	r.register(fs)
 	endpoint := fs.String("sqs", env("DEDUP_SQS_ENDPOINT", "aws"), "SQS endpoint URL, or aws (DEDUP_SQS_ENDPOINT)")
 	dlqURL := fs.String("dlq-url", "", "the dead-letter queue's URL (required)")
-	if err := parse(fs, args, 0); err != nil {
-		return err
-	}
-	if *dlqURL == "" {
-		return fmt.Errorf("%w: -dlq-url is required", errUsage)
-	}
-	if err := r.open(ctx); err != nil {
+	var r redrive
+	if err := r.start(ctx, fs, args, "dlq-url"); err != nil {
 		return err
 	}
 	defer r.close()
@@ -51,38 +44,24 @@ func redriveSQS(ctx context.Context, args []string, out io.Writer) error {
 				QueueUrl: dlqURL, ReceiptHandle: m.ReceiptHandle, VisibilityTimeout: 0})
 		}
 	}()
-	for {
+	receive := func() ([]types.Message, error) {
 		recv, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl: dlqURL, MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 300,
 			MessageAttributeNames:       []string{"All"},
 			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
 		})
-		if ctx.Err() != nil {
-			r.sum.print(out, !r.yes)
-			return fmt.Errorf("interrupted: run it again to resume: %w", ctx.Err())
-		}
 		if err != nil {
-			return fmt.Errorf("receive from %s: %w", *dlqURL, err)
+			return nil, fmt.Errorf("receive from %s: %w", *dlqURL, err)
 		}
-		if len(recv.Messages) == 0 {
-			r.sum.print(out, !r.yes)
-			return nil
-		}
-		for _, m := range recv.Messages {
-			sent, err := r.sqsLetter(ctx, client, *dlqURL, m, out)
-			if err != nil {
-				r.sum.print(out, !r.yes)
-				if ctx.Err() != nil {
-					return fmt.Errorf("interrupted: run it again to resume: %w", ctx.Err())
-				}
-				return err
-			}
-			if !sent {
-				kept = append(kept, m)
-			}
-			r.progress()
-		}
+		return recv.Messages, nil
 	}
+	return drain(ctx, &r, out, receive, func(m types.Message) error {
+		sent, err := r.sqsLetter(ctx, client, *dlqURL, m, out)
+		if err == nil && !sent {
+			kept = append(kept, m)
+		}
+		return err
+	})
 }
 
 // sqsLetter redrives or skips one dead letter; sent reports that it went
