@@ -15,7 +15,7 @@ import (
 // runRedis runs the Kafka adapter (kafkadedup.Consumer, HandleBatch per
 // fetched partition batch) over Redis, with the defaults or with
 // -batch-wait: the PostgreSQL rows batch-claim and batched, on the other store.
-func runRedis(batchCompletion bool) func(ctx context.Context, cfg config, m *meter) error {
+func runRedis(batchCompletion bool) rowRun {
 	return func(ctx context.Context, cfg config, m *meter) error {
 		name := "redis-batch-claim"
 		var extra []dedup.Opt

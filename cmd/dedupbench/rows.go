@@ -29,8 +29,11 @@ type row struct {
 	small bool
 	// sqs rows read from an SQS queue instead of the Kafka topic.
 	sqs bool
-	run func(ctx context.Context, cfg config, m *meter) error
+	run rowRun
 }
+
+// rowRun consumes the row's events, metering them in m.
+type rowRun func(ctx context.Context, cfg config, m *meter) error
 
 var rows = []*row{
 	{name: "none", title: "Kafka, no dedup", run: runNone},
@@ -170,7 +173,7 @@ func noop(context.Context, *kgo.Record) error { return nil }
 // fetched partition batch) over PostgreSQL as row name: with the defaults
 // (batch-claim), one completion per event (complete-each), or completions
 // waiting -batch-wait (batched).
-func runAdapter(name string) func(ctx context.Context, cfg config, m *meter) error {
+func runAdapter(name string) rowRun {
 	return func(ctx context.Context, cfg config, m *meter) error {
 		var extra []dedup.Opt
 		switch name {

@@ -24,7 +24,7 @@ import (
 // defaults, which claims each batch's messages (a receive's, or under a
 // backlog those of up to four receives in a row) in one store call and
 // completes them together, over PostgreSQL or DynamoDB.
-func runSQS(storeKind string) func(ctx context.Context, cfg config, m *meter) error {
+func runSQS(storeKind string) rowRun {
 	return func(ctx context.Context, cfg config, m *meter) error {
 		name := "sqs-" + storeKind
 		client, url, drop, err := openQueue(ctx, cfg, m)
