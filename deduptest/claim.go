@@ -77,10 +77,8 @@ func testConcurrentClaims(t *testing.T, s dedup.Store) {
 }
 
 func testExpiredLeaseTakenOver(t *testing.T, s dedup.Store) {
-	k := key(newScope(t), "evt-1")
-	req := request(k, "fp")
-	req.Lease = shortLease
-	first := acquire(t, s, req)
+	req, first := acquireShortLease(t, s)
+	k := req.Key
 
 	alive := claim(t, s, req)
 	require.Equal(t, dedup.ClaimInFlight, alive.Status, "lease still alive")
@@ -105,10 +103,8 @@ func testExpiredLeaseTakenOver(t *testing.T, s dedup.Store) {
 }
 
 func testExpiredLeaseMayComplete(t *testing.T, s dedup.Store) {
-	k := key(newScope(t), "evt-1")
-	req := request(k, "fp")
-	req.Lease = shortLease
-	c := acquire(t, s, req)
+	req, c := acquireShortLease(t, s)
+	k := req.Key
 
 	time.Sleep(leaseWait)
 
@@ -149,10 +145,8 @@ func testFailedRetryableTakenOver(t *testing.T, s dedup.Store) {
 }
 
 func testStaleOwnerFenced(t *testing.T, s dedup.Store) {
-	k := key(newScope(t), "evt-1")
-	req := request(k, "fp")
-	req.Lease = shortLease
-	stale := acquire(t, s, req)
+	req, stale := acquireShortLease(t, s)
+	k := req.Key
 	time.Sleep(leaseWait)
 	current := acquire(t, s, req)
 
@@ -227,10 +221,8 @@ func testFingerprintConflict(t *testing.T, s dedup.Store) {
 }
 
 func testFailedFinalStaysFinal(t *testing.T, s dedup.Store) {
-	k := key(newScope(t), "evt-1")
-	req := request(k, "fp")
-	req.Lease = shortLease
-	c := acquire(t, s, req)
+	req, c := acquireShortLease(t, s)
+	k := req.Key
 	fail(t, s, c, dedup.Failure{Final: true, Error: "poison", TTL: longTTL})
 
 	for _, when := range []string{"at once", "after the lease"} {
@@ -248,10 +240,8 @@ func testFailedFinalStaysFinal(t *testing.T, s dedup.Store) {
 }
 
 func testExtendKeepsLeaseAlive(t *testing.T, s dedup.Store) {
-	k := key(newScope(t), "evt-1")
-	req := request(k, "fp")
-	req.Lease = shortLease
-	c := acquire(t, s, req)
+	req, c := acquireShortLease(t, s)
+	k := req.Key
 	before := get(t, s, k)
 
 	require.NoError(t, s.Extend(ctxFor(t), k, c.Record.Owner, longLease))

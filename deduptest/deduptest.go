@@ -132,6 +132,15 @@ func acquire(t *testing.T, s dedup.Store, req dedup.ClaimRequest) dedup.Claim {
 	return c
 }
 
+// acquireShortLease acquires a key of a new scope with a short lease; req
+// claims it again.
+func acquireShortLease(t *testing.T, s dedup.Store) (req dedup.ClaimRequest, c dedup.Claim) {
+	t.Helper()
+	req = request(key(newScope(t), "evt-1"), "fp")
+	req.Lease = shortLease
+	return req, acquire(t, s, req)
+}
+
 func get(t *testing.T, s dedup.Store, k dedup.Key) dedup.Record {
 	t.Helper()
 	rec, err := s.Get(ctxFor(t), k)
