@@ -89,10 +89,8 @@ func Sum(m map[string]int) int {
 
 // Pause sleeps up to max, at random, or until ctx is done.
 func Pause(ctx context.Context, max time.Duration) error {
-	t := time.NewTimer(rand.N(max))
-	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-time.After(rand.N(max)):
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
