@@ -149,6 +149,7 @@ type Wrapper[M any] struct {
 	// is claimed by the claimer.
 	batchClaim func(ctx context.Context, reqs []ClaimRequest) ([]Claim, error)
 	heartbeats sync.Pool // of *heartbeat
+	batches    sync.Pool // of *batch[M], for HandleBatch to reuse
 	health     *outage.Tracker
 	tel        *telemetry // nil: no spans, no metrics
 }

@@ -26,8 +26,10 @@ import (
 // copy settled.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
 	call := callOptions(opts)
-	ds, first := w.prepareBatch(ctx, msgs, &call)
-	b := &batch[M]{w: w, ds: ds, first: first, outcomes: make([]pendingResult, len(msgs)), pending: make([]int, 0, len(msgs)), yield: yield, stop: call.stop}
+	b := w.newBatch(len(msgs))
+	defer w.releaseBatch(b)
+	w.prepareBatch(ctx, msgs, &call, &b.prepared)
+	b.yield, b.stop = yield, call.stop
 	if w.tel != nil {
 		defer b.endSpans()
 	}
@@ -35,28 +37,75 @@ func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int
 	return b.run(ctx)
 }
 
-// prepareBatch prepares the deliveries of msgs and finds the copies of a
-// key: first is, per delivery, the index of the batch's first copy of its
-// key when it is a later copy, else -1.
-func (w *Wrapper[M]) prepareBatch(ctx context.Context, msgs []M, call *callConfig) (ds []delivery[M], first []int) {
-	ds, first = make([]delivery[M], len(msgs)), make([]int, len(msgs))
-	var firsts map[Key]int
+// prepared are the deliveries of a batch and the copies of a key among them.
+type prepared[M any] struct {
+	ds []delivery[M]
+	// first is, per delivery, the index of the batch's first copy of its key
+	// when it is a later copy, else -1.
+	first []int
+	keys  map[Key]int // the first copy of each key; kept for reuse
+}
+
+// prepareBatch prepares the deliveries of msgs into p, reusing its slices.
+func (w *Wrapper[M]) prepareBatch(ctx context.Context, msgs []M, call *callConfig, p *prepared[M]) {
+	p.ds, p.first = grow(p.ds, len(msgs)), grow(p.first, len(msgs))
 	for i, m := range msgs {
-		ds[i] = w.prepare(ctx, m, call)
-		first[i] = -1
-		if ds[i].bad != "" || len(msgs) == 1 {
+		p.ds[i] = w.prepare(ctx, m, call)
+		p.first[i] = -1
+		if p.ds[i].bad != "" || len(msgs) == 1 {
 			continue
 		}
-		if firsts == nil {
-			firsts = make(map[Key]int, len(msgs))
+		if p.keys == nil {
+			p.keys = make(map[Key]int, len(msgs))
 		}
-		if f, ok := firsts[ds[i].key]; ok {
-			first[i] = f
+		if f, ok := p.keys[p.ds[i].key]; ok {
+			p.first[i] = f
 		} else {
-			firsts[ds[i].key] = i
+			p.keys[p.ds[i].key] = i
 		}
 	}
-	return ds, first
+}
+
+// grow returns s resliced to n elements, reallocated when its capacity is
+// short. The elements are zero: releaseBatch clears what it keeps.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// maxPooledBatch is the largest batch whose slices are kept for the next
+// HandleBatch: a transport's batches are about the same size from call to
+// call, and an outsized one should not pin its memory.
+const maxPooledBatch = 4096
+
+// newBatch returns a batch for n messages, with the slices of an earlier
+// one when there is one to reuse: a Kafka consumer calls HandleBatch per
+// fetched partition, and allocating these per call cost as much as the
+// store's claim.
+func (w *Wrapper[M]) newBatch(n int) *batch[M] {
+	b, _ := w.batches.Get().(*batch[M])
+	if b == nil {
+		b = &batch[M]{w: w}
+	}
+	b.outcomes, b.pending = grow(b.outcomes, n), b.pending[:0]
+	return b
+}
+
+// releaseBatch keeps b's slices for a later HandleBatch, once nothing of the
+// call it served can be reached from them.
+func (w *Wrapper[M]) releaseBatch(b *batch[M]) {
+	if cap(b.ds) > maxPooledBatch {
+		return
+	}
+	clear(b.ds[:cap(b.ds)])
+	clear(b.outcomes[:cap(b.outcomes)])
+	clear(b.keys)
+	clear(b.reqs[:cap(b.reqs)])
+	clear(b.comps[:cap(b.comps)])
+	b.r, b.apart, b.yield, b.stop = nil, nil, nil, nil
+	w.batches.Put(b)
 }
 
 // batchRunner is where the claims and commits of one HandleBatch fall: the
@@ -103,12 +152,9 @@ var errRedo = errors.New("dedup: segment run again")
 
 // batch is the progress of one HandleBatch.
 type batch[M any] struct {
-	w  *Wrapper[M]
-	r  batchRunner[M]
-	ds []delivery[M]
-	// first is, per delivery, the index of the batch's first copy of its key
-	// when it is a later copy, else -1.
-	first []int
+	w *Wrapper[M]
+	r batchRunner[M]
+	prepared[M]
 	// apart marks the deliveries a runner took out of its segments: each
 	// runs in a segment of its own, on the claimer's path. nil: none.
 	apart []bool
@@ -119,6 +165,10 @@ type batch[M any] struct {
 	// pending are the deliveries whose outcomes are not yet given to
 	// yield, in order.
 	pending []int
+	// reqs and comps are the runners' claim and completion buffers, kept
+	// with the batch for reuse.
+	reqs  []ClaimRequest
+	comps []Completion
 }
 
 type pendingResult struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 )
 
@@ -54,12 +55,13 @@ func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 		return r.to, nil
 	}
 	r.to = b.segmentEnd(from, len(b.ds))
-	reqs := make([]ClaimRequest, 0, r.to-from)
+	reqs := b.reqs[:0]
 	for i := from; i < r.to; i++ {
 		if b.claims(i) {
 			reqs = append(reqs, b.ds[i].request(b.w.cfg.ttl))
 		}
 	}
+	b.reqs = reqs
 	if len(reqs) <= 1 {
 		return r.to, nil // claimed when it runs
 	}
@@ -131,7 +133,8 @@ func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
 	var later *[]Completion
 	if r.completer != nil && !r.alone {
 		if r.comps == nil {
-			r.comps = make([]Completion, 0, len(r.b.ds)-i)
+			r.comps = slices.Grow(r.b.comps[:0], len(r.b.ds)-i)
+			r.b.comps = r.comps
 		}
 		later = &r.comps
 	}

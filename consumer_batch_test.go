@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -444,6 +446,72 @@ func TestBatchCompletionRetriesFailedItems(t *testing.T) {
 			require.Equal(t, []dedup.Outcome{dedup.OutcomeDuplicate, dedup.OutcomeDuplicate, dedup.OutcomeDuplicate, dedup.OutcomeDuplicate},
 				handleAll(t, w, "i1", "i2", "i3", "i4"))
 			require.EqualValues(t, 4, ran.Load())
+		})
+	}
+}
+
+// TestBatchesShareNothing runs HandleBatch on one wrapper from many
+// goroutines at once, each batch holding bad input and a repeated key at the
+// same places, as a transport's fetches do: whatever a batch keeps for the
+// next, each call must answer from its own messages alone.
+func TestBatchesShareNothing(t *testing.T) {
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			var ran atomic.Int32
+			sink := dedup.NewMemorySink()
+			w, err := dedup.Wrap(newStore(t), events, func(ctx context.Context, e event) error {
+				ran.Add(1)
+				return nil
+			}, fastOpts(t, sink, dedup.WithBatchCompletion(time.Minute))...)
+			require.NoError(t, err)
+
+			const goroutines, rounds = 8, 10
+			errs := make(chan error, goroutines)
+			for g := range goroutines {
+				go func() {
+					errs <- func() error {
+						for r := range rounds {
+							// Each round's batch is a size of its own, so that
+							// a batch reuses a longer one's slices.
+							id := func(k int) string { return strconv.Itoa(g) + "-" + strconv.Itoa(r) + "-" + strconv.Itoa(k) }
+							batch := []event{{ID: "", Body: "no id " + id(0)}, {ID: id(1), Body: "x"}, {ID: id(1), Body: "x"}}
+							for k := range r % 4 {
+								batch = append(batch, event{ID: id(k + 2), Body: "x"})
+							}
+							want := []dedup.Outcome{dedup.OutcomeDeadLettered, dedup.OutcomeProcessed, dedup.OutcomeDuplicate}
+							for range r % 4 {
+								want = append(want, dedup.OutcomeProcessed)
+							}
+							var got []dedup.Outcome
+							err := w.HandleBatch(ctx, batch, func(i int, res dedup.Result, err error) bool {
+								if err != nil {
+									got = append(got, 0)
+									return true
+								}
+								got = append(got, res.Outcome)
+								return true
+							})
+							if err != nil {
+								return err
+							}
+							if !slices.Equal(got, want) {
+								return fmt.Errorf("goroutine %d round %d: outcomes %v, want %v", g, r, got, want)
+							}
+						}
+						return nil
+					}()
+				}()
+			}
+			for range goroutines {
+				require.NoError(t, <-errs)
+			}
+			var handled int32
+			for r := range rounds {
+				handled += int32(1 + r%4)
+			}
+			require.EqualValues(t, goroutines*handled, ran.Load(), "each new key's handler ran once")
+			require.Len(t, sink.Letters(), goroutines*rounds, "each batch's bad message dead-lettered")
 		})
 	}
 }

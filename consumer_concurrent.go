@@ -20,8 +20,8 @@ import (
 // itself fails.
 func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(i int, res Result, err error), opts ...CallOpt) error {
 	call := callOptions(opts)
-	ds, first := w.prepareBatch(ctx, msgs, &call)
-	c := &concurrentBatch[M]{w: w, ds: ds, first: first, results: make([]pendingResult, len(msgs))}
+	c := &concurrentBatch[M]{w: w, results: make([]pendingResult, len(msgs))}
+	w.prepareBatch(ctx, msgs, &call, &c.prepared)
 	if err := c.claim(ctx); err != nil {
 		// One failed store call, which claim told the outage tracker of:
 		// the deliveries' spans end with it.
@@ -48,9 +48,8 @@ func (w *Wrapper[M]) HandleConcurrent(ctx context.Context, msgs []M, yield func(
 
 // concurrentBatch is the progress of one HandleConcurrent.
 type concurrentBatch[M any] struct {
-	w       *Wrapper[M]
-	ds      []delivery[M]
-	first   []int // as batch.first
+	w *Wrapper[M]
+	prepared[M]
 	claims  []Claim
 	claimOf []int // per delivery: its index in claims, or noClaim, or laterCopy
 	results []pendingResult

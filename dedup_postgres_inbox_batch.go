@@ -68,12 +68,13 @@ func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
 	if r.cut > from {
 		r.to = min(r.to, r.cut)
 	}
-	var reqs []ClaimRequest
+	reqs := b.reqs[:0]
 	for i := from; i < r.to; i++ {
 		if b.claims(i) {
 			reqs = append(reqs, b.ds[i].request(b.w.cfg.ttl))
 		}
 	}
+	b.reqs = reqs
 	if len(reqs) == 0 {
 		return r.to, nil
 	}
