@@ -565,22 +565,6 @@ func eventually(t *testing.T, timeout time.Duration, cond func() bool, what stri
 	}
 }
 
-// whileMoving waits for cond, failing only once n has not grown for stall:
-// a loaded machine makes a run slower, not wrong.
-func whileMoving(t *testing.T, stall time.Duration, cond func() bool, n func() int, what string, progress func() string) {
-	t.Helper()
-	last, lastAt := n(), time.Now()
-	for !cond() {
-		if now := n(); now != last {
-			last, lastAt = now, time.Now()
-		}
-		if time.Since(lastAt) > stall {
-			t.Fatalf("no progress for %v: %s (%s)", stall, what, progress())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // progress describes how far a group got: events settled (when st is not
 // nil), committed and end offsets.
 func (k *kafka) progress(group string, st *settled) func() string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -200,7 +201,7 @@ func TestDynamoDBOutage(t *testing.T) {
 	started := time.Since(began)
 	// A fresh DynamoDB Local on a loaded machine may take minutes for a
 	// quarter of the events: wait while they keep settling.
-	whileMoving(t, time.Minute, func() bool { return st.count() >= len(p.events)/4 }, st.count, "progress before the outage", k.progress(group, st))
+	crashtest.WhileMoving(t, time.Minute, func() bool { return st.count() >= len(p.events)/4 }, st.count, "progress before the outage", k.progress(group, st))
 	srv.Kill()
 	killed := time.Now()
 	time.Sleep(time.Second)

@@ -26,7 +26,7 @@ type crashSize struct {
 	handlers int           // handlers per process
 	produce  time.Duration // the events are sent over this long
 	chaos    time.Duration // kills stop after this long
-	settle   time.Duration // then everything must be settled within this long
+	settle   time.Duration // then settling fails once it made no progress for this long
 }
 
 // crashSizing fits the default campaign in about two minutes with -race on
@@ -125,9 +125,12 @@ func TestSQSCrashCampaign(t *testing.T) {
 		}
 	}
 	chaosEnded := time.Since(start)
-	eventually(t, size.settle, done, func() string {
-		return fmt.Sprintf("every event settled after the chaos (effects %d/%d, queue %d)",
-			countEffects(t, pool, cfg.EffectsTable), p.good(), queueTotal(t, c, url))
+	// Settling is bounded by its progress, not by a fixed time: at a load
+	// average of 10 a run was still settling 25 events a second when a
+	// fixed minute ran out.
+	settled := func() int { return countEffects(t, pool, cfg.EffectsTable) - queueTotal(t, c, url) }
+	crashtest.WhileMoving(t, size.settle, done, settled, "every event settled after the chaos", func() string {
+		return fmt.Sprintf("effects %d/%d, queue %d", countEffects(t, pool, cfg.EffectsTable), p.good(), queueTotal(t, c, url))
 	})
 	for _, name := range f.Stop() {
 		t.Errorf("worker %s: Consumer.Run returned an error (see its log)", name)
