@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 )
 
 // Attribute names of a DynamoDB record item.
@@ -42,7 +43,10 @@ const ddbConcurrency = 16
 // by [CreateDynamoDBTable].
 //
 // Claims are conditional writes; Complete, Fail, Extend and Release are
-// conditional on the owner token. Expiry is kept twice: expires_ms, exact,
+// conditional on the owner token. ClaimBatch and CompleteBatch send the same
+// conditions as PartiQL statements, 25 to a request (IAM's
+// dynamodb:PartiQLInsert and dynamodb:PartiQLUpdate; without them, one
+// request per record). Expiry is kept twice: expires_ms, exact,
 // which every read and condition uses, so an expired item counts as absent
 // even before DynamoDB deletes it; and expires_at, in the whole epoch seconds
 // DynamoDB's native TTL reads, rounded up so TTL never deletes early.
@@ -57,6 +61,38 @@ const ddbConcurrency = 16
 type DynamoDBStore struct {
 	client *dynamodb.Client
 	table  string
+	sql    ddbStatements
+	// perItem is set once IAM refused a PartiQL statement: the batches then
+	// go one request per record (PutItem and UpdateItem).
+	perItem atomic.Bool
+}
+
+// ddbStatements are the PartiQL statements of a store's table: a fresh
+// record's insert, which PartiQL refuses where the key has an item, and a
+// completion's update, which sets the status, the update and expiry times
+// and, with a result, the result, conditioned on the owner's live claim.
+type ddbStatements struct {
+	insert, completeResult, completeNoResult string
+}
+
+// ddbFreshAttrs are the attributes of a fresh record's item (encodeRecord),
+// in the order of the insert's parameters.
+var ddbFreshAttrs = []string{ddbPK, ddbScope, ddbEventID, ddbStatus, ddbFingerprint, ddbAttempts, ddbOwner,
+	ddbLeaseUntil, ddbCreated, ddbUpdated, ddbExpiresMs, ddbExpiresAt}
+
+func newDDBStatements(table string) ddbStatements {
+	set := `UPDATE "` + table + `" SET "` + ddbStatus + `" = ? SET "` + ddbUpdated + `" = ? SET "` + ddbExpiresMs +
+		`" = ? SET "` + ddbExpiresAt + `" = ?`
+	where := ` WHERE "` + ddbPK + `" = ? AND "` + ddbOwner + `" = ? AND "` + ddbStatus + `" = ? AND "` + ddbExpiresMs + `" > ?`
+	value := make([]string, len(ddbFreshAttrs))
+	for i, a := range ddbFreshAttrs {
+		value[i] = "'" + a + "': ?"
+	}
+	return ddbStatements{
+		insert:           `INSERT INTO "` + table + `" VALUE {` + strings.Join(value, ", ") + `}`,
+		completeResult:   set + ` SET "` + ddbResult + `" = ?` + where,
+		completeNoResult: set + ` REMOVE "` + ddbResult + `"` + where,
+	}
 }
 
 var (
@@ -74,7 +110,7 @@ func NewDynamoDBStore(client *dynamodb.Client, opts ...StoreOpt) (*DynamoDBStore
 	if err := validateDynamoDBTable(table); err != nil {
 		return nil, err
 	}
-	return &DynamoDBStore{client: client, table: table}, nil
+	return &DynamoDBStore{client: client, table: table, sql: newDDBStatements(table)}, nil
 }
 
 // CreateDynamoDBTable creates the table a [DynamoDBStore] needs, the one
@@ -192,17 +228,7 @@ func (s *DynamoDBStore) claim(ctx context.Context, req ClaimRequest) (Claim, err
 // returns its record. When the write is refused, it returns the live record
 // that refused it instead, or neither when that one has vanished since.
 func (s *DynamoDBStore) create(ctx context.Context, req ClaimRequest, now int64) (won, blocking *Record, err error) {
-	rec := Record{
-		Key:         req.Key,
-		Status:      StatusProcessing,
-		Fingerprint: req.Fingerprint,
-		Attempts:    1,
-		Owner:       NewOwnerToken(),
-		LeaseUntil:  time.UnixMilli(now + req.Lease.Milliseconds()),
-		CreatedAt:   time.UnixMilli(now),
-		UpdatedAt:   time.UnixMilli(now),
-		ExpiresAt:   time.UnixMilli(now + req.TTL.Milliseconds()),
-	}
+	rec := freshRecord(req, NewOwnerToken(), now)
 	_, err = s.client.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.table),
 		Item:                                encodeRecord(rec),
@@ -216,6 +242,21 @@ func (s *DynamoDBStore) create(ctx context.Context, req ClaimRequest, now int64)
 	}
 	blocking, err = s.refusal(ctx, req.Key, err, now)
 	return nil, blocking, err
+}
+
+// freshRecord is the record a claim of req by owner creates at now.
+func freshRecord(req ClaimRequest, owner string, now int64) Record {
+	return Record{
+		Key:         req.Key,
+		Status:      StatusProcessing,
+		Fingerprint: req.Fingerprint,
+		Attempts:    1,
+		Owner:       owner,
+		LeaseUntil:  time.UnixMilli(now + req.Lease.Milliseconds()),
+		CreatedAt:   time.UnixMilli(now),
+		UpdatedAt:   time.UnixMilli(now),
+		ExpiresAt:   time.UnixMilli(now + req.TTL.Milliseconds()),
+	}
 }
 
 // takeOver makes req the new owner of a live item with req's fingerprint that
@@ -296,43 +337,132 @@ func (s *DynamoDBStore) refusal(ctx context.Context, key Key, err error, now int
 	return &rec, nil
 }
 
-// ClaimBatch claims distinct keys concurrently, at most 16 requests at a
-// time, since DynamoDB has no conditional multi-item write that answers per
-// item.
+// ClaimBatch claims distinct keys in PartiQL batches of up to 25 inserts
+// (BatchExecuteStatement), at most 16 batches in flight: an insert writes a
+// fresh item only where the key has none, and each is answered on its own.
+// A key that has an item, live or expired, is then claimed as Claim claims
+// it, concurrently with the others.
 func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
 	if err := ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: dynamodb claim batch: %w", err)
 	}
 	claims := make([]Claim, len(reqs))
-	errs := make([]error, len(reqs))
-	err := ddbForEach(ctx, len(reqs), func(ctx context.Context, i int) error {
-		// The other claims go on rather than being canceled: a claim
-		// canceled in flight may have been applied unseen, and only a
-		// claim that is seen can be given back.
-		claims[i], errs[i] = s.Claim(ctx, reqs[i])
-		return nil
-	})
-	for _, cerr := range errs {
-		if err == nil {
-			err = cerr
+	// sent are the records inserted or maybe inserted, by request: a batch
+	// whose answer is lost may have written them, and only their owners can
+	// give them back.
+	sent := make([]Record, len(reqs))
+	rest := make([]bool, len(reqs)) // claimed one by one
+	var err error
+	if s.perItem.Load() {
+		for i := range rest {
+			rest[i] = true
 		}
+	} else {
+		batches := (len(reqs) + ddbStatementBatch - 1) / ddbStatementBatch
+		err = ddbForEach(ctx, batches, func(ctx context.Context, b int) error {
+			from := b * ddbStatementBatch
+			to := min(from+ddbStatementBatch, len(reqs))
+			return s.insertStatements(ctx, reqs[from:to], sent[from:to], claims[from:to], rest[from:to])
+		})
+	}
+	if err == nil {
+		errs := make([]error, len(reqs))
+		err = ddbForEach(ctx, len(reqs), func(ctx context.Context, i int) error {
+			// The other claims go on rather than being canceled: a claim
+			// canceled in flight may have been applied unseen, and only a
+			// claim that is seen can be given back.
+			if rest[i] {
+				claims[i], errs[i] = s.Claim(ctx, reqs[i])
+			}
+			return nil
+		})
+		err = errors.Join(append(errs, err)...)
 	}
 	if err != nil {
-		s.giveBack(ctx, claims)
-		return nil, err
+		s.giveBack(ctx, sent, claims)
+		return nil, fmt.Errorf("dedup: dynamodb claim batch: %w", err)
 	}
 	return claims, nil
 }
 
-// giveBack releases the claims a failed ClaimBatch acquired: the caller gets
-// no owner token to settle them with, so kept they would hold their keys
-// until the lease ran out and count an attempt that never ran.
-func (s *DynamoDBStore) giveBack(ctx context.Context, claims []Claim) {
+// insertStatements inserts a fresh item for each of reqs in one
+// BatchExecuteStatement, recording each record it sends in sent. A request
+// whose insert was refused, or failed on its own, is marked in rest: it is
+// claimed one by one.
+func (s *DynamoDBStore) insertStatements(ctx context.Context, reqs []ClaimRequest, sent []Record, claims []Claim, rest []bool) error {
+	now := time.Now().UnixMilli()
+	owners := ownerTokens(len(reqs), 0)
+	stmts := make([]types.BatchStatementRequest, len(reqs))
+	for i := range reqs {
+		sent[i] = freshRecord(reqs[i], ownerToken(owners, i), now)
+		item := encodeRecord(sent[i])
+		params := make([]types.AttributeValue, len(ddbFreshAttrs))
+		for k, a := range ddbFreshAttrs {
+			params[k] = item[a]
+		}
+		stmts[i] = types.BatchStatementRequest{Statement: aws.String(s.sql.insert), Parameters: params}
+	}
+	out, err := s.client.BatchExecuteStatement(ctx, &dynamodb.BatchExecuteStatementInput{Statements: stmts})
+	if s.partiQLDenied(err) {
+		for i := range reqs {
+			sent[i], rest[i] = Record{}, true
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(out.Responses) != len(reqs) {
+		return fmt.Errorf("batch of %d statements answered %d", len(reqs), len(out.Responses))
+	}
+	for i, r := range out.Responses {
+		if r.Error == nil {
+			claims[i] = Claim{Status: ClaimAcquired, Record: sent[i]}
+			continue
+		}
+		// Refused (DuplicateItem) or failed: not written, so not to give back.
+		s.statementDenied(r.Error)
+		sent[i], rest[i] = Record{}, true
+	}
+	return nil
+}
+
+// partiQLDenied reports whether err is IAM's refusal of a PartiQL request
+// (dynamodb:PartiQLInsert and dynamodb:PartiQLUpdate are permissions of
+// their own, which a policy written for PutItem and UpdateItem lacks), and
+// if so turns the store to one request per record.
+func (s *DynamoDBStore) partiQLDenied(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) && ae.ErrorCode() == "AccessDeniedException" {
+		s.perItem.Store(true)
+		return true
+	}
+	return false
+}
+
+// statementDenied is partiQLDenied for the error of one statement.
+func (s *DynamoDBStore) statementDenied(e *types.BatchStatementError) bool {
+	if e.Code == types.BatchStatementErrorCodeEnumAccessDenied {
+		s.perItem.Store(true)
+		return true
+	}
+	return false
+}
+
+// giveBack releases what a failed ClaimBatch acquired, or may have: the
+// records of its inserts and its acquired claims. The caller gets no owner
+// token to settle them with, so kept they would hold their keys until the
+// lease ran out and count an attempt that never ran. It is best effort: the
+// leases free them otherwise.
+func (s *DynamoDBStore) giveBack(ctx context.Context, sent []Record, claims []Claim) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	_ = ddbForEach(ctx, len(claims), func(ctx context.Context, i int) error {
-		if c := claims[i]; c.Status == ClaimAcquired {
-			_ = s.Release(ctx, c.Record.Key, c.Record.Owner) // best effort: the lease frees it otherwise
+		if c := claims[i]; c.Status == ClaimAcquired && c.Record.Owner != sent[i].Owner {
+			_ = s.Release(ctx, c.Record.Key, c.Record.Owner)
+		}
+		if r := sent[i]; r.Owner != "" {
+			_ = s.Release(ctx, r.Key, r.Owner)
 		}
 		return nil
 	})
@@ -357,23 +487,87 @@ func (s *DynamoDBStore) Complete(ctx context.Context, key Key, owner string, res
 	return s.fenced(ctx, "complete", key, owner, now, update, values, ddbStatus, ddbUpdated, ddbExpiresMs, ddbExpiresAt, ddbResult)
 }
 
-// CompleteBatch completes the records concurrently, at most 16 requests at
-// a time: DynamoDB has no conditional multi-item write that answers per item.
-// A record that could not be completed gets its own error.
+// ddbStatementBatch is the most statements one BatchExecuteStatement holds.
+const ddbStatementBatch = 25
+
+// CompleteBatch completes the records in PartiQL batches of up to 25
+// statements (BatchExecuteStatement), each statement an update conditioned
+// on the owner as Complete's is and answered on its own; at most 16 batches
+// are in flight. A record that could not be completed gets its own error:
+// ErrLeaseLost when its condition failed, the statement's error otherwise
+// (a throttled statement, say, which the wrapper tries again).
 func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
 	if err := validateCompletions(cs); err != nil {
 		return nil, err
 	}
 	errs := make([]error, len(cs))
-	err := ddbForEach(ctx, len(cs), func(ctx context.Context, i int) error {
-		c := &cs[i]
-		errs[i] = s.Complete(ctx, c.Key, c.Owner, c.Result, c.TTL)
-		return nil
-	})
+	var err error
+	if s.perItem.Load() {
+		err = s.completeEach(ctx, cs, errs)
+	} else {
+		batches := (len(cs) + ddbStatementBatch - 1) / ddbStatementBatch
+		err = ddbForEach(ctx, batches, func(ctx context.Context, b int) error {
+			from := b * ddbStatementBatch
+			return s.completeStatements(ctx, cs[from:min(from+ddbStatementBatch, len(cs))], errs[from:])
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dedup: dynamodb complete batch: %w", err)
 	}
 	return errs, nil
+}
+
+// completeStatements completes cs in one BatchExecuteStatement, setting
+// errs[i] for each completion i that failed.
+func (s *DynamoDBStore) completeStatements(ctx context.Context, cs []Completion, errs []error) error {
+	now := time.Now().UnixMilli()
+	stmts := make([]types.BatchStatementRequest, len(cs))
+	for i := range cs {
+		c := &cs[i]
+		expires := now + c.TTL.Milliseconds()
+		params := []types.AttributeValue{ddbStr(string(StatusSucceeded)), ddbNum(now), ddbNum(expires),
+			ddbNum(ttlSeconds(expires))}
+		stmt := s.sql.completeNoResult
+		if len(c.Result) > 0 {
+			stmt = s.sql.completeResult
+			params = append(params, &types.AttributeValueMemberB{Value: c.Result})
+		}
+		params = append(params, ddbStr(dynamoDBPK(c.Key)), ddbStr(c.Owner), ddbStr(string(StatusProcessing)), ddbNum(now))
+		stmts[i] = types.BatchStatementRequest{Statement: aws.String(stmt), Parameters: params}
+	}
+	out, err := s.client.BatchExecuteStatement(ctx, &dynamodb.BatchExecuteStatementInput{Statements: stmts})
+	if s.partiQLDenied(err) {
+		return s.completeEach(ctx, cs, errs)
+	}
+	if err != nil {
+		return err
+	}
+	if len(out.Responses) != len(cs) {
+		return fmt.Errorf("batch of %d statements answered %d", len(cs), len(out.Responses))
+	}
+	for i, r := range out.Responses {
+		c := &cs[i]
+		switch {
+		case r.Error == nil:
+		case s.statementDenied(r.Error):
+			errs[i] = s.Complete(ctx, c.Key, c.Owner, c.Result, c.TTL)
+		case r.Error.Code == types.BatchStatementErrorCodeEnumConditionalCheckFailed:
+			errs[i] = fmt.Errorf("dedup: dynamodb complete %s: %w", cs[i].Key, ErrLeaseLost)
+		default:
+			errs[i] = fmt.Errorf("dedup: dynamodb complete %s: %s: %s", cs[i].Key, r.Error.Code, aws.ToString(r.Error.Message))
+		}
+	}
+	return nil
+}
+
+// completeEach completes cs one request each, at most 16 at a time, setting
+// errs[i] for each completion i that failed.
+func (s *DynamoDBStore) completeEach(ctx context.Context, cs []Completion, errs []error) error {
+	return ddbForEach(ctx, len(cs), func(ctx context.Context, i int) error {
+		c := &cs[i]
+		errs[i] = s.Complete(ctx, c.Key, c.Owner, c.Result, c.TTL)
+		return nil
+	})
 }
 
 // Fail records a failed attempt, if owner still holds the record.

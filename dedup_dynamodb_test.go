@@ -12,6 +12,7 @@ import (
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/dedupkit/dedup"
@@ -403,6 +404,41 @@ func BenchmarkDynamoDBClaimComplete(b *testing.B) {
 	}
 }
 
+// BenchmarkDynamoDBBatch measures what a consumer's batch of 32 new events
+// costs the store: one ClaimBatch and one CompleteBatch. An op is one event.
+func BenchmarkDynamoDBBatch(b *testing.B) {
+	const batch = 32
+	store, _, _ := newDynamoDBStore(b)
+	ctx := context.Background()
+	reqs := make([]dedup.ClaimRequest, batch)
+	cs := make([]dedup.Completion, batch)
+	b.ReportAllocs()
+	for n := 0; n < b.N; n += batch {
+		for i := range reqs {
+			reqs[i] = claimReq("bench", strconv.Itoa(n+i), "fp")
+		}
+		claims, err := store.ClaimBatch(ctx, reqs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, c := range claims {
+			if c.Status != dedup.ClaimAcquired {
+				b.Fatalf("claim %d: %v", i, c.Status)
+			}
+			cs[i] = dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Hour}
+		}
+		errs, err := store.CompleteBatch(ctx, cs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i, err := range errs {
+			if err != nil {
+				b.Fatalf("completion %d: %v", i, err)
+			}
+		}
+	}
+}
+
 func TestDynamoDBClaimBatchAnswersInOrder(t *testing.T) {
 	store, _, _ := newDynamoDBStore(t)
 	ctx := context.Background()
@@ -440,5 +476,51 @@ func TestDynamoDBClaimBatchAnswersInOrder(t *testing.T) {
 	bad := []dedup.ClaimRequest{claimReq("batch", "other", "x"), claimReq("batch", "", "x")}
 	if _, err := store.ClaimBatch(ctx, bad); !errors.Is(err, dedup.ErrInvalidKey) {
 		t.Fatalf("batch with an empty ID: %v, want ErrInvalidKey", err)
+	}
+}
+
+// A role allowed PutItem and UpdateItem but not PartiQL (IAM's
+// dynamodb:PartiQLInsert and dynamodb:PartiQLUpdate): the batches go on one
+// request per record.
+func TestDynamoDBBatchesWithoutPartiQL(t *testing.T) {
+	_, client, table := newDynamoDBStore(t)
+	denied := &smithy.GenericAPIError{Code: "AccessDeniedException", Message: "not authorized to perform: dynamodb:PartiQLInsert"}
+	store, err := dedup.NewDynamoDBStore(failOperation(client, "BatchExecuteStatement", denied), dedup.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	reqs := make([]dedup.ClaimRequest, 30)
+	for i := range reqs {
+		reqs[i] = claimReq("denied", strconv.Itoa(i), "fp")
+	}
+	for round := range 2 { // the first round finds PartiQL refused, the second knows
+		claims, err := store.ClaimBatch(ctx, reqs)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		cs := make([]dedup.Completion, 0, len(claims))
+		for i, c := range claims {
+			if c.Status != dedup.ClaimAcquired {
+				t.Fatalf("round %d, claim %d: %v", round, i, c.Status)
+			}
+			cs = append(cs, dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, Result: []byte("r"), TTL: time.Hour})
+		}
+		errs, err := store.CompleteBatch(ctx, cs)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i, c := range cs {
+			if errs[i] != nil {
+				t.Fatalf("round %d, completion %d: %v", round, i, errs[i])
+			}
+			rec, err := store.Get(ctx, c.Key)
+			if err != nil || rec.Status != dedup.StatusSucceeded || string(rec.Result) != "r" {
+				t.Fatalf("round %d, %s: %+v, %v", round, c.Key, rec, err)
+			}
+		}
+		for i := range reqs {
+			reqs[i] = claimReq("denied", "second-"+strconv.Itoa(i), "fp")
+		}
 	}
 }

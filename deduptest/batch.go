@@ -2,6 +2,7 @@ package deduptest
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/dedupkit/dedup"
@@ -119,4 +120,58 @@ func testBatchMatchesSingleClaims(t *testing.T, s dedup.Store) {
 		require.Positive(t, seen[st], "the batch exercises %v", st)
 	}
 	require.Positive(t, takeovers, "the batch takes over retryable failures")
+}
+
+// testConcurrentBatches: batch claims of the same keys, made at once and
+// each in an order of its own, acquire each key exactly once, and every
+// refused claim sees the winner's record.
+func testConcurrentBatches(t *testing.T, s dedup.Store) {
+	const claimers, keys = 10, 60
+	scope := newScope(t)
+	ctx := ctxFor(t)
+	start := make(chan struct{})
+	reqs := make([][]dedup.ClaimRequest, claimers)
+	claims := make([][]dedup.Claim, claimers)
+	errs := make([]error, claimers)
+	var wg sync.WaitGroup
+	for c := range claimers {
+		reqs[c] = make([]dedup.ClaimRequest, keys)
+		for i := range keys {
+			reqs[c][i] = request(key(scope, fmt.Sprintf("evt-%02d", (i*7+c*11)%keys)), "fp")
+		}
+		wg.Go(func() {
+			<-start
+			claims[c], errs[c] = s.ClaimBatch(ctx, reqs[c])
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	winners := map[dedup.Key]string{}
+	for c := range claimers {
+		require.NoError(t, errs[c], "claimer %d", c)
+		require.Len(t, claims[c], keys)
+		for i, cl := range claims[c] {
+			require.Equal(t, reqs[c][i].Key, cl.Record.Key, "claimer %d, claim %d", c, i)
+			if cl.Status == dedup.ClaimAcquired {
+				_, taken := winners[cl.Record.Key]
+				require.False(t, taken, "%s acquired twice", cl.Record.Key)
+				winners[cl.Record.Key] = cl.Record.Owner
+			}
+		}
+	}
+	require.Len(t, winners, keys, "every key acquired once")
+	for c := range claimers {
+		for _, cl := range claims[c] {
+			if cl.Status != dedup.ClaimAcquired {
+				require.Equal(t, dedup.ClaimInFlight, cl.Status, "%s", cl.Record.Key)
+				require.Equal(t, winners[cl.Record.Key], cl.Record.Owner, "%s: the winner's record", cl.Record.Key)
+			}
+		}
+	}
+	for k, owner := range winners {
+		rec := get(t, s, k)
+		require.Equal(t, owner, rec.Owner, "%s", k)
+		require.Equal(t, 1, rec.Attempts, "%s", k)
+	}
 }

@@ -1,6 +1,7 @@
 package deduptest
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/dedupkit/dedup"
@@ -51,6 +52,30 @@ func testCompleteBatch(t *testing.T, s dedup.Store) {
 	rec = get(t, s, taken.Record.Key)
 	require.Equal(t, dedup.StatusProcessing, rec.Status, "the new owner's record is untouched")
 	require.Equal(t, taken.Record.Owner, rec.Owner)
+
+	// More completions than a store's multi-item request may hold (25 for
+	// DynamoDB), one of them stale in the middle: each is answered on its
+	// own, in its place.
+	cs = cs[:0]
+	for i := range 60 {
+		c := acquire(t, s, request(key(scope, "many-"+strconv.Itoa(i)), "fp"))
+		cs = append(cs, dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, Result: []byte(strconv.Itoa(i)), TTL: longTTL})
+	}
+	cs[30].Owner = stale.Record.Owner
+	errs, err = bc.CompleteBatch(ctxFor(t), cs)
+	require.NoError(t, err)
+	require.Len(t, errs, len(cs))
+	for i, c := range cs {
+		rec := get(t, s, c.Key)
+		if i == 30 {
+			require.ErrorIs(t, errs[i], dedup.ErrLeaseLost, "a stale owner among many")
+			require.Equal(t, dedup.StatusProcessing, rec.Status)
+			continue
+		}
+		require.NoError(t, errs[i], "completion %d of many", i)
+		require.Equal(t, dedup.StatusSucceeded, rec.Status, "completion %d of many", i)
+		require.Equal(t, []byte(strconv.Itoa(i)), rec.Result, "completion %d of many", i)
+	}
 
 	held3 := acquire(t, s, request(key(scope, "held-3"), "fp"))
 	_, err = bc.CompleteBatch(ctxFor(t), []dedup.Completion{

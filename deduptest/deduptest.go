@@ -79,6 +79,7 @@ func Run(t *testing.T, s dedup.Store, opts ...Opt) {
 		{"CompleteBatch", testCompleteBatch},
 		{"BatchRepeatedKeyRejected", testBatchRepeatedKeyRejected},
 		{"BatchMatchesSingleClaims", testBatchMatchesSingleClaims},
+		{"ConcurrentBatchesOneWinnerPerKey", testConcurrentBatches},
 		{"InvalidKeysRejected", testInvalidKeysRejected},
 		{"MaxLengthKeyAccepted", testMaxLengthKeyAccepted},
 		{"ScopesAreIndependent", testScopesAreIndependent},
