@@ -494,8 +494,9 @@ const ddbStatementBatch = 25
 // statements (BatchExecuteStatement), each statement an update conditioned
 // on the owner as Complete's is and answered on its own; at most 16 batches
 // are in flight. A record that could not be completed gets its own error:
-// ErrLeaseLost when its condition failed, the statement's error otherwise
-// (a throttled statement, say, which the wrapper tries again).
+// ErrLeaseLost when its condition failed, the statement's or its request's
+// error otherwise (a throttled statement, an unreachable endpoint), which
+// the wrapper tries again.
 func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
 	if err := validateCompletions(cs); err != nil {
 		return nil, err
@@ -518,7 +519,8 @@ func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 }
 
 // completeStatements completes cs in one BatchExecuteStatement, setting
-// errs[i] for each completion i that failed.
+// errs[i] for each completion i that failed, all of them when the request
+// did.
 func (s *DynamoDBStore) completeStatements(ctx context.Context, cs []Completion, errs []error) error {
 	now := time.Now().UnixMilli()
 	stmts := make([]types.BatchStatementRequest, len(cs))
@@ -539,11 +541,16 @@ func (s *DynamoDBStore) completeStatements(ctx context.Context, cs []Completion,
 	if s.partiQLDenied(err) {
 		return s.completeEach(ctx, cs, errs)
 	}
-	if err != nil {
-		return err
+	if err == nil && len(out.Responses) != len(cs) {
+		err = fmt.Errorf("batch of %d statements answered %d", len(cs), len(out.Responses))
 	}
-	if len(out.Responses) != len(cs) {
-		return fmt.Errorf("batch of %d statements answered %d", len(cs), len(out.Responses))
+	if err != nil {
+		// Each completion of a failed request fails on its own, named, as a
+		// Complete would: the other requests of the batch go on.
+		for i := range cs {
+			errs[i] = fmt.Errorf("dedup: dynamodb complete %s: %w", cs[i].Key, err)
+		}
+		return nil
 	}
 	for i, r := range out.Responses {
 		c := &cs[i]

@@ -524,3 +524,36 @@ func TestDynamoDBBatchesWithoutPartiQL(t *testing.T) {
 		}
 	}
 }
+
+// A request of a batch completion that fails fails each of its completions
+// on its own, named by key as a Complete's error is: the wrapper tries them
+// again and its log says which events may run again.
+func TestDynamoDBCompleteBatchFailsEachRecordOfAFailedRequest(t *testing.T) {
+	good, client, table := newDynamoDBStore(t)
+	down := errors.New("connection reset by peer")
+	store, err := dedup.NewDynamoDBStore(failOperation(client, "BatchExecuteStatement", down), dedup.WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var cs []dedup.Completion
+	for i := range 30 {
+		c, err := good.Claim(ctx, claimReq("unreachable", strconv.Itoa(i), "fp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Hour})
+	}
+	errs, err := store.CompleteBatch(ctx, cs)
+	if err != nil {
+		t.Fatalf("CompleteBatch = %v; want an error per completion", err)
+	}
+	for i, c := range cs {
+		if !errors.Is(errs[i], down) || !strings.Contains(errs[i].Error(), "complete "+c.Key.String()+":") {
+			t.Errorf("completion %d: %v; want %q naming %s", i, errs[i], down, c.Key)
+		}
+		if rec, err := good.Get(ctx, c.Key); err != nil || rec.Status != dedup.StatusProcessing {
+			t.Errorf("%s: %v, %v; want it still processing", c.Key, rec.Status, err)
+		}
+	}
+}
