@@ -358,10 +358,7 @@ func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 			rest[i] = true
 		}
 	} else {
-		batches := (len(reqs) + ddbStatementBatch - 1) / ddbStatementBatch
-		err = ddbForEach(ctx, batches, func(ctx context.Context, b int) error {
-			from := b * ddbStatementBatch
-			to := min(from+ddbStatementBatch, len(reqs))
+		err = ddbForEachBatch(ctx, len(reqs), func(ctx context.Context, from, to int) error {
 			return s.insertStatements(ctx, reqs[from:to], sent[from:to], claims[from:to], rest[from:to])
 		})
 	}
@@ -506,10 +503,8 @@ func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 	if s.perItem.Load() {
 		err = s.completeEach(ctx, cs, errs)
 	} else {
-		batches := (len(cs) + ddbStatementBatch - 1) / ddbStatementBatch
-		err = ddbForEach(ctx, batches, func(ctx context.Context, b int) error {
-			from := b * ddbStatementBatch
-			return s.completeStatements(ctx, cs[from:min(from+ddbStatementBatch, len(cs))], errs[from:])
+		err = ddbForEachBatch(ctx, len(cs), func(ctx context.Context, from, to int) error {
+			return s.completeStatements(ctx, cs[from:to], errs[from:to])
 		})
 	}
 	if err != nil {
@@ -754,6 +749,15 @@ func ddbForEach(ctx context.Context, n int, fn func(ctx context.Context, i int) 
 		return firstErr
 	}
 	return ctx.Err()
+}
+
+// ddbForEachBatch calls fn for each run [from, to) of up to
+// ddbStatementBatch of n items, as ddbForEach calls it.
+func ddbForEachBatch(ctx context.Context, n int, fn func(ctx context.Context, from, to int) error) error {
+	return ddbForEach(ctx, (n+ddbStatementBatch-1)/ddbStatementBatch, func(ctx context.Context, b int) error {
+		from := b * ddbStatementBatch
+		return fn(ctx, from, min(from+ddbStatementBatch, n))
+	})
 }
 
 // dynamoDBPK returns the partition key of k: scope and event ID joined by
