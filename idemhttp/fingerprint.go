@@ -19,7 +19,7 @@ func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyP
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.maxBody))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, c.maxBody), min(r.ContentLength, c.maxBody))
 	if err != nil {
 		return nil, c.bodyProblem(err)
 	}
@@ -27,6 +27,29 @@ func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyP
 	rb.Reset(body)
 	r.Body, r.ContentLength = rb, int64(len(body))
 	return body, nil
+}
+
+// readAll reads r to its end, as io.ReadAll does, into a buffer sized for
+// the length the request declares, when it declares one: a body of that
+// length then costs one allocation of its size rather than 512 bytes.
+func readAll(r io.Reader, declared int64) ([]byte, error) {
+	if declared <= 0 {
+		declared = 512 // unknown: io.ReadAll's first size
+	}
+	b := make([]byte, 0, declared+1) // +1: the read that finds the end needs room
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
 }
 
 // bodyProblem says why a body could not be read. Kept out of readBody so

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/nilcheck"
@@ -133,12 +132,7 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 			"the stored answer for this key cannot be read", 0)
 		return
 	}
-	h := w.Header()
-	s.writeHeader(h)
-	h.Set(ReplayHeader, "true")
-	if bodyAllowed(s.status) {
-		h.Set("Content-Length", strconv.Itoa(len(s.body)))
-	}
+	s.writeReplayHeader(w.Header())
 	w.WriteHeader(s.status)
 	_, _ = w.Write(s.body)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -47,16 +48,25 @@ func (s *snapshot) field(i int) string {
 	return s.text[from:s.ends[i]]
 }
 
-// writeHeader sets s's headers in h, in place of any h held under their
-// names.
-func (s *snapshot) writeHeader(h http.Header) {
-	for k := 0; k < s.n; k++ {
-		name, value := s.field(2*k), s.field(2*k+1)
+// writeReplayHeader sets in h the headers a replay of s answers with: s's
+// own, in place of any h held under their names, the replay mark and, where
+// a body is allowed, its length. The values share one allocation.
+func (s *snapshot) writeReplayHeader(h http.Header) {
+	vals := make([]string, s.n, s.n+2)
+	for k := range s.n {
+		name := s.field(2 * k)
+		vals[k] = s.field(2*k + 1)
 		if s.seenBefore(k, name) {
-			h[name] = append(h[name], value)
+			h[name] = append(h[name], vals[k])
 		} else {
-			h[name] = []string{value}
+			h[name] = vals[k : k+1 : k+1]
 		}
+	}
+	vals = append(vals, "true")
+	h[ReplayHeader] = vals[s.n : s.n+1 : s.n+1]
+	if bodyAllowed(s.status) {
+		vals = append(vals, strconv.Itoa(len(s.body)))
+		h["Content-Length"] = vals[s.n+1 : s.n+2 : s.n+2]
 	}
 }
 
