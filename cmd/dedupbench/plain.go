@@ -85,19 +85,29 @@ func runNaive(ctx context.Context, cfg config, m *meter) error {
 		return err
 	}
 	defer closeStore()
-	w, err := dedup.Wrap(store, kafkadedup.Messages(), noop,
-		dedup.WithScope("dedupbench/naive"), dedup.WithSink(dedup.NewMemorySink()))
+	return handleEach(ctx, cfg, m, store, "naive")
+}
+
+// runMemoryEach is the naive row over the memory store, to set beside the
+// memory row's HandleBatch.
+func runMemoryEach(ctx context.Context, cfg config, m *meter) error {
+	return handleEach(ctx, cfg, m, dedup.NewMemoryStore(), "memory-each")
+}
+
+// handleEach consumes with the hand-written consumer, handling a
+// partition's records one at a time with Handle, each tried again until it
+// is settled. The wrapper's observer meters the results, as in the rows of
+// the Kafka adapter.
+func handleEach(ctx context.Context, cfg config, m *meter, store dedup.Store, name string) error {
+	w, err := dedup.Wrap(store, messages(m), noop, wrapperOpts(name, m)...)
 	if err != nil {
 		return err
 	}
-	return consumePlain(ctx, cfg, m, "dedupbench-naive", func(ctx context.Context, recs []*kgo.Record) {
+	return consumePlain(ctx, cfg, m, "dedupbench-"+name, func(ctx context.Context, recs []*kgo.Record) {
 		for _, r := range recs {
 			for ctx.Err() == nil {
-				t := now()
 				res, err := w.Handle(ctx, r)
 				if err == nil && res.Settled() {
-					m.lat.record(time.Duration(now() - t))
-					m.settle(res.Outcome, 1)
 					break
 				}
 				time.Sleep(max(res.RetryAfter, 10*time.Millisecond))

@@ -44,6 +44,7 @@ var rows = []*row{
 	{name: "redis-batch-claim", title: "Redis: kafkadedup.Consumer defaults", run: runRedis(false)},
 	{name: "redis-batched", title: "Redis: HandleBatch + WithBatchCompletion(-batch-wait)", run: runRedis(true)},
 	{name: "memory", title: "memory store: kafkadedup.Consumer defaults", run: runMemory},
+	{name: "memory-each", title: "memory store: Handle per record", run: runMemoryEach},
 	{name: "inbox", title: "transactional inbox (WrapTx)", run: runInbox},
 	{name: "floor", title: "floor: INSERT unnest ON CONFLICT DO NOTHING", run: runFloor},
 	{name: "dynamodb", title: "DynamoDB Local: HandleBatch + batch completion", small: true, run: runDynamoDB},
