@@ -34,7 +34,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.claim(req, time.Now()), nil
+	return s.claim(req, time.Now(), ""), nil
 }
 
 // ClaimBatch claims several distinct keys under one lock.
@@ -46,17 +46,19 @@ func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Cl
 		return nil, fmt.Errorf("dedup: memory claim batch: %w", err)
 	}
 	claims := make([]Claim, len(reqs))
+	owners := ownerTokens(len(reqs), 0) // one random read for the batch, before the lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	for i := range reqs {
-		claims[i] = s.claim(reqs[i], now)
+		claims[i] = s.claim(reqs[i], now, ownerToken(owners, i))
 	}
 	return claims, nil
 }
 
-// claim applies the state machine to one request; s.mu must be held.
-func (s *MemoryStore) claim(req ClaimRequest, now time.Time) Claim {
+// claim applies the state machine to one request; a claim it acquires is
+// owned by owner, or by a new token if owner is "". s.mu must be held.
+func (s *MemoryStore) claim(req ClaimRequest, now time.Time, owner string) Claim {
 	rec, ok := s.records[req.Key]
 	if !ok || !now.Before(rec.ExpiresAt) {
 		// Expired counts as absent whatever its fingerprint: start afresh,
@@ -70,22 +72,25 @@ func (s *MemoryStore) claim(req ClaimRequest, now time.Time) Claim {
 		rec.Key = req.Key
 		rec.Fingerprint = req.Fingerprint
 		rec.CreatedAt = now
-		s.acquire(rec, req, now)
+		s.acquire(rec, req, now, owner)
 		return Claim{Status: ClaimAcquired, Record: *rec}
 	}
 	if MayTakeOver(*rec, req.Fingerprint, now) {
 		previous := rec.Status
-		s.acquire(rec, req, now)
+		s.acquire(rec, req, now, owner)
 		return Claim{Status: ClaimAcquired, Record: copyRecord(rec), Previous: previous}
 	}
 	return Claim{Status: Classify(*rec, req.Fingerprint), Record: copyRecord(rec)}
 }
 
 // acquire gives rec to a new owner for one more attempt.
-func (s *MemoryStore) acquire(rec *Record, req ClaimRequest, now time.Time) {
+func (s *MemoryStore) acquire(rec *Record, req ClaimRequest, now time.Time, owner string) {
 	rec.Status = StatusProcessing
 	rec.Attempts++
-	rec.Owner = NewOwnerToken()
+	if owner == "" {
+		owner = NewOwnerToken()
+	}
+	rec.Owner = owner
 	rec.LeaseUntil = now.Add(req.Lease)
 	rec.UpdatedAt = now
 	rec.ExpiresAt = now.Add(req.TTL)

@@ -87,9 +87,6 @@ const maxMicrosLen = len("-9223372036854775")
 // would read as an empty list.
 func listable(s string) bool { return s != "" && strings.IndexByte(s, pgListSep) < 0 }
 
-// ownerToken returns token w of a string made by ownerTokens.
-func ownerToken(tokens string, w int) string { return tokens[33*w : 33*w+32] }
-
 // ClaimBatch claims several distinct keys with one upsert round trip for
 // all of them and one read for those it could not acquire.
 func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -200,14 +201,24 @@ func NewOwnerToken() string { return ownerTokens(1, 0) }
 // each followed by sep but the last: token w is tokens[33*w : 33*w+32], a
 // substring that costs no allocation.
 func ownerTokens(n int, sep byte) string {
-	random := make([]byte, 16*n)
-	_, _ = rand.Read(random) // crypto/rand.Read never returns an error.
-	buf := make([]byte, 33*n-1)
+	var (
+		b      strings.Builder
+		random [16 * 32]byte // read for 32 tokens at a time
+		digits [32]byte
+	)
+	b.Grow(max(33*n-1, 0))
 	for w := range n {
-		hex.Encode(buf[33*w:33*w+32], random[16*w:16*w+16])
-		if w < n-1 {
-			buf[33*w+32] = sep
+		if w%32 == 0 {
+			_, _ = rand.Read(random[:16*min(32, n-w)]) // crypto/rand.Read never returns an error.
 		}
+		hex.Encode(digits[:], random[16*(w%32):][:16])
+		if w > 0 {
+			b.WriteByte(sep)
+		}
+		b.Write(digits[:])
 	}
-	return string(buf)
+	return b.String()
 }
+
+// ownerToken returns token w of a string made by ownerTokens.
+func ownerToken(tokens string, w int) string { return tokens[33*w : 33*w+32] }
