@@ -19,7 +19,7 @@ func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyP
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	body, err := readAll(http.MaxBytesReader(w, r.Body, c.maxBody), min(r.ContentLength, c.maxBody))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, c.maxBody), min(r.ContentLength, c.maxBody, maxPresized))
 	if err != nil {
 		return nil, c.bodyProblem(err)
 	}
@@ -28,6 +28,11 @@ func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyP
 	r.Body, r.ContentLength = rb, int64(len(body))
 	return body, nil
 }
+
+// maxPresized is the most readAll sets aside on a request's word: a larger
+// body grows its buffer as it arrives, so that a client cannot make the
+// server hold memory it has not sent.
+const maxPresized = 64 << 10
 
 // readAll reads r to its end, as io.ReadAll does, into a buffer sized for
 // the length the request declares, when it declares one: a body of that

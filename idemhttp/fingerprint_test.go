@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -44,5 +47,18 @@ func TestReadAllAllocatesOnceForTheDeclaredLength(t *testing.T) {
 	})
 	if allocs != 1 {
 		t.Errorf("%v allocations, want 1", allocs)
+	}
+}
+
+func TestReadBodyTrustsNoDeclaredLengthBeyondItsPresize(t *testing.T) {
+	c := defaultConfig()
+	c.maxBody = math.MaxInt64 // "no limit"
+	for _, declared := range []int64{1 << 40, math.MaxInt64} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader("abc"))
+		r.ContentLength = declared
+		body, problem := c.readBody(httptest.NewRecorder(), r)
+		if problem != nil || string(body) != "abc" {
+			t.Errorf("declared %d: read %q, %v", declared, body, problem)
+		}
 	}
 }

@@ -49,10 +49,23 @@ func (s *snapshot) field(i int) string {
 }
 
 // writeReplayHeader sets in h the headers a replay of s answers with: s's
-// own, in place of any h held under their names, the replay mark and, where
-// a body is allowed, its length. The values share one allocation.
+// own, the replay mark and, where a body is allowed, its length. The values
+// share one allocation.
 func (s *snapshot) writeReplayHeader(h http.Header) {
-	vals := make([]string, s.n, s.n+2)
+	vals := s.writeHeader(h, 2)
+	vals = append(vals, "true")
+	h[ReplayHeader] = vals[s.n : s.n+1 : s.n+1]
+	if bodyAllowed(s.status) {
+		vals = append(vals, strconv.Itoa(len(s.body)))
+		h["Content-Length"] = vals[s.n+1 : s.n+2 : s.n+2]
+	}
+}
+
+// writeHeader sets s's headers in h, in place of any h held under their
+// names, and returns the array their values share, with room for extra
+// more.
+func (s *snapshot) writeHeader(h http.Header, extra int) []string {
+	vals := make([]string, s.n, s.n+extra)
 	for k := range s.n {
 		name := s.field(2 * k)
 		vals[k] = s.field(2*k + 1)
@@ -62,12 +75,7 @@ func (s *snapshot) writeReplayHeader(h http.Header) {
 			h[name] = vals[k : k+1 : k+1]
 		}
 	}
-	vals = append(vals, "true")
-	h[ReplayHeader] = vals[s.n : s.n+1 : s.n+1]
-	if bodyAllowed(s.status) {
-		vals = append(vals, strconv.Itoa(len(s.body)))
-		h["Content-Length"] = vals[s.n+1 : s.n+2 : s.n+2]
-	}
+	return vals
 }
 
 // seenBefore reports whether a header before the k-th has name.

@@ -24,7 +24,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Errorf("decoded %d %v %q", s.status, got, s.body)
 	}
 	replaced := http.Header{"Etag": {`"old"`}, "Vary": {"Accept"}}
-	s.writeReplayHeader(replaced)
+	s.writeHeader(replaced, 0)
 	if v := replaced.Values("Etag"); len(v) != 2 || v[0] != `"a"` || replaced.Get("Vary") != "Accept" {
 		t.Errorf("written over a header: %v", replaced)
 	}
@@ -82,7 +82,7 @@ func TestSnapshotEncodeRefusesWhatDecodeRefuses(t *testing.T) {
 // header returns s's headers.
 func (s *snapshot) header() http.Header {
 	h := http.Header{}
-	s.writeReplayHeader(h)
+	s.writeHeader(h, 0)
 	return h
 }
 
