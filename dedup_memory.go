@@ -34,7 +34,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.claim(req, time.Now(), ""), nil
+	return s.claim(req, time.Now(), NewOwnerToken), nil
 }
 
 // ClaimBatch claims several distinct keys under one lock.
@@ -51,14 +51,14 @@ func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Cl
 	defer s.mu.Unlock()
 	now := time.Now()
 	for i := range reqs {
-		claims[i] = s.claim(reqs[i], now, ownerToken(owners, i))
+		claims[i] = s.claim(reqs[i], now, func() string { return ownerToken(owners, i) })
 	}
 	return claims, nil
 }
 
-// claim applies the state machine to one request; a claim it acquires is
-// owned by owner, or by a new token if owner is "". s.mu must be held.
-func (s *MemoryStore) claim(req ClaimRequest, now time.Time, owner string) Claim {
+// claim applies the state machine to one request; owner makes the token of
+// a claim it acquires, so that a refused claim costs none. s.mu must be held.
+func (s *MemoryStore) claim(req ClaimRequest, now time.Time, owner func() string) Claim {
 	rec, ok := s.records[req.Key]
 	if !ok || !now.Before(rec.ExpiresAt) {
 		// Expired counts as absent whatever its fingerprint: start afresh,
@@ -84,13 +84,10 @@ func (s *MemoryStore) claim(req ClaimRequest, now time.Time, owner string) Claim
 }
 
 // acquire gives rec to a new owner for one more attempt.
-func (s *MemoryStore) acquire(rec *Record, req ClaimRequest, now time.Time, owner string) {
+func (s *MemoryStore) acquire(rec *Record, req ClaimRequest, now time.Time, owner func() string) {
 	rec.Status = StatusProcessing
 	rec.Attempts++
-	if owner == "" {
-		owner = NewOwnerToken()
-	}
-	rec.Owner = owner
+	rec.Owner = owner()
 	rec.LeaseUntil = now.Add(req.Lease)
 	rec.UpdatedAt = now
 	rec.ExpiresAt = now.Add(req.TTL)
