@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -17,8 +18,12 @@ func (s *MemoryStore) Stuck(ctx context.Context, scope string, olderThan time.Du
 	now := time.Now()
 	var out []Record
 	for key, rec := range s.records {
-		if (scope == "" || key.Scope == scope) && rec.ExpiresAt.After(now) && isStuck(rec, olderThan, now) {
-			out = append(out, *rec)
+		if scope != "" && key.Scope != scope || now.UnixNano() >= rec.expiresAt {
+			continue
+		}
+		if r := rec.record(key); isStuck(&r, olderThan, now) {
+			r.Result = bytes.Clone(r.Result)
+			out = append(out, r)
 		}
 	}
 	slices.SortFunc(out, func(a, b Record) int { return a.UpdatedAt.Compare(b.UpdatedAt) })
@@ -36,7 +41,7 @@ func (s *MemoryStore) Forget(ctx context.Context, key Key, owner string) (bool, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, ok := s.records[key]
-	if !ok || rec.Owner != owner || rec.Status == StatusSucceeded {
+	if !ok || rec.owner != owner || rec.status == StatusSucceeded {
 		return false, nil
 	}
 	delete(s.records, key)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -12,15 +13,60 @@ import (
 // quickstart. Records live until [MemoryStore.Purge] removes expired ones.
 type MemoryStore struct {
 	mu sync.Mutex
-	// Records are held by pointer: a Record is larger than the 128 bytes a Go
-	// map stores inline, so by-value storage would allocate per insert anyway,
-	// and a pointer lets updates happen in place with one lookup.
-	records map[Key]*Record
+	// Records are held by pointer: a memRecord is larger than the 128 bytes
+	// a Go map stores inline, so by-value storage would allocate per insert
+	// anyway, and a pointer lets updates happen in place with one lookup.
+	records map[Key]*memRecord
+}
+
+// memRecord is a Record as the store holds it: the key is the map's and the
+// times are Unix nanoseconds (0: unset), which halves what a record costs to
+// allocate and leaves the garbage collector five pointers to follow, not
+// thirteen.
+type memRecord struct {
+	status       Status
+	fingerprint  string
+	owner        string
+	lastError    string
+	result       []byte
+	attempts     int
+	leaseUntil   int64
+	createdAt    int64
+	updatedAt    int64
+	expiresAt    int64
+	firstFailure int64
+	lastFailure  int64
+}
+
+// record returns rec as the Record of key. Its Result is the stored one:
+// callers handing it out copy it.
+func (rec *memRecord) record(key Key) Record {
+	return Record{Key: key, Status: rec.status, Fingerprint: rec.fingerprint, Attempts: rec.attempts,
+		Owner: rec.owner, LeaseUntil: unixTime(rec.leaseUntil), CreatedAt: unixTime(rec.createdAt),
+		UpdatedAt: unixTime(rec.updatedAt), ExpiresAt: unixTime(rec.expiresAt), LastError: rec.lastError,
+		FirstFailure: unixTime(rec.firstFailure), LastFailure: unixTime(rec.lastFailure), Result: rec.result}
+}
+
+// unixTime is the time of Unix nanoseconds ns, the zero time for 0.
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// later returns now plus d in Unix nanoseconds, or the latest time there is
+// when that overflows (a TTL of centuries).
+func later(now int64, d time.Duration) int64 {
+	if d > 0 && now > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return now + int64(d)
 }
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{records: make(map[Key]*Record)}
+	return &MemoryStore{records: make(map[Key]*memRecord)}
 }
 
 // Claim atomically creates or takes over the record for req.Key, or reports
@@ -34,7 +80,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.claim(req, time.Now(), NewOwnerToken), nil
+	return s.claim(req, time.Now().UnixNano(), NewOwnerToken), nil
 }
 
 // ClaimBatch claims several distinct keys under one lock.
@@ -49,58 +95,59 @@ func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Cl
 	owners := ownerTokens(len(reqs), 0) // one random read for the batch, before the lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
+	now := time.Now().UnixNano()
 	for i := range reqs {
 		claims[i] = s.claim(reqs[i], now, func() string { return ownerToken(owners, i) })
 	}
 	return claims, nil
 }
 
-// claim applies the state machine to one request; owner makes the token of
-// a claim it acquires, so that a refused claim costs none. s.mu must be held.
-func (s *MemoryStore) claim(req ClaimRequest, now time.Time, owner func() string) Claim {
+// claim applies the state machine to one request at now (Unix
+// nanoseconds); owner makes the token of a claim it acquires, so that a
+// refused claim costs none. s.mu must be held.
+func (s *MemoryStore) claim(req ClaimRequest, now int64, owner func() string) Claim {
 	rec, ok := s.records[req.Key]
-	if !ok || !now.Before(rec.ExpiresAt) {
+	if !ok || now >= rec.expiresAt {
 		// Expired counts as absent whatever its fingerprint: start afresh,
 		// reusing the old allocation when there is one.
 		if ok {
-			*rec = Record{}
+			*rec = memRecord{}
 		} else {
-			rec = new(Record)
+			rec = new(memRecord)
 			s.records[req.Key] = rec
 		}
-		rec.Key = req.Key
-		rec.Fingerprint = req.Fingerprint
-		rec.CreatedAt = now
-		s.acquire(rec, req, now, owner)
-		return Claim{Status: ClaimAcquired, Record: *rec}
+		rec.fingerprint = req.Fingerprint
+		rec.createdAt = now
+		acquire(rec, req, now, owner)
+		return Claim{Status: ClaimAcquired, Record: rec.record(req.Key)}
 	}
-	if MayTakeOver(*rec, req.Fingerprint, now) {
-		previous := rec.Status
-		s.acquire(rec, req, now, owner)
-		return Claim{Status: ClaimAcquired, Record: copyRecord(rec), Previous: previous}
+	r := rec.record(req.Key)
+	if MayTakeOver(r, req.Fingerprint, unixTime(now)) {
+		acquire(rec, req, now, owner)
+		return Claim{Status: ClaimAcquired, Record: rec.record(req.Key), Previous: r.Status}
 	}
-	return Claim{Status: Classify(*rec, req.Fingerprint), Record: copyRecord(rec)}
+	r.Result = bytes.Clone(r.Result)
+	return Claim{Status: Classify(r, req.Fingerprint), Record: r}
 }
 
-// acquire gives rec to a new owner for one more attempt.
-func (s *MemoryStore) acquire(rec *Record, req ClaimRequest, now time.Time, owner func() string) {
-	rec.Status = StatusProcessing
-	rec.Attempts++
-	rec.Owner = owner()
-	rec.LeaseUntil = now.Add(req.Lease)
-	rec.UpdatedAt = now
-	rec.ExpiresAt = now.Add(req.TTL)
+// acquire gives rec to a new owner for one more attempt at now.
+func acquire(rec *memRecord, req ClaimRequest, now int64, owner func() string) {
+	rec.status = StatusProcessing
+	rec.attempts++
+	rec.owner = owner()
+	rec.leaseUntil = later(now, req.Lease)
+	rec.updatedAt = now
+	rec.expiresAt = later(now, req.TTL)
 }
 
 // Complete marks the record succeeded with result if owner still holds it.
 func (s *MemoryStore) Complete(ctx context.Context, key Key, owner string, result []byte, ttl time.Duration) error {
 	result = bytes.Clone(result)
-	return s.update(ctx, "complete", key, owner, func(rec *Record, now time.Time) {
-		rec.Status = StatusSucceeded
-		rec.Result = result
-		rec.UpdatedAt = now
-		rec.ExpiresAt = now.Add(ttl)
+	return s.update(ctx, "complete", key, owner, func(rec *memRecord, now int64) {
+		rec.status = StatusSucceeded
+		rec.result = result
+		rec.updatedAt = now
+		rec.expiresAt = later(now, ttl)
 	})
 }
 
@@ -119,55 +166,55 @@ func (s *MemoryStore) CompleteBatch(ctx context.Context, cs []Completion) ([]err
 	errs := make([]error, len(cs))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
+	now := time.Now().UnixNano()
 	for i, c := range cs {
 		rec := s.held(c.Key, c.Owner, now)
 		if rec == nil {
 			errs[i] = fmt.Errorf("dedup: memory complete %s: %w", c.Key, ErrLeaseLost)
 			continue
 		}
-		rec.Status = StatusSucceeded
-		rec.Result = results[i]
-		rec.UpdatedAt = now
-		rec.ExpiresAt = now.Add(c.TTL)
+		rec.status = StatusSucceeded
+		rec.result = results[i]
+		rec.updatedAt = now
+		rec.expiresAt = later(now, c.TTL)
 	}
 	return errs, nil
 }
 
 // Fail records a failed attempt if owner still holds the record.
 func (s *MemoryStore) Fail(ctx context.Context, key Key, owner string, f Failure) error {
-	return s.update(ctx, "fail", key, owner, func(rec *Record, now time.Time) {
-		rec.Status = StatusFailedRetryable
+	return s.update(ctx, "fail", key, owner, func(rec *memRecord, now int64) {
+		rec.status = StatusFailedRetryable
 		if f.Final {
-			rec.Status = StatusFailedFinal
+			rec.status = StatusFailedFinal
 		}
-		rec.LastError = f.Error
-		if rec.FirstFailure.IsZero() {
-			rec.FirstFailure = now
+		rec.lastError = f.Error
+		if rec.firstFailure == 0 {
+			rec.firstFailure = now
 		}
-		rec.LastFailure = now
-		rec.UpdatedAt = now
-		rec.ExpiresAt = now.Add(f.TTL)
+		rec.lastFailure = now
+		rec.updatedAt = now
+		rec.expiresAt = later(now, f.TTL)
 	})
 }
 
 // Extend pushes the lease of a held record to lease from now.
 func (s *MemoryStore) Extend(ctx context.Context, key Key, owner string, lease time.Duration) error {
-	return s.update(ctx, "extend", key, owner, func(rec *Record, now time.Time) {
-		rec.LeaseUntil = now.Add(lease)
-		rec.UpdatedAt = now
+	return s.update(ctx, "extend", key, owner, func(rec *memRecord, now int64) {
+		rec.leaseUntil = later(now, lease)
+		rec.updatedAt = now
 	})
 }
 
 // update applies f to the record of key while owner holds it, or returns
 // ErrLeaseLost; op names the operation in errors.
-func (s *MemoryStore) update(ctx context.Context, op string, key Key, owner string, f func(rec *Record, now time.Time)) error {
+func (s *MemoryStore) update(ctx context.Context, op string, key Key, owner string, f func(rec *memRecord, now int64)) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("dedup: memory %s %s: %w", op, key, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
+	now := time.Now().UnixNano()
 	rec := s.held(key, owner, now)
 	if rec == nil {
 		return fmt.Errorf("dedup: memory %s %s: %w", op, key, ErrLeaseLost)
@@ -176,12 +223,13 @@ func (s *MemoryStore) update(ctx context.Context, op string, key Key, owner stri
 	return nil
 }
 
-// held returns the live PROCESSING record of key owned by owner, or nil.
-// The lease deadline is not checked: fencing is on the token, so a lapsed
-// lease nobody took over may still be settled by its owner.
-func (s *MemoryStore) held(key Key, owner string, now time.Time) *Record {
+// held returns the live PROCESSING record of key owned by owner at now
+// (Unix nanoseconds), or nil. The lease deadline is not checked: fencing is
+// on the token, so a lapsed lease nobody took over may still be settled by
+// its owner.
+func (s *MemoryStore) held(key Key, owner string, now int64) *memRecord {
 	rec, ok := s.records[key]
-	if !ok || !now.Before(rec.ExpiresAt) || rec.Owner != owner || rec.Status != StatusProcessing {
+	if !ok || now >= rec.expiresAt || rec.owner != owner || rec.status != StatusProcessing {
 		return nil
 	}
 	return rec
@@ -195,10 +243,12 @@ func (s *MemoryStore) Get(ctx context.Context, key Key) (Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, ok := s.records[key]
-	if !ok || !time.Now().Before(rec.ExpiresAt) {
+	if !ok || time.Now().UnixNano() >= rec.expiresAt {
 		return Record{}, fmt.Errorf("dedup: memory get %s: %w", key, ErrNotFound)
 	}
-	return copyRecord(rec), nil
+	r := rec.record(key)
+	r.Result = bytes.Clone(r.Result)
+	return r, nil
 }
 
 // Purge deletes expired records and returns how many it removed.
@@ -208,23 +258,15 @@ func (s *MemoryStore) Purge(ctx context.Context) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
+	now := time.Now().UnixNano()
 	n := 0
 	for key, rec := range s.records {
-		if !now.Before(rec.ExpiresAt) {
+		if now >= rec.expiresAt {
 			delete(s.records, key)
 			n++
 		}
 	}
 	return n, nil
-}
-
-// copyRecord returns *rec with its own Result, so callers cannot change the
-// stored one.
-func copyRecord(rec *Record) Record {
-	out := *rec
-	out.Result = bytes.Clone(rec.Result)
-	return out
 }
 
 var (
@@ -235,10 +277,10 @@ var (
 // Release gives back a claim whose handler never started: the record becomes
 // claimable at once and the attempt is not counted.
 func (s *MemoryStore) Release(ctx context.Context, key Key, owner string) error {
-	return s.update(ctx, "release", key, owner, func(rec *Record, now time.Time) {
-		rec.Status = StatusFailedRetryable
-		rec.Attempts--
-		rec.LeaseUntil = now
-		rec.UpdatedAt = now
+	return s.update(ctx, "release", key, owner, func(rec *memRecord, now int64) {
+		rec.status = StatusFailedRetryable
+		rec.attempts--
+		rec.leaseUntil = now
+		rec.updatedAt = now
 	})
 }

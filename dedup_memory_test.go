@@ -78,3 +78,30 @@ func BenchmarkMemoryStoreClaimComplete(b *testing.B) {
 		}
 	}
 }
+
+// A TTL or lease of centuries, a way to say "keep it", must not wrap around
+// into the past: the record stays live and held.
+func TestMemoryStoreKeepsRecordsOfCenturiesLive(t *testing.T) {
+	ctx := context.Background()
+	s := dedup.NewMemoryStore()
+	k := dedup.Key{Scope: "s", EventID: "forever"}
+	const forever = time.Duration(1<<63 - 1)
+	c, err := s.Claim(ctx, dedup.ClaimRequest{Key: k, Fingerprint: "fp", Lease: forever, TTL: forever})
+	require.NoError(t, err)
+	require.Equal(t, dedup.ClaimAcquired, c.Status)
+	require.True(t, c.Record.ExpiresAt.After(time.Now().AddDate(200, 0, 0)), "expires at %v", c.Record.ExpiresAt)
+	require.True(t, c.Record.LeaseUntil.After(time.Now().AddDate(200, 0, 0)), "lease until %v", c.Record.LeaseUntil)
+
+	again, err := s.Claim(ctx, dedup.ClaimRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Equal(t, dedup.ClaimInFlight, again.Status)
+
+	require.NoError(t, s.Complete(ctx, k, c.Record.Owner, []byte("r"), forever))
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, dedup.StatusSucceeded, rec.Status)
+	require.Equal(t, []byte("r"), rec.Result)
+	n, err := s.Purge(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
