@@ -16,6 +16,7 @@ import (
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
 	"github.com/dedupkit/dedup/internal/awsfault"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/outbox"
 	"github.com/dedupkit/dedup/outbox/sqsoutbox"
@@ -47,11 +48,13 @@ func receiveAll(t *testing.T, client *sqs.Client, url string, want int, within t
 	deadline := time.Now().Add(within)
 	for len(got) < want && time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// KeepConnection: an answer thrown away would hide its messages for
+		// the queue's visibility timeout, longer than the test waits.
 		out, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
 			MessageAttributeNames:       []string{"All"},
 			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
-		})
+		}, sqsbody.KeepConnection)
 		cancel()
 		require.NoError(t, err)
 		for _, m := range out.Messages {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -92,7 +93,7 @@ func receive(t *testing.T, c *sqs.Client, url string, wait time.Duration) []type
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
 		//lint:ignore SA1019 some SQS-compatible endpoints read only the older parameter
 		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll},
-	})
+	}, sqsbody.KeepConnection)
 	if err != nil {
 		t.Fatalf("receive from %s: %v", url, err)
 	}

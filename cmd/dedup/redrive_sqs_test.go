@@ -12,6 +12,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -58,7 +59,7 @@ func TestRedriveSQS(t *testing.T) {
 	got := map[string]string{}
 	for len(got) < 5 {
 		recv, err := client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(origin), MaxNumberOfMessages: 10,
-			WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
+			WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}}, sqsbody.KeepConnection)
 		require.NoError(t, err)
 		require.NotEmpty(t, recv.Messages, "origin queue holds %d of 5", len(got))
 		for _, m := range recv.Messages {
@@ -87,7 +88,8 @@ func TestRedriveSQS(t *testing.T) {
 func visible(t *testing.T, client *sqs.Client, url string) []string {
 	t.Helper()
 	recv, err := client.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{QueueUrl: aws.String(url),
-		MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}, VisibilityTimeout: 1})
+		MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}, VisibilityTimeout: 1},
+		sqsbody.KeepConnection)
 	require.NoError(t, err)
 	var ids []string
 	for _, m := range recv.Messages {

@@ -1,7 +1,7 @@
 // Package sqsbody keeps the answers of SQS calls made on a fast endpoint or
 // a loaded machine from being thrown away and their calls made again: the
-// receive of sqsdedup, the redrive of the dedup command and dedupbench use
-// it.
+// receive of sqsdedup, the sends of sqsoutbox, the redrive of the dedup
+// command and dedupbench use it.
 package sqsbody
 
 import (

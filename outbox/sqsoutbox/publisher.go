@@ -26,6 +26,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 	"github.com/dedupkit/dedup/outbox"
 )
 
@@ -174,7 +175,10 @@ func (p *Publisher) send(ctx context.Context, url string, call []pendingEntry, e
 	for j, pe := range call {
 		entries[j] = pe.entry
 	}
-	out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries})
+	// KeepConnection: an answer thrown away under load would have the SDK
+	// send the call again, each of its messages a second time.
+	out, err := p.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: entries},
+		sqsbody.KeepConnection)
 	if err != nil && refusesEntry(err) {
 		if len(call) == 1 {
 			errs[call[0].i] = dedup.Permanent(fmt.Errorf("sqsoutbox: send to %s: message of %d bytes refused on its own: %w", url, call[0].size, err))

@@ -19,6 +19,7 @@ import (
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
 	"github.com/dedupkit/dedup/internal/crashtest"
+	"github.com/dedupkit/dedup/internal/sqsbody"
 )
 
 // soak reports whether DEDUP_SOAK=1 asks for the long campaigns.
@@ -167,7 +168,7 @@ func drainDLQ(t *testing.T, c *sqs.Client, url string) []types.Message {
 			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
 			//lint:ignore SA1019 some SQS-compatible endpoints read only the older parameter
 			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameAll},
-		})
+		}, sqsbody.KeepConnection)
 		if err != nil {
 			t.Fatalf("receive from %s: %v", url, err)
 		}
