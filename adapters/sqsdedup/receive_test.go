@@ -75,7 +75,11 @@ func TestReceiveClaimedAndCompletedTogether(t *testing.T) {
 				}
 				rec.effect(eventID(m))
 				return nil
-			})
+			},
+				// Successes wait for one another at most a third of the lease
+				// (or the batch wait): long, so that ten handlers returning
+				// at once on a loaded machine are still written together.
+				dedup.WithLease(time.Minute), dedup.WithBatchCompletion(time.Minute))
 			stop := start(t, c, url, w)
 			waitFor(t, 30*time.Second, "every message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == n })
 			stop()
