@@ -11,12 +11,27 @@ import (
 
 func testExpiredRecordCountsAsAbsent(t *testing.T, s dedup.Store) {
 	scope := newScope(t)
+	batched := func(status dedup.Status) dedup.Key { return key(scope, "batch-"+string(status)) }
 	// A processing record keeps its long lease: expiry beats a live lease.
 	for _, status := range statuses {
 		create(t, s, key(scope, string(status)), status, shortTTL)
+		create(t, s, batched(status), status, shortTTL)
 	}
 
 	time.Sleep(ttlWait)
+
+	// Claimed together, the expired records start afresh too, and each
+	// claim's record is the one stored.
+	var reqs []dedup.ClaimRequest
+	for _, status := range statuses {
+		reqs = append(reqs, request(batched(status), "other"))
+	}
+	for i, c := range claimBatch(t, s, reqs) {
+		require.Equal(t, dedup.ClaimAcquired, c.Status, statuses[i])
+		require.Equal(t, 1, c.Record.Attempts, statuses[i])
+		require.Empty(t, c.Previous, statuses[i])
+		requireSameRecord(t, get(t, s, reqs[i].Key), c.Record)
+	}
 
 	for _, status := range statuses {
 		k := key(scope, string(status))
