@@ -1,7 +1,6 @@
 package dedup
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -18,12 +17,8 @@ func (s *MemoryStore) Stuck(ctx context.Context, scope string, olderThan time.Du
 	now := time.Now()
 	var out []Record
 	for key, rec := range s.records {
-		if scope != "" && key.Scope != scope || now.UnixNano() >= rec.expiresAt {
-			continue
-		}
-		if r := rec.record(key); isStuck(&r, olderThan, now) {
-			r.Result = bytes.Clone(r.Result)
-			out = append(out, r)
+		if r := rec.record(key); (scope == "" || key.Scope == scope) && r.ExpiresAt.After(now) && isStuck(&r, olderThan, now) {
+			out = append(out, rec.detached(key))
 		}
 	}
 	slices.SortFunc(out, func(a, b Record) int { return a.UpdatedAt.Compare(b.UpdatedAt) })

@@ -39,12 +39,20 @@ type memRecord struct {
 }
 
 // record returns rec as the Record of key. Its Result is the stored one:
-// callers handing it out copy it.
+// what a caller keeps is detached.
 func (rec *memRecord) record(key Key) Record {
 	return Record{Key: key, Status: rec.status, Fingerprint: rec.fingerprint, Attempts: rec.attempts,
 		Owner: rec.owner, LeaseUntil: unixTime(rec.leaseUntil), CreatedAt: unixTime(rec.createdAt),
 		UpdatedAt: unixTime(rec.updatedAt), ExpiresAt: unixTime(rec.expiresAt), LastError: rec.lastError,
 		FirstFailure: unixTime(rec.firstFailure), LastFailure: unixTime(rec.lastFailure), Result: rec.result}
+}
+
+// detached returns rec as the Record of key with a Result of its own, for a
+// caller to keep.
+func (rec *memRecord) detached(key Key) Record {
+	r := rec.record(key)
+	r.Result = bytes.Clone(r.Result)
+	return r
 }
 
 // unixTime is the time of Unix nanoseconds ns, the zero time for 0.
@@ -246,9 +254,7 @@ func (s *MemoryStore) Get(ctx context.Context, key Key) (Record, error) {
 	if !ok || time.Now().UnixNano() >= rec.expiresAt {
 		return Record{}, fmt.Errorf("dedup: memory get %s: %w", key, ErrNotFound)
 	}
-	r := rec.record(key)
-	r.Result = bytes.Clone(r.Result)
-	return r, nil
+	return rec.detached(key), nil
 }
 
 // Purge deletes expired records and returns how many it removed.
