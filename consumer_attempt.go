@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/outage"
 )
 
@@ -100,7 +101,7 @@ func (s storeAttempt[M]) end(context.Context, *delivery[M]) {}
 // runs the handler with a heartbeat and panic recovery, and records the
 // outcome. When later is not nil, a success is appended to it, for the
 // caller to complete with others, instead of being completed here.
-func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att attempt[M], later *[]Completion) (Result, error) {
+func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att attempt[M], later *[]deduptype.Completion) (Result, error) {
 	res := Result{Key: d.key, Attempts: c.Record.Attempts}
 	switch c.Status {
 	case ClaimDuplicate, ClaimFinal:
@@ -142,7 +143,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 		w.warnNilAfterCancel(d.key)
 	}
 	if err == nil && later != nil {
-		*later = append(*later, Completion{Key: d.key, Owner: d.owner, TTL: w.cfg.ttl, Locator: d.locator})
+		*later = append(*later, deduptype.Completion{Key: d.key, Owner: d.owner, TTL: w.cfg.ttl, Locator: d.locator})
 		res.Outcome = OutcomeProcessed
 		return res, nil
 	}

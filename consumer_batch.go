@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -168,7 +169,7 @@ type batch[M any] struct {
 	// reqs and comps are the runners' claim and completion buffers, kept
 	// with the batch for reuse.
 	reqs  []ClaimRequest
-	comps []Completion
+	comps []deduptype.Completion
 }
 
 type pendingResult struct {
@@ -419,7 +420,7 @@ func (r eachRunner[M]) abandon(context.Context, int) bool { return true }
 // again, the others are done. A completion refused after an earlier try
 // whose answer was lost counts as done when it landed. It returns one error
 // per completion.
-func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps []Completion, lease time.Duration) []error {
+func (w *Wrapper[M]) completeHeld(ctx context.Context, bc deduptype.BatchCompleter, comps []deduptype.Completion, lease time.Duration) []error {
 	errs := make([]error, len(comps))
 	pending := make([]int, len(comps))
 	for i := range pending {
@@ -446,7 +447,7 @@ func (w *Wrapper[M]) completeHeld(ctx context.Context, bc BatchCompleter, comps 
 				again, retry = append(again, i), cerr
 			}
 		}
-		pending, batch = again, make([]Completion, len(again))
+		pending, batch = again, make([]deduptype.Completion, len(again))
 		for k, i := range again {
 			batch[k] = comps[i]
 		}

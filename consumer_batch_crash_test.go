@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // dyingStore is the store as seen by a worker process that can die: once
@@ -27,11 +28,11 @@ func (s *dyingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.C
 
 var errDead = errors.New("the worker process is dead")
 
-func (s *dyingStore) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+func (s *dyingStore) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	if s.dead.Load() {
 		return nil, errDead
 	}
-	return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+	return s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, cs)
 }
 
 func (s *dyingStore) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
@@ -154,7 +155,7 @@ func TestBatchCompletionCrashLoopRepeatsEachEffectOnce(t *testing.T) {
 	for name, newStore := range stores() {
 		t.Run(name, func(t *testing.T) {
 			store, scope := newStore(t), uniqueScope(t)
-			if _, ok := store.(dedup.BatchCompleter); !ok {
+			if _, ok := store.(deduptype.BatchCompleter); !ok {
 				t.Skipf("%T completes one event at a time", store)
 			}
 			batch := []event{{ID: "before", Body: "a"}, {ID: "crasher", Body: "kills its worker"}, {ID: "after", Body: "b"}}

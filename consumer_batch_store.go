@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // storeRunner runs a HandleBatch on the store claim path: a segment's keys
@@ -26,14 +28,14 @@ type storeRunner[M any] struct {
 	// longer show that their worker died.
 	alone     bool
 	claimedAt time.Time
-	completer BatchCompleter // nil: each success is completed on its own
-	comps     []Completion   // successes waiting to be completed
-	flushBy   time.Time      // when comps must be written, at the latest
+	completer deduptype.BatchCompleter // nil: each success is completed on its own
+	comps     []deduptype.Completion   // successes waiting to be completed
+	flushBy   time.Time                // when comps must be written, at the latest
 }
 
 func newStoreRunner[M any](b *batch[M]) batchRunner[M] {
 	r := &storeRunner[M]{b: b}
-	if bc, ok := b.w.store.(BatchCompleter); ok && b.w.cfg.batchWait > 0 {
+	if bc, ok := b.w.store.(deduptype.BatchCompleter); ok && b.w.cfg.batchWait > 0 {
 		r.completer = bc
 	}
 	return r
@@ -130,7 +132,7 @@ func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
 			return p
 		}
 	}
-	var later *[]Completion
+	var later *[]deduptype.Completion
 	if r.completer != nil && !r.alone {
 		if r.comps == nil {
 			r.comps = slices.Grow(r.b.comps[:0], len(r.b.ds)-i)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // countingStore counts the completion writes reaching a real store.
@@ -29,9 +30,9 @@ func (s *countingStore) Complete(ctx context.Context, key dedup.Key, owner strin
 	return s.Store.Complete(ctx, key, owner, result, ttl)
 }
 
-func (s *countingStore) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+func (s *countingStore) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	s.batches.Add(1)
-	return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+	return s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, cs)
 }
 
 // flakyCompleter fails its first CompleteBatch calls: before writing
@@ -45,12 +46,12 @@ type flakyCompleter struct {
 
 var errCompleterDown = errors.New("store unreachable")
 
-func (s *flakyCompleter) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+func (s *flakyCompleter) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	n := int(s.calls.Add(1))
 	if n <= s.failures && !s.afterWrite {
 		return nil, errCompleterDown
 	}
-	errs, err := s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+	errs, err := s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, cs)
 	if n <= s.failures {
 		return nil, errCompleterDown
 	}
@@ -402,11 +403,11 @@ type itemFlaky struct {
 	calls atomic.Int32
 }
 
-func (s *itemFlaky) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+func (s *itemFlaky) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	if s.calls.Add(1) > 1 {
-		return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+		return s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, cs)
 	}
-	var write []dedup.Completion
+	var write []deduptype.Completion
 	var at []int
 	errs := make([]error, len(cs))
 	for i := range cs {
@@ -416,7 +417,7 @@ func (s *itemFlaky) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([
 		}
 		write, at = append(write, cs[i]), append(at, i)
 	}
-	done, err := s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, write)
+	done, err := s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, write)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/deduptest"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -349,7 +350,7 @@ func TestConcurrentBatches(t *testing.T) {
 		})
 		t.Run(name+"/batch-completion", func(t *testing.T) {
 			store := newStore(t)
-			if _, ok := store.(dedup.BatchCompleter); !ok {
+			if _, ok := store.(deduptype.BatchCompleter); !ok {
 				t.Skip("no batch completion")
 			}
 			var starts atomic.Int32

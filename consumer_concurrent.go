@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // HandleConcurrent processes msgs, whose order does not matter (the
@@ -54,10 +56,10 @@ type concurrentBatch[M any] struct {
 	claimOf []int // per delivery: its index in claims, or noClaim, or laterCopy
 	results []pendingResult
 
-	completer BatchCompleter // nil: each success is completed on its own
+	completer deduptype.BatchCompleter // nil: each success is completed on its own
 	mu        sync.Mutex
-	comps     []Completion // successes waiting to be completed
-	compOf    []int        // their deliveries
+	comps     []deduptype.Completion // successes waiting to be completed
+	compOf    []int                  // their deliveries
 }
 
 const (
@@ -100,7 +102,7 @@ func (c *concurrentBatch[M]) claim(ctx context.Context) error {
 		return fmt.Errorf("dedup: batch claim of %d keys answered %d", len(reqs), len(claims))
 	}
 	c.claims = claims
-	if bc, ok := w.store.(BatchCompleter); ok && w.cfg.batchWait > 0 {
+	if bc, ok := w.store.(deduptype.BatchCompleter); ok && w.cfg.batchWait > 0 {
 		c.completer = bc
 	}
 	return nil
@@ -166,8 +168,8 @@ func (c *concurrentBatch[M]) answerCopies(ctx context.Context) {
 // others. Its result is set under the lock that complete takes to mark a
 // completion failed.
 func (c *concurrentBatch[M]) settle(ctx context.Context, i int, claim Claim) {
-	var later *[]Completion
-	var comps []Completion
+	var later *[]deduptype.Completion
+	var comps []deduptype.Completion
 	if c.completer != nil {
 		later = &comps
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // defaultOutageThreshold is how long deliveries must keep failing to be
@@ -15,7 +17,7 @@ const defaultOutageThreshold = 30 * time.Second
 // kept failing to be made durable (the store or the dead-letter sink
 // unreachable) for [WithOutageThreshold] or longer; the transport adapters'
 // Health and Run report outages with it too.
-var ErrOutage = errors.New("dedup: store or dead-letter sink failing")
+var ErrOutage = deduptype.ErrOutage
 
 // Stats is what a [Wrapper] knows of its recent attempts to make a
 // delivery's outcome durable: recorded in the store and, for a dead letter,

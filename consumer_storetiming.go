@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -58,13 +59,13 @@ type timedStore struct {
 
 type timedBatchStore struct {
 	timedStore
-	bc BatchCompleter
+	bc deduptype.BatchCompleter
 }
 
 // timed returns store with its calls timed by t.
 func timed(store Store, t *storeTimer) Store {
 	ts := timedStore{Store: store, t: t}
-	if bc, ok := store.(BatchCompleter); ok {
+	if bc, ok := store.(deduptype.BatchCompleter); ok {
 		return timedBatchStore{timedStore: ts, bc: bc}
 	}
 	return ts
@@ -110,7 +111,7 @@ func (s timedStore) Purge(ctx context.Context) (int, error) {
 	return s.Store.Purge(ctx)
 }
 
-func (s timedBatchStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
+func (s timedBatchStore) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	defer s.t.since(ctx, opCompleteBatch, time.Now())
 	return s.bc.CompleteBatch(ctx, cs)
 }

@@ -56,10 +56,14 @@ type telemetry struct {
 	// "error" last; scopeRecord and scopeAdd the others'. Built once, slices
 	// included: building them, or passing a single option, per
 	// delivery would allocate.
-	byOutcome   [len(outcomeNames) + 1][]metric.AddOption
+	byOutcome   [numOutcomes + 1][]metric.AddOption
 	scopeRecord []metric.RecordOption
 	scopeAdd    []metric.AddOption
 }
+
+// numOutcomes counts the values of Outcome up to the last, the zero one
+// included.
+const numOutcomes = int(OutcomeConflict) + 1
 
 func newTelemetry(cfg *config) (*telemetry, error) {
 	tracer, m, ok := otelkit.TracerMeter(cfg.tracerProvider, cfg.meterProvider, instrumentation)
@@ -88,10 +92,10 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	if t.storeCalls, err = newStoreTimer(m, t.scope); err != nil {
 		return nil, err
 	}
-	for o := range outcomeNames {
+	for o := range numOutcomes {
 		t.byOutcome[o] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", Outcome(o).String())))}
 	}
-	t.byOutcome[len(outcomeNames)] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", "error")))}
+	t.byOutcome[numOutcomes] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(t.scope, attribute.String("dedup.outcome", "error")))}
 	byScope := metric.WithAttributeSet(attribute.NewSet(t.scope))
 	t.scopeRecord, t.scopeAdd = []metric.RecordOption{byScope}, []metric.AddOption{byScope}
 	t.meter = true
@@ -121,8 +125,8 @@ func (t *telemetry) end(ctx context.Context, span trace.Span, res Result, err er
 		return
 	}
 	o := int(res.Outcome)
-	if err != nil || o < 0 || o >= len(outcomeNames) {
-		o = len(outcomeNames) // "error"
+	if err != nil || o < 0 || o >= numOutcomes {
+		o = numOutcomes // "error"
 	}
 	if t.meter {
 		t.deliveries.Add(ctx, 1, t.byOutcome[o]...)
@@ -131,7 +135,7 @@ func (t *telemetry) end(ctx context.Context, span trace.Span, res Result, err er
 		return
 	}
 	outcome := "error"
-	if o < len(outcomeNames) {
+	if o < numOutcomes {
 		outcome = Outcome(o).String()
 	}
 	span.SetAttributes(attribute.String("dedup.outcome", outcome), attribute.Int("dedup.attempts", res.Attempts))

@@ -2,7 +2,6 @@ package dedup_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -635,16 +634,4 @@ func TestScope(t *testing.T) {
 	_, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(context.Context, event) error { return nil },
 		dedup.WithScope(dedup.Scope("billing", "charge\x00")), dedup.WithSink(dedup.NewMemorySink()))
 	require.ErrorIs(t, err, dedup.ErrConfig)
-}
-
-// A Result reads as names in JSON, and reads back.
-func TestResultMarshalsOutcomeNames(t *testing.T) {
-	res := dedup.Result{Outcome: dedup.OutcomeDeadLettered, Key: dedup.Key{Scope: "orders", EventID: "e-1"}, Attempts: 3}
-	b, err := json.Marshal(res)
-	require.NoError(t, err)
-	require.Contains(t, string(b), `"Outcome":"dead-lettered"`)
-	var back dedup.Result
-	require.NoError(t, json.Unmarshal(b, &back))
-	require.Equal(t, res.Outcome, back.Outcome)
-	require.Error(t, json.Unmarshal([]byte(`{"Outcome":"shipped"}`), &back))
 }

@@ -1,17 +1,20 @@
 package dedup
 
 import (
-	"errors"
-	"fmt"
-	"strconv"
-	"strings"
+	"context"
 	"time"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/dedupkit/dedup/deduptype"
 )
 
+// This file is the vocabulary a user's code names, declared in package
+// deduptype so that stores, adapters and front ends share it without
+// importing this package, and the [Store] contract. Each name here is an
+// alias: dedup.Key and deduptype.Key are one type, and errors.Is matches
+// either name of a sentinel error.
+
 // MaxIDLen is the longest event ID or scope, in bytes, that a key may hold.
-const MaxIDLen = 255
+const MaxIDLen = deduptype.MaxIDLen
 
 // Sentinel errors returned by stores and the wrapper; test with errors.Is.
 // They come wrapped in an error that names the package, the operation and
@@ -19,132 +22,93 @@ const MaxIDLen = 255
 var (
 	// ErrLeaseLost means the caller's claim was taken over by another owner
 	// (its lease expired) or the record changed, so the write was refused.
-	ErrLeaseLost = errors.New("lease lost")
+	ErrLeaseLost = deduptype.ErrLeaseLost
 	// ErrInvalidKey means a scope or event ID is empty, too long or contains
 	// control characters. Nothing was written.
-	ErrInvalidKey = errors.New("invalid key")
+	ErrInvalidKey = deduptype.ErrInvalidKey
 	// ErrFingerprintConflict means the key is already recorded with another
 	// fingerprint: the producer reused an event ID for a different event.
-	ErrFingerprintConflict = errors.New("fingerprint conflict")
+	ErrFingerprintConflict = deduptype.ErrFingerprintConflict
 	// ErrNotFound means the store holds no live record for the key.
-	ErrNotFound = errors.New("record not found")
+	ErrNotFound = deduptype.ErrNotFound
 	// ErrMalformedRecord means the store returned a record it cannot decode.
-	ErrMalformedRecord = errors.New("malformed record")
+	ErrMalformedRecord = deduptype.ErrMalformedRecord
 )
-
-// Status is the state of a record; see the state machine in the README.
-type Status string
-
-// The statuses a record moves through.
-const (
-	StatusProcessing      Status = "PROCESSING"
-	StatusSucceeded       Status = "SUCCEEDED"
-	StatusFailedRetryable Status = "FAILED_RETRYABLE"
-	StatusFailedFinal     Status = "FAILED_FINAL"
-)
-
-// Valid reports whether s is one of the four statuses.
-func (s Status) Valid() bool {
-	switch s {
-	case StatusProcessing, StatusSucceeded, StatusFailedRetryable, StatusFailedFinal:
-		return true
-	}
-	return false
-}
 
 // Key identifies one logical event within a scope (normally a consumer and
 // handler name, optionally a tenant).
-type Key struct {
-	Scope   string
-	EventID string
-}
-
-// String returns the key for logs and errors as scope/eventID, the scope
-// quoted when it contains a '/' or starts with a quote, so that every key
-// reads back one way: "billing/charge"/e1. The zero Key is "". A part
-// longer than [MaxIDLen], which no valid key has, is cut and its length
-// said.
-func (k Key) String() string {
-	scope, id := cutID(k.Scope), cutID(k.EventID)
-	switch {
-	case k == Key{}:
-		return ""
-	case strings.Contains(scope, "/") || strings.HasPrefix(scope, `"`):
-		return strconv.Quote(scope) + "/" + id
-	}
-	return scope + "/" + id
-}
-
-// cutID returns s, or, when it is longer than any valid ID, its first 64
-// bytes and its length: a log line of a refused key
-// says what it began with without repeating kilobytes of it.
-func cutID(s string) string {
-	if len(s) <= MaxIDLen {
-		return s
-	}
-	// A character cut in two is dropped, as invalid UTF-8 is.
-	return fmt.Sprintf("%s...(%d bytes)", strings.ToValidUTF8(s[:64], ""), len(s))
-}
+type Key = deduptype.Key
 
 // KeyError describes why a key was rejected. It matches [ErrInvalidKey].
-type KeyError struct {
-	Key    Key
-	Reason string
-}
+type KeyError = deduptype.KeyError
 
-func (e *KeyError) Error() string {
-	return fmt.Sprintf("invalid key (scope %q, event ID %q): %s", cutID(e.Key.Scope), cutID(e.Key.EventID), e.Reason)
-}
+// Status is the state of a record; see the state machine in the README.
+type Status = deduptype.Status
 
-// Unwrap returns [ErrInvalidKey].
-func (e *KeyError) Unwrap() error { return ErrInvalidKey }
-
-// Validate returns a *KeyError when the scope or event ID is empty, longer
-// than [MaxIDLen] bytes, not valid UTF-8, or contains control characters.
-func (k Key) Validate() error {
-	if reason := checkID(k.Scope); reason != "" {
-		return &KeyError{Key: k, Reason: "scope " + reason}
-	}
-	if reason := checkID(k.EventID); reason != "" {
-		return &KeyError{Key: k, Reason: "event ID " + reason}
-	}
-	return nil
-}
-
-func checkID(s string) string {
-	switch {
-	case s == "":
-		return "is empty"
-	case len(s) > MaxIDLen:
-		return fmt.Sprintf("is %d bytes, over %d", len(s), MaxIDLen)
-	case !utf8.ValidString(s):
-		return "is not valid UTF-8"
-	}
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			return fmt.Sprintf("contains control character %U", r)
-		}
-	}
-	return ""
-}
+// The statuses a record moves through.
+const (
+	StatusProcessing      = deduptype.StatusProcessing
+	StatusSucceeded       = deduptype.StatusSucceeded
+	StatusFailedRetryable = deduptype.StatusFailedRetryable
+	StatusFailedFinal     = deduptype.StatusFailedFinal
+)
 
 // Record is what a store keeps per key.
-type Record struct {
-	Key         Key
-	Status      Status
-	Fingerprint string
-	// Attempts counts handler starts for this key, crash loops included.
-	Attempts int
-	// Owner is the token of the claim that holds or last held the lease.
-	Owner      string
-	LeaseUntil time.Time
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
-	ExpiresAt  time.Time
-	// LastError is the error text of the latest failed attempt.
-	LastError    string
-	FirstFailure time.Time
-	LastFailure  time.Time
-	// Result is what the handler stored on success, if anything.
-	Result []byte
+type Record = deduptype.Record
+
+// ClaimRequest asks a store to claim one key.
+type ClaimRequest = deduptype.ClaimRequest
+
+// ClaimStatus is a store's answer to a claim.
+type ClaimStatus = deduptype.ClaimStatus
+
+// The answers a claim can get, one per row of the state machine; see
+// [deduptype.ClaimAcquired] and the rest.
+const (
+	ClaimAcquired  = deduptype.ClaimAcquired
+	ClaimDuplicate = deduptype.ClaimDuplicate
+	ClaimInFlight  = deduptype.ClaimInFlight
+	ClaimConflict  = deduptype.ClaimConflict
+	ClaimFinal     = deduptype.ClaimFinal
+)
+
+// Claim is the result of claiming one key.
+type Claim = deduptype.Claim
+
+// Failure describes a failed attempt for [Store.Fail].
+type Failure = deduptype.Failure
+
+// Store keeps dedup records. Implementations must make Claim atomic (one
+// conditional write, never check-then-insert) and fence Complete, Fail and
+// Extend on the owner token. The deduptest package checks a Store against
+// this contract; package deduptype holds the kit its implementations share.
+type Store interface {
+	// Claim atomically creates or takes over the record for req.Key, or
+	// reports why it cannot. An invalid key returns an error matching
+	// ErrInvalidKey and writes nothing.
+	Claim(ctx context.Context, req ClaimRequest) (Claim, error)
+	// ClaimBatch claims several distinct keys, answering exactly as the
+	// same claims made one by one would; results are in request order. Any
+	// invalid or repeated key fails the whole batch before anything is
+	// written (deduptype.ValidateBatch checks both): the wrapper sends each
+	// key of a batch once and answers its later copies itself.
+	ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error)
+	// Complete marks the record succeeded, keeping result, if owner still
+	// holds it; otherwise it returns ErrLeaseLost and changes nothing.
+	Complete(ctx context.Context, key Key, owner string, result []byte, ttl time.Duration) error
+	// Fail records a failed attempt if owner still holds the record;
+	// otherwise it returns ErrLeaseLost and changes nothing.
+	Fail(ctx context.Context, key Key, owner string, f Failure) error
+	// Extend pushes the lease of a held record to lease from now, or returns
+	// ErrLeaseLost.
+	Extend(ctx context.Context, key Key, owner string, lease time.Duration) error
+	// Release gives back a claim whose handler never started, so the key can
+	// be claimed again at once and the attempt is not counted. It returns
+	// ErrLeaseLost if owner no longer holds the record.
+	Release(ctx context.Context, key Key, owner string) error
+	// Get returns the live record for key, or ErrNotFound (expired records
+	// count as absent).
+	Get(ctx context.Context, key Key) (Record, error)
+	// Purge deletes expired records and returns how many it removed.
+	Purge(ctx context.Context) (int, error)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // Attribute names of a DynamoDB record item.
@@ -96,8 +97,8 @@ func newDDBStatements(table string) ddbStatements {
 }
 
 var (
-	_ Store          = (*DynamoDBStore)(nil)
-	_ BatchCompleter = (*DynamoDBStore)(nil)
+	_ Store                    = (*DynamoDBStore)(nil)
+	_ deduptype.BatchCompleter = (*DynamoDBStore)(nil)
 )
 
 // NewDynamoDBStore returns a store on the table [WithTable] names, else
@@ -208,8 +209,8 @@ func (s *DynamoDBStore) claim(ctx context.Context, req ClaimRequest) (Claim, err
 			return Claim{Status: ClaimAcquired, Record: *won}, nil
 		case blocking == nil:
 			continue
-		case !MayTakeOver(*blocking, req.Fingerprint, time.UnixMilli(now)):
-			return Claim{Status: Classify(*blocking, req.Fingerprint), Record: *blocking}, nil
+		case !deduptype.MayTakeOver(*blocking, req.Fingerprint, time.UnixMilli(now)):
+			return Claim{Status: deduptype.Classify(*blocking, req.Fingerprint), Record: *blocking}, nil
 		}
 		taken, blocking, err := s.takeOver(ctx, req, now)
 		switch {
@@ -218,7 +219,7 @@ func (s *DynamoDBStore) claim(ctx context.Context, req ClaimRequest) (Claim, err
 		case taken != nil:
 			return *taken, nil
 		case blocking != nil:
-			return Claim{Status: Classify(*blocking, req.Fingerprint), Record: *blocking}, nil
+			return Claim{Status: deduptype.Classify(*blocking, req.Fingerprint), Record: *blocking}, nil
 		}
 	}
 	return Claim{}, errors.New("the item kept vanishing under concurrent writes")
@@ -228,7 +229,7 @@ func (s *DynamoDBStore) claim(ctx context.Context, req ClaimRequest) (Claim, err
 // returns its record. When the write is refused, it returns the live record
 // that refused it instead, or neither when that one has vanished since.
 func (s *DynamoDBStore) create(ctx context.Context, req ClaimRequest, now int64) (won, blocking *Record, err error) {
-	rec := freshRecord(req, NewOwnerToken(), now)
+	rec := freshRecord(req, deduptype.NewOwnerToken(), now)
 	_, err = s.client.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.table),
 		Item:                                encodeRecord(rec),
@@ -264,7 +265,7 @@ func freshRecord(req ClaimRequest, owner string, now int64) Record {
 // the write is refused, it returns the live record that refused it instead,
 // or neither when that one has vanished since.
 func (s *DynamoDBStore) takeOver(ctx context.Context, req ClaimRequest, now int64) (taken *Claim, blocking *Record, err error) {
-	owner := NewOwnerToken()
+	owner := deduptype.NewOwnerToken()
 	lease, expires := now+req.Lease.Milliseconds(), now+req.TTL.Milliseconds()
 	out, err := s.client.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName: aws.String(s.table),
@@ -343,7 +344,7 @@ func (s *DynamoDBStore) refusal(ctx context.Context, key Key, err error, now int
 // A key that has an item, live or expired, is then claimed as Claim claims
 // it, concurrently with the others.
 func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
-	if err := ValidateBatch(reqs); err != nil {
+	if err := deduptype.ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: dynamodb claim batch: %w", err)
 	}
 	claims := make([]Claim, len(reqs))
@@ -388,10 +389,10 @@ func (s *DynamoDBStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 // claimed one by one.
 func (s *DynamoDBStore) insertStatements(ctx context.Context, reqs []ClaimRequest, sent []Record, claims []Claim, rest []bool) error {
 	now := time.Now().UnixMilli()
-	owners := ownerTokens(len(reqs), 0)
+	owners := deduptype.NewOwnerTokens(len(reqs), 0)
 	stmts := make([]types.BatchStatementRequest, len(reqs))
 	for i := range reqs {
-		sent[i] = freshRecord(reqs[i], ownerToken(owners, i), now)
+		sent[i] = freshRecord(reqs[i], owners.At(i), now)
 		item := encodeRecord(sent[i])
 		params := make([]types.AttributeValue, len(ddbFreshAttrs))
 		for k, a := range ddbFreshAttrs {
@@ -494,8 +495,8 @@ const ddbStatementBatch = 25
 // ErrLeaseLost when its condition failed, the statement's or its request's
 // error otherwise (a throttled statement, an unreachable endpoint), which
 // the wrapper tries again.
-func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
-	if err := validateCompletions(cs); err != nil {
+func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
+	if err := deduptype.ValidateCompletions(cs); err != nil {
 		return nil, err
 	}
 	errs := make([]error, len(cs))
@@ -516,7 +517,7 @@ func (s *DynamoDBStore) CompleteBatch(ctx context.Context, cs []Completion) ([]e
 // completeStatements completes cs in one BatchExecuteStatement, setting
 // errs[i] for each completion i that failed, all of them when the request
 // did.
-func (s *DynamoDBStore) completeStatements(ctx context.Context, cs []Completion, errs []error) error {
+func (s *DynamoDBStore) completeStatements(ctx context.Context, cs []deduptype.Completion, errs []error) error {
 	now := time.Now().UnixMilli()
 	stmts := make([]types.BatchStatementRequest, len(cs))
 	for i := range cs {
@@ -564,7 +565,7 @@ func (s *DynamoDBStore) completeStatements(ctx context.Context, cs []Completion,
 
 // completeEach completes cs one request each, at most 16 at a time, setting
 // errs[i] for each completion i that failed.
-func (s *DynamoDBStore) completeEach(ctx context.Context, cs []Completion, errs []error) error {
+func (s *DynamoDBStore) completeEach(ctx context.Context, cs []deduptype.Completion, errs []error) error {
 	return ddbForEach(ctx, len(cs), func(ctx context.Context, i int) error {
 		c := &cs[i]
 		errs[i] = s.Complete(ctx, c.Key, c.Owner, c.Result, c.TTL)

@@ -16,13 +16,14 @@ import (
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // newDynamoDBTable creates a table of its own for the test, deleted after it.
 func newDynamoDBTable(t testing.TB, client *dynamodb.Client) string {
 	t.Helper()
-	table := "dedup-test-" + dedup.NewOwnerToken()[:12]
+	table := "dedup-test-" + deduptype.NewOwnerToken()[:12]
 	ctx := context.Background()
 	if err := dedup.CreateDynamoDBTable(ctx, client, dedup.WithTable(table)); err != nil {
 		t.Fatal(err)
@@ -411,7 +412,7 @@ func BenchmarkDynamoDBBatch(b *testing.B) {
 	store, _, _ := newDynamoDBStore(b)
 	ctx := context.Background()
 	reqs := make([]dedup.ClaimRequest, batch)
-	cs := make([]dedup.Completion, batch)
+	cs := make([]deduptype.Completion, batch)
 	b.ReportAllocs()
 	for n := 0; n < b.N; n += batch {
 		for i := range reqs {
@@ -425,7 +426,7 @@ func BenchmarkDynamoDBBatch(b *testing.B) {
 			if c.Status != dedup.ClaimAcquired {
 				b.Fatalf("claim %d: %v", i, c.Status)
 			}
-			cs[i] = dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Hour}
+			cs[i] = deduptype.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Hour}
 		}
 		errs, err := store.CompleteBatch(ctx, cs)
 		if err != nil {
@@ -499,12 +500,12 @@ func TestDynamoDBBatchesWithoutPartiQL(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		cs := make([]dedup.Completion, 0, len(claims))
+		cs := make([]deduptype.Completion, 0, len(claims))
 		for i, c := range claims {
 			if c.Status != dedup.ClaimAcquired {
 				t.Fatalf("round %d, claim %d: %v", round, i, c.Status)
 			}
-			cs = append(cs, dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, Result: []byte("r"), TTL: time.Hour})
+			cs = append(cs, deduptype.Completion{Key: c.Record.Key, Owner: c.Record.Owner, Result: []byte("r"), TTL: time.Hour})
 		}
 		errs, err := store.CompleteBatch(ctx, cs)
 		if err != nil {
@@ -536,13 +537,13 @@ func TestDynamoDBCompleteBatchFailsEachRecordOfAFailedRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	var cs []dedup.Completion
+	var cs []deduptype.Completion
 	for i := range 30 {
 		c, err := good.Claim(ctx, claimReq("unreachable", strconv.Itoa(i), "fp"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs = append(cs, dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Hour})
+		cs = append(cs, deduptype.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Hour})
 	}
 	errs, err := store.CompleteBatch(ctx, cs)
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // MemoryStore is a [Store] held in process memory, for tests and the
@@ -88,7 +90,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.claim(req, time.Now().UnixNano(), NewOwnerToken), nil
+	return s.claim(req, time.Now().UnixNano(), deduptype.NewOwnerToken), nil
 }
 
 // ClaimBatch claims several distinct keys under one lock.
@@ -96,16 +98,16 @@ func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Cl
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dedup: memory claim batch: %w", err)
 	}
-	if err := ValidateBatch(reqs); err != nil {
+	if err := deduptype.ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: memory claim batch: %w", err)
 	}
 	claims := make([]Claim, len(reqs))
-	owners := ownerTokens(len(reqs), 0) // one random read for the batch, before the lock
+	owners := deduptype.NewOwnerTokens(len(reqs), 0) // one random read for the batch, before the lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now().UnixNano()
 	for i := range reqs {
-		claims[i] = s.claim(reqs[i], now, func() string { return ownerToken(owners, i) })
+		claims[i] = s.claim(reqs[i], now, func() string { return owners.At(i) })
 	}
 	return claims, nil
 }
@@ -130,12 +132,12 @@ func (s *MemoryStore) claim(req ClaimRequest, now int64, owner func() string) Cl
 		return Claim{Status: ClaimAcquired, Record: rec.record(req.Key)}
 	}
 	r := rec.record(req.Key)
-	if MayTakeOver(r, req.Fingerprint, unixTime(now)) {
+	if deduptype.MayTakeOver(r, req.Fingerprint, unixTime(now)) {
 		acquire(rec, req, now, owner)
 		return Claim{Status: ClaimAcquired, Record: rec.record(req.Key), Previous: r.Status}
 	}
 	r.Result = bytes.Clone(r.Result)
-	return Claim{Status: Classify(r, req.Fingerprint), Record: r}
+	return Claim{Status: deduptype.Classify(r, req.Fingerprint), Record: r}
 }
 
 // acquire gives rec to a new owner for one more attempt at now.
@@ -160,11 +162,11 @@ func (s *MemoryStore) Complete(ctx context.Context, key Key, owner string, resul
 }
 
 // CompleteBatch completes each record its owner still holds, under one lock.
-func (s *MemoryStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
+func (s *MemoryStore) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dedup: memory complete batch: %w", err)
 	}
-	if err := validateCompletions(cs); err != nil {
+	if err := deduptype.ValidateCompletions(cs); err != nil {
 		return nil, fmt.Errorf("dedup: memory complete batch: %w", err)
 	}
 	results := make([][]byte, len(cs))
@@ -276,8 +278,8 @@ func (s *MemoryStore) Purge(ctx context.Context) (int, error) {
 }
 
 var (
-	_ Store          = (*MemoryStore)(nil)
-	_ BatchCompleter = (*MemoryStore)(nil)
+	_ Store                    = (*MemoryStore)(nil)
+	_ deduptype.BatchCompleter = (*MemoryStore)(nil)
 )
 
 // Release gives back a claim whose handler never started: the record becomes

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/pgident"
 )
 
@@ -335,7 +336,7 @@ func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (Claim, err
 		return Claim{}, fmt.Errorf("dedup: postgres claim: %w", err)
 	}
 	c, err := s.claim(ctx, s.pool, s.sql.claim, req,
-		req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.Lease, expiryOf(req.TTL))
+		req.Key.Scope, req.Key.EventID, req.Fingerprint, deduptype.NewOwnerToken(), req.Lease, expiryOf(req.TTL))
 	if err != nil {
 		return Claim{}, s.opError("claim "+req.Key.String(), err)
 	}
@@ -364,7 +365,7 @@ func (s *PostgresStore) claim(ctx context.Context, q pgQuerier, upsert string, r
 			if err != nil {
 				return Claim{}, err
 			}
-			return Claim{Status: Classify(rec, req.Fingerprint), Record: rec}, nil
+			return Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Claim{}, scanError(err)
@@ -379,7 +380,7 @@ func (s *PostgresStore) claim(ctx context.Context, q pgQuerier, upsert string, r
 		if err != nil {
 			return Claim{}, err
 		}
-		return Claim{Status: Classify(rec, req.Fingerprint), Record: rec}, nil
+		return Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}, nil
 	}
 }
 
@@ -493,7 +494,7 @@ func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimReque
 	if err := req.Key.Validate(); err != nil {
 		return Claim{}, fmt.Errorf("dedup: postgres claim in tx: %w", err)
 	}
-	args := []any{req.Key.Scope, req.Key.EventID, req.Fingerprint, NewOwnerToken(), req.TTL}
+	args := []any{req.Key.Scope, req.Key.EventID, req.Fingerprint, deduptype.NewOwnerToken(), req.TTL}
 	var b pgx.Batch
 	b.Queue(s.sql.claimInTx, args...)
 	b.Queue(s.sql.savepoint)
@@ -593,7 +594,7 @@ func (s *PostgresStore) recordFailure(ctx context.Context, req ClaimRequest, f F
 	}
 	var attempts int
 	err := s.pool.QueryRow(ctx, s.sql.recordFailure, req.Key.Scope, req.Key.EventID, string(status),
-		req.Fingerprint, NewOwnerToken(), f.TTL, f.Error).Scan(&attempts)
+		req.Fingerprint, deduptype.NewOwnerToken(), f.TTL, f.Error).Scan(&attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("dedup: postgres record failure %s: already settled: %w", req.Key, ErrLeaseLost)
 	}
@@ -691,6 +692,6 @@ func pgTime(name string, src pgtype.Timestamptz, required bool, problems *[]stri
 }
 
 var (
-	_ Store          = (*PostgresStore)(nil)
-	_ BatchCompleter = (*PostgresStore)(nil)
+	_ Store                    = (*PostgresStore)(nil)
+	_ deduptype.BatchCompleter = (*PostgresStore)(nil)
 )

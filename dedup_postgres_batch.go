@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -90,7 +91,7 @@ func listable(s string) bool { return s != "" && strings.IndexByte(s, pgListSep)
 // ClaimBatch claims several distinct keys with one upsert round trip for
 // all of them and one read for those it could not acquire.
 func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
-	if err := ValidateBatch(reqs); err != nil {
+	if err := deduptype.ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres claim batch: %w", err)
 	}
 	b := newPostgresBatch(s.pool, s.sql.claimBatch, StatusProcessing, reqs)
@@ -105,7 +106,7 @@ func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]
 // transactional inbox: the rows it acquires are written as succeeded, and
 // commit or vanish with tx, whose row locks are their lease.
 func (s *PostgresStore) claimBatchInTx(ctx context.Context, tx pgx.Tx, reqs []ClaimRequest) ([]Claim, error) {
-	if err := ValidateBatch(reqs); err != nil {
+	if err := deduptype.ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres claim batch in tx: %w", err)
 	}
 	b := newPostgresBatch(tx, s.sql.claimBatchInTx, StatusSucceeded, reqs)
@@ -205,8 +206,8 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 	} else {
 		fpArray = make([]string, 0, n)
 	}
-	tokens := ownerTokens(n, pgListSep) // a list of n tokens
-	byOwner := make(map[string]int, n)  // owner token -> position in wave
+	tokens := deduptype.NewOwnerTokens(n, pgListSep) // a list of n tokens
+	byOwner := make(map[string]int, n)               // owner token -> position in wave
 	for w, i := range wave {
 		req := &b.reqs[i]
 		scopes.add(req.Key.Scope)
@@ -218,10 +219,10 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		}
 		leases.addMicros(req.Lease)
 		expiries.addMicros(expiryOf(req.TTL))
-		byOwner[ownerToken(tokens, w)] = w
-		b.sent = append(b.sent, keyOwner{req.Key, ownerToken(tokens, w)})
+		byOwner[tokens.At(w)] = w
+		b.sent = append(b.sent, keyOwner{req.Key, tokens.At(w)})
 	}
-	rows, err := b.q.Query(ctx, b.upsert, claimMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), tokens,
+	rows, err := b.q.Query(ctx, b.upsert, claimMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), string(tokens),
 		[]byte(leases), []byte(expiries))
 	if err != nil {
 		return err
@@ -246,7 +247,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		// The row is the claim's own: what it did not return, it wrote.
 		r.status = pgtype.Text{String: string(b.status), Valid: true}
 		r.fingerprint = pgtype.Text{String: req.Fingerprint, Valid: true}
-		r.owner = pgtype.Text{String: ownerToken(tokens, w), Valid: true}
+		r.owner = pgtype.Text{String: tokens.At(w), Valid: true}
 		c, err := acquired(req.Key, &r, previous)
 		if err != nil {
 			return fmt.Errorf("%s: %w", req.Key, err)
@@ -290,7 +291,7 @@ func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []in
 		if err != nil {
 			return fmt.Errorf("%s: %w", req.Key, err)
 		}
-		b.claims[i] = Claim{Status: Classify(rec, req.Fingerprint), Record: rec}
+		b.claims[i] = Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}
 		r = pgRecord{}
 		return nil
 	})
@@ -328,8 +329,8 @@ func nullable(l pgList) []byte {
 // CompleteBatch completes the records their owners still hold: those a
 // wrapper claimed with ClaimBatch by where the claim wrote them, the rest
 // by key, one statement each.
-func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []Completion) ([]error, error) {
-	if err := validateCompletions(cs); err != nil {
+func (s *PostgresStore) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
+	if err := deduptype.ValidateCompletions(cs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres complete batch: %w", err)
 	}
 	done := make([]bool, len(cs))
@@ -359,7 +360,7 @@ func tidLocator(tid pgtype.TID) uint64 {
 
 // completeLocated completes, by their locators, the completions that have
 // one, no result, and the first such one's TTL, marking those it wrote.
-func (s *PostgresStore) completeLocated(ctx context.Context, cs []Completion, done []bool) error {
+func (s *PostgresStore) completeLocated(ctx context.Context, cs []deduptype.Completion, done []bool) error {
 	var ttl time.Duration
 	byOwner := make(map[string]int)
 	var tids, owners pgList
@@ -401,7 +402,7 @@ func (s *PostgresStore) completeLocated(ctx context.Context, cs []Completion, do
 
 // completeByKey completes the completions not done yet, looking each key
 // up in the primary key.
-func (s *PostgresStore) completeByKey(ctx context.Context, cs []Completion, done []bool) error {
+func (s *PostgresStore) completeByKey(ctx context.Context, cs []deduptype.Completion, done []bool) error {
 	// Rows are locked in key order, as claims lock them, so that batches
 	// cannot deadlock. An owner that cannot be a list item is no token of
 	// this store: it holds nothing.

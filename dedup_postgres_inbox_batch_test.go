@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -197,7 +198,7 @@ func TestInboxBatchFailureStaysAlone(t *testing.T) {
 func TestInboxBatchCommitFailure(t *testing.T) {
 	store, pool, _ := countedStore(t)
 	ctx := context.Background()
-	table := "inbox_unique_" + dedup.NewOwnerToken()[:12]
+	table := "inbox_unique_" + deduptype.NewOwnerToken()[:12]
 	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (v text, CONSTRAINT `+table+`_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)`)
 	require.NoError(t, err)
 	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE `+table) })
@@ -319,7 +320,7 @@ func TestInboxBatchStopsAtUnsettled(t *testing.T) {
 func TestInboxBatchDeadLetterAfterCommit(t *testing.T) {
 	store, pool, _ := countedStore(t)
 	ctx := context.Background()
-	table := "inbox_poison_" + dedup.NewOwnerToken()[:12]
+	table := "inbox_poison_" + deduptype.NewOwnerToken()[:12]
 	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (v text, CONSTRAINT `+table+`_v UNIQUE (v) DEFERRABLE INITIALLY DEFERRED)`)
 	require.NoError(t, err)
 	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE `+table) })

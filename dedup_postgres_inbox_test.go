@@ -14,13 +14,14 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/deduptest"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // newLedger creates a business table for the inbox tests: one row per effect.
 func newLedger(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
-	table := "inbox_ledger_" + dedup.NewOwnerToken()[:12]
+	table := "inbox_ledger_" + deduptype.NewOwnerToken()[:12]
 	_, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (event_id text NOT NULL, body text NOT NULL)`)
 	require.NoError(t, err)
 	t.Cleanup(func() { pool.Exec(context.Background(), `DROP TABLE `+table) })

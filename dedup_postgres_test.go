@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ const (
 // when t ends.
 func newTestPostgresStore(t testing.TB, pool *pgxpool.Pool) *PostgresStore {
 	t.Helper()
-	table := "dedup_test_" + NewOwnerToken()[:12]
+	table := "dedup_test_" + deduptype.NewOwnerToken()[:12]
 	s, err := NewPostgresStore(pool, WithTable(table))
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +89,7 @@ func TestPostgresTableName(t *testing.T) {
 func TestPostgresMigrate(t *testing.T) {
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	schema := "dedup_schema_" + NewOwnerToken()[:12]
+	schema := "dedup_schema_" + deduptype.NewOwnerToken()[:12]
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestPostgresMigrate(t *testing.T) {
 func TestPostgresMigrateKeepsEarlierTable(t *testing.T) {
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	table := "dedup_earlier_" + NewOwnerToken()[:12]
+	table := "dedup_earlier_" + deduptype.NewOwnerToken()[:12]
 	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (
 	scope text NOT NULL, event_id text NOT NULL,
 	status text NOT NULL CONSTRAINT dedup_status_check
@@ -174,7 +175,7 @@ func TestPostgresMigrateKeepsEarlierTable(t *testing.T) {
 	if claims[0].Status != ClaimAcquired || claims[1].Status != ClaimAcquired || claims[2].Status != ClaimDuplicate {
 		t.Fatalf("batch on the earlier table = %v, %v, %v", claims[0].Status, claims[1].Status, claims[2].Status)
 	}
-	errs, err := s.CompleteBatch(ctx, []Completion{
+	errs, err := s.CompleteBatch(ctx, []deduptype.Completion{
 		{Key: reqs[0].Key, Owner: claims[0].Record.Owner, TTL: testTTL},
 		{Key: reqs[1].Key, Owner: claims[1].Record.Owner, TTL: testTTL},
 	})
@@ -356,7 +357,7 @@ func TestPostgresInvalidKeyWritesNothing(t *testing.T) {
 	pool := testenv.Postgres(t)
 	s := newTestPostgresStore(t, pool)
 	ctx := context.Background()
-	bad := []Key{{"", "e"}, {"s", ""}, {"s", "a\x00b"}, {"s", strings.Repeat("x", MaxIDLen+1)}, {"s", "\xff"}}
+	bad := []Key{{Scope: "", EventID: "e"}, {Scope: "s", EventID: ""}, {Scope: "s", EventID: "a\x00b"}, {Scope: "s", EventID: strings.Repeat("x", MaxIDLen+1)}, {Scope: "s", EventID: "\xff"}}
 	for _, k := range bad {
 		if _, err := s.Claim(ctx, ClaimRequest{Key: k, Fingerprint: "f", Lease: testLease, TTL: testTTL}); !errors.Is(err, ErrInvalidKey) {
 			t.Errorf("claim %q = %v, want ErrInvalidKey", k, err)
@@ -632,7 +633,7 @@ func TestPostgresMalformedRecords(t *testing.T) {
 	}
 	defer fresh.Close()
 	s.pool = fresh
-	if _, err := s.Get(ctx, Key{"bad", "null-fp"}); !errors.Is(err, ErrMalformedRecord) {
+	if _, err := s.Get(ctx, Key{Scope: "bad", EventID: "null-fp"}); !errors.Is(err, ErrMalformedRecord) {
 		t.Errorf("get with text attempts = %v, want ErrMalformedRecord", err)
 	}
 }
@@ -758,7 +759,7 @@ func TestPostgresInboxRace(t *testing.T) {
 	pool := testenv.Postgres(t)
 	s := newTestPostgresStore(t, pool)
 	ctx := context.Background()
-	business := "dedup_test_orders_" + NewOwnerToken()[:12]
+	business := "dedup_test_orders_" + deduptype.NewOwnerToken()[:12]
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+business+" (event_id text)"); err != nil {
 		t.Fatal(err)
 	}
@@ -877,7 +878,7 @@ func TestPostgresInboxAfterClaimMode(t *testing.T) {
 	if c.Status != ClaimAcquired || c.Previous != StatusProcessing || c.Record.Attempts != 2 || c.Record.Status != StatusSucceeded {
 		t.Errorf("inbox takeover of a lapsed lease = %+v", c)
 	}
-	if _, err := s.claimInTx(ctx, nil, ClaimRequest{Key: Key{"", "x"}}); !errors.Is(err, ErrInvalidKey) {
+	if _, err := s.claimInTx(ctx, nil, ClaimRequest{Key: Key{Scope: "", EventID: "x"}}); !errors.Is(err, ErrInvalidKey) {
 		t.Errorf("inbox claim of an invalid key = %v", err)
 	}
 }
@@ -924,7 +925,7 @@ func BenchmarkPostgresCompleteBatch(b *testing.B) {
 		b.Run(fmt.Sprintf("size=%d/by=%s", size, by), func(b *testing.B) {
 			b.ReportAllocs()
 			reqs := make([]ClaimRequest, size)
-			cs := make([]Completion, size)
+			cs := make([]deduptype.Completion, size)
 			var server time.Duration
 			for n := 0; n < b.N; n++ {
 				b.StopTimer()
@@ -936,7 +937,7 @@ func BenchmarkPostgresCompleteBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 				for j, c := range claims {
-					cs[j] = Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: testTTL}
+					cs[j] = deduptype.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: testTTL}
 					if bench.located {
 						cs[j].Locator = c.Locator
 					}
@@ -1019,7 +1020,7 @@ func TestPostgresClaimBatchOddFingerprints(t *testing.T) {
 	s := newTestPostgresStore(t, testenv.Postgres(t))
 	ctx := context.Background()
 	for _, fps := range [][]string{{""}, {"a\x1fb", "plain"}, {"", "x", ""}} {
-		scope := "odd-" + NewOwnerToken()[:8]
+		scope := "odd-" + deduptype.NewOwnerToken()[:8]
 		reqs := make([]ClaimRequest, len(fps))
 		for i, fp := range fps {
 			reqs[i] = claimReq(scope, fmt.Sprintf("e%d", i), fp)
@@ -1055,7 +1056,7 @@ func TestPostgresCompletionKeepsExpiry(t *testing.T) {
 				}
 				return
 			}
-			errs, err := s.CompleteBatch(ctx, []Completion{{Key: c.Record.Key, Owner: c.Record.Owner, TTL: ttl}})
+			errs, err := s.CompleteBatch(ctx, []deduptype.Completion{{Key: c.Record.Key, Owner: c.Record.Owner, TTL: ttl}})
 			if err != nil || errs[0] != nil {
 				t.Fatal(err, errs)
 			}
@@ -1087,7 +1088,7 @@ func TestPostgresCompleteBatchOddOwner(t *testing.T) {
 	s := newTestPostgresStore(t, testenv.Postgres(t))
 	ctx := context.Background()
 	c := mustClaim(t, s, claimReq("odd-owner", "e", "fp"), ClaimAcquired)
-	errs, err := s.CompleteBatch(ctx, []Completion{
+	errs, err := s.CompleteBatch(ctx, []deduptype.Completion{
 		{Key: c.Record.Key, Owner: "x\x1fy", TTL: testTTL},
 		{Key: c.Record.Key, Owner: "", TTL: testTTL},
 		{Key: c.Record.Key, Owner: c.Record.Owner, Result: []byte("r"), TTL: testTTL},
@@ -1110,7 +1111,7 @@ func TestPostgresCompleteBatchOddOwner(t *testing.T) {
 func TestPostgresCompleteBatchByLocator(t *testing.T) {
 	s, pool, tracer := newTracedPostgresStore(t)
 	ctx := context.Background()
-	claimAll := func(prefix string, n int) ([]ClaimRequest, []Completion) {
+	claimAll := func(prefix string, n int) ([]ClaimRequest, []deduptype.Completion) {
 		reqs := make([]ClaimRequest, n)
 		for i := range reqs {
 			reqs[i] = claimReq("located", fmt.Sprintf("%s-%d", prefix, i), "fp")
@@ -1119,12 +1120,12 @@ func TestPostgresCompleteBatchByLocator(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs := make([]Completion, n)
+		cs := make([]deduptype.Completion, n)
 		for i, c := range claims {
 			if c.Status != ClaimAcquired || c.Locator == 0 {
 				t.Fatalf("claim %d = %v, locator %d", i, c.Status, c.Locator)
 			}
-			cs[i] = Completion{Key: reqs[i].Key, Owner: c.Record.Owner, TTL: testTTL, Locator: c.Locator}
+			cs[i] = deduptype.Completion{Key: reqs[i].Key, Owner: c.Record.Owner, TTL: testTTL, Locator: c.Locator}
 		}
 		return reqs, cs
 	}

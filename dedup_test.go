@@ -12,27 +12,6 @@ import (
 	"github.com/dedupkit/dedup"
 )
 
-// Key.String reads back one way even when scopes hold '/'.
-func TestKeyStringIsUnambiguous(t *testing.T) {
-	keys := []dedup.Key{
-		{Scope: "a", EventID: "b/c"},
-		{Scope: "a/b", EventID: "c"},
-		{Scope: `"a`, EventID: "b"},
-		{Scope: "billing", EventID: "e1"},
-	}
-	seen := map[string]dedup.Key{}
-	for _, k := range keys {
-		s := k.String()
-		if other, ok := seen[s]; ok {
-			t.Fatalf("%+v and %+v both print as %s", k, other, s)
-		}
-		seen[s] = k
-	}
-	require.Equal(t, `"billing/charge"/e1`, dedup.Key{Scope: "billing/charge", EventID: "e1"}.String())
-	require.Equal(t, "billing/e1", dedup.Key{Scope: "billing", EventID: "e1"}.String())
-	require.Equal(t, "", dedup.Key{}.String(), "no key=/ for a message without an ID")
-}
-
 // Every error chain names the package once.
 func TestErrorsSayItOnce(t *testing.T) {
 	h := func(context.Context, event) error { return nil }

@@ -6,20 +6,22 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // Reason says why a message was dead-lettered.
-type Reason string
+type Reason = deduptype.Reason
 
 // The reasons a dead letter can carry.
 const (
-	ReasonHandlerError   Reason = "handler-error"
-	ReasonPermanent      Reason = "permanent"
-	ReasonPanic          Reason = "panic"
-	ReasonCrashLoop      Reason = "crash-loop"
-	ReasonInvalidID      Reason = "invalid-id"
-	ReasonInvalidPayload Reason = "invalid-payload"
-	ReasonConflict       Reason = "fingerprint-conflict"
+	ReasonHandlerError   = deduptype.ReasonHandlerError
+	ReasonPermanent      = deduptype.ReasonPermanent
+	ReasonPanic          = deduptype.ReasonPanic
+	ReasonCrashLoop      = deduptype.ReasonCrashLoop
+	ReasonInvalidID      = deduptype.ReasonInvalidID
+	ReasonInvalidPayload = deduptype.ReasonInvalidPayload
+	ReasonConflict       = deduptype.ReasonConflict
 )
 
 // MetadataPrefix starts the name of every header or attribute dedup adds to

@@ -46,14 +46,24 @@
 // logs at ERROR that the effect may run again and counts
 // dedup.outcomes_unrecorded ([WithMeterProvider]).
 //
+// # Which package is for whom
+//
+// This package is for users: everything a user's code names is declared
+// or aliased here, including the vocabulary it shares with stores and
+// adapters ([Key], [Record], [Status], [Outcome], [Result], [Reason],
+// [Claim], the sentinel errors), which package deduptype declares so that
+// a store, an adapter or a front end can name it without importing the
+// wrapper. An alias is the same type or value under another name:
+// errors.Is(err, dedup.ErrLeaseLost) matches deduptype.ErrLeaseLost.
+//
 // # Writing a store
 //
 // A new backend implements [Store] (and, to complete a batch in one write,
-// [BatchCompleter]); the deduptest package checks it against the contract.
-// What only a store or transport author needs is in storekit.go:
-// [ClaimRequest], [Claim] and its [ClaimStatus], [Failure], [Completion],
-// [Classify] to answer a refused claim from the blocking record,
-// [ValidateBatch], [NewOwnerToken], [MayTakeOver]; a transport adapter
-// passes what it knows of a call's deliveries as [CallOpt] values
-// ([CallLease], its redelivery deadline; [CallStop], its shutdown).
+// deduptype.BatchCompleter); the deduptest package checks it against the
+// contract. What only a store author needs is in package deduptype alone:
+// Classify to answer a refused claim from the blocking record,
+// MayTakeOver, ValidateBatch, ValidateCompletions, NewOwnerToken and
+// NewOwnerTokens, and Completion. A transport adapter passes what it knows
+// of a call's deliveries as [CallOpt] values ([CallLease], its redelivery
+// deadline; [CallStop], its shutdown).
 package dedup

@@ -2,7 +2,8 @@ package dedup
 
 import (
 	"errors"
-	"fmt"
+
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // permanentError marks a handler error that no retry can fix.
@@ -28,9 +29,4 @@ func IsPermanent(err error) bool {
 }
 
 // PanicError is a panic recovered from a handler, counted as a failed attempt.
-type PanicError struct {
-	Value any
-	Stack []byte
-}
-
-func (e *PanicError) Error() string { return fmt.Sprintf("dedup: handler panicked: %v", e.Value) }
+type PanicError = deduptype.PanicError

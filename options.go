@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
@@ -69,12 +70,14 @@ func defaultConfig() config {
 	}
 }
 
-// ErrConfig is matched by every error [Wrap] returns for a bad option.
-var ErrConfig = errors.New("dedup: invalid configuration")
+// ErrConfig is matched by every error [Wrap] returns for a bad option, and
+// by a store's or an adapter's for theirs.
+var ErrConfig = deduptype.ErrConfig
 
 func (c *config) validate() error {
-	if reason := checkID(c.scope); reason != "" {
-		return fmt.Errorf("%w: WithScope(%q): scope %s", ErrConfig, c.scope, reason)
+	// The scope is checked as a key's is, and first.
+	if kerr := (*KeyError)(nil); errors.As(Key{Scope: c.scope, EventID: "-"}.Validate(), &kerr) {
+		return fmt.Errorf("%w: WithScope(%q): %s", ErrConfig, c.scope, kerr.Reason)
 	}
 	switch {
 	case nilcheck.IsNil(c.sink):
@@ -157,7 +160,7 @@ func WithObserver(f func(context.Context, Result)) Opt {
 // WithBatchCompletion sets how long HandleBatch may hold a success back to
 // record it together with the batch's others, in one store write, instead
 // of one write per event. By default it is 100 ms on a store
-// that is a [BatchCompleter] (PostgreSQL, DynamoDB, Redis, memory); 0 makes
+// that is a [deduptype.BatchCompleter] (PostgreSQL, DynamoDB, Redis, memory); 0 makes
 // one write per event. [Wrap] refuses a positive maxWait with [ErrConfig]
 // when the store cannot complete a batch, and [WrapTx], which records each
 // event in its handler's transaction, refuses it too. No result is given

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/stretchr/testify/require"
 )
 
@@ -180,14 +181,14 @@ func testSettledRecordRejectsOwner(t *testing.T, s dedup.Store) {
 
 	t.Run("never claimed", func(t *testing.T) {
 		k := key(scope, "absent")
-		requireRefused(t, k, dedup.NewOwnerToken())
+		requireRefused(t, k, deduptype.NewOwnerToken())
 		requireNotFound(t, s, k)
 	})
 	t.Run("wrong owner", func(t *testing.T) {
 		k := key(scope, "processing")
 		acquire(t, s, request(k, "fp"))
 		before := get(t, s, k)
-		requireRefused(t, k, dedup.NewOwnerToken())
+		requireRefused(t, k, deduptype.NewOwnerToken())
 		requireSameRecord(t, before, get(t, s, k))
 	})
 	for _, status := range []dedup.Status{dedup.StatusSucceeded, dedup.StatusFailedRetryable, dedup.StatusFailedFinal} {

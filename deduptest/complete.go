@@ -5,15 +5,16 @@ import (
 	"testing"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/stretchr/testify/require"
 )
 
 // testCompleteBatch checks BatchCompleter, for stores that implement it:
 // each completion is fenced on its own owner and answered on its own.
 func testCompleteBatch(t *testing.T, s dedup.Store) {
-	bc, ok := s.(dedup.BatchCompleter)
+	bc, ok := s.(deduptype.BatchCompleter)
 	if !ok {
-		t.Skip("the store does not implement dedup.BatchCompleter")
+		t.Skip("the store does not implement deduptype.BatchCompleter")
 	}
 	scope := newScope(t)
 	errs, err := bc.CompleteBatch(ctxFor(t), nil)
@@ -28,7 +29,7 @@ func testCompleteBatch(t *testing.T, s dedup.Store) {
 	fail(t, s, stale, dedup.Failure{Error: "failed", TTL: longTTL})
 	taken := acquire(t, s, request(key(scope, "stale"), "fp"))
 
-	cs := []dedup.Completion{
+	cs := []deduptype.Completion{
 		{Key: held1.Record.Key, Owner: held1.Record.Owner, Result: []byte("r1"), TTL: longTTL},
 		{Key: done.Record.Key, Owner: done.Record.Owner, TTL: longTTL},
 		{Key: stale.Record.Key, Owner: stale.Record.Owner, TTL: longTTL},
@@ -59,7 +60,7 @@ func testCompleteBatch(t *testing.T, s dedup.Store) {
 	cs = cs[:0]
 	for i := range 60 {
 		c := acquire(t, s, request(key(scope, "many-"+strconv.Itoa(i)), "fp"))
-		cs = append(cs, dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, Result: []byte(strconv.Itoa(i)), TTL: longTTL})
+		cs = append(cs, deduptype.Completion{Key: c.Record.Key, Owner: c.Record.Owner, Result: []byte(strconv.Itoa(i)), TTL: longTTL})
 	}
 	cs[30].Owner = stale.Record.Owner
 	errs, err = bc.CompleteBatch(ctxFor(t), cs)
@@ -78,7 +79,7 @@ func testCompleteBatch(t *testing.T, s dedup.Store) {
 	}
 
 	held3 := acquire(t, s, request(key(scope, "held-3"), "fp"))
-	_, err = bc.CompleteBatch(ctxFor(t), []dedup.Completion{
+	_, err = bc.CompleteBatch(ctxFor(t), []deduptype.Completion{
 		{Key: held3.Record.Key, Owner: held3.Record.Owner, TTL: longTTL},
 		{Key: key(scope, ""), Owner: "x", TTL: longTTL},
 	})

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/idemhttp"
 )
 
@@ -146,7 +147,7 @@ func mustPost(t *testing.T, url, key, body string) answer {
 }
 
 // newKey returns a random key of UUID strength.
-func newKey() string { return dedup.NewOwnerToken() }
+func newKey() string { return deduptype.NewOwnerToken() }
 
 // sendAtOnce sends n identical requests with key from n goroutines released
 // together, and returns their answers.

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/redisstore"
 )
@@ -26,7 +27,9 @@ var allStores = []storeCase{
 }
 
 // uniqueName returns a table name for t alone.
-func uniqueName(prefix string) string { return prefix + strings.ToLower(dedup.NewOwnerToken()[:12]) }
+func uniqueName(prefix string) string {
+	return prefix + strings.ToLower(deduptype.NewOwnerToken()[:12])
+}
 
 // postgresStore returns a store on a fresh table, dropped when t ends.
 func postgresStore(t testing.TB) (*dedup.PostgresStore, *pgxpool.Pool) {

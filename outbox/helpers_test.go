@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/outbox"
 	"github.com/dedupkit/dedup/outbox/kafkaoutbox"
@@ -23,7 +24,7 @@ import (
 // runID returns a short identifier unique to this run, for table names and
 // topics.
 func runID() string {
-	return strconv.FormatInt(time.Now().UnixNano(), 36) + dedup.NewOwnerToken()[:4]
+	return strconv.FormatInt(time.Now().UnixNano(), 36) + deduptype.NewOwnerToken()[:4]
 }
 
 // env is a migrated outbox in a fresh table, the application's pool, and an

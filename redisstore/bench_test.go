@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -18,7 +19,7 @@ func BenchmarkRedisClaimBatch(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	run := dedup.NewOwnerToken()[:8]
+	run := deduptype.NewOwnerToken()[:8]
 	for _, size := range []int{1, 10, 100, 500} {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
 			b.ReportAllocs()
@@ -47,12 +48,12 @@ func BenchmarkRedisCompleteBatch(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	run := dedup.NewOwnerToken()[:8]
+	run := deduptype.NewOwnerToken()[:8]
 	for _, size := range []int{1, 10, 100, 500} {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
 			b.ReportAllocs()
 			reqs := make([]dedup.ClaimRequest, size)
-			cs := make([]dedup.Completion, size)
+			cs := make([]deduptype.Completion, size)
 			batches := 0
 			for b.Loop() {
 				b.StopTimer()
@@ -66,7 +67,7 @@ func BenchmarkRedisCompleteBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 				for j, c := range claims {
-					cs[j] = dedup.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Minute}
+					cs[j] = deduptype.Completion{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Minute}
 				}
 				b.StartTimer()
 				if _, err := s.CompleteBatch(ctx, cs); err != nil {

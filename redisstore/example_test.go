@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -36,7 +37,7 @@ func Example() {
 			return nil
 		},
 		// The example runs again and again: a scope of its own each time.
-		dedup.WithScope("billing/charge-card/"+dedup.NewOwnerToken()),
+		dedup.WithScope("billing/charge-card/"+rand.Text()),
 		dedup.WithSink(dedup.NewMemorySink()),
 	)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -67,7 +68,7 @@ func refusingWrites(t *testing.T, s *Store, held dedup.Claim, is func(error) boo
 	_, err = s.ClaimBatch(ctx, []dedup.ClaimRequest{request(scope, "new-1"), request(scope, "new-2")})
 	requireRedisError(t, err, is, "claim batch")
 	requireRedisError(t, s.Complete(ctx, held.Record.Key, held.Record.Owner, []byte("r"), time.Hour), is, "complete")
-	_, err = s.CompleteBatch(ctx, []dedup.Completion{{Key: held.Record.Key, Owner: held.Record.Owner, TTL: time.Hour}})
+	_, err = s.CompleteBatch(ctx, []deduptype.Completion{{Key: held.Record.Key, Owner: held.Record.Owner, TTL: time.Hour}})
 	requireRedisError(t, err, is, "complete batch")
 	requireRedisError(t, s.Fail(ctx, held.Record.Key, held.Record.Owner, dedup.Failure{Error: "x", TTL: time.Hour}), is, "fail")
 	requireRedisError(t, s.Extend(ctx, held.Record.Key, held.Record.Owner, time.Hour), is, "extend")
@@ -158,7 +159,7 @@ func TestNOSCRIPT(t *testing.T) {
 	client := testenv.Redis(t)
 	ctx := context.Background()
 	eachPath(t, client, func(t *testing.T, s *Store) {
-		scope := "redisstore-noscript-" + dedup.NewOwnerToken()
+		scope := "redisstore-noscript-" + deduptype.NewOwnerToken()
 		for i := range 3 {
 			require.NoError(t, client.ScriptFlush(ctx).Err())
 			c, err := s.Claim(ctx, request(scope, fmt.Sprint("one-", i)))
@@ -175,7 +176,7 @@ func TestNOSCRIPT(t *testing.T) {
 			require.Equal(t, dedup.ClaimInFlight, claims[1].Status)
 
 			require.NoError(t, client.ScriptFlush(ctx).Err())
-			errs, err := s.CompleteBatch(ctx, []dedup.Completion{
+			errs, err := s.CompleteBatch(ctx, []deduptype.Completion{
 				{Key: c.Record.Key, Owner: c.Record.Owner, TTL: time.Hour},
 				{Key: claims[0].Record.Key, Owner: claims[0].Record.Owner, TTL: time.Hour},
 			})
@@ -211,7 +212,7 @@ func TestConnectionCut(t *testing.T) {
 			},
 			"complete": func() error { return s.Complete(ctx, held.Record.Key, held.Record.Owner, nil, time.Hour) },
 			"complete batch": func() error {
-				_, err := s.CompleteBatch(ctx, []dedup.Completion{{Key: held.Record.Key, Owner: held.Record.Owner, TTL: time.Hour}})
+				_, err := s.CompleteBatch(ctx, []deduptype.Completion{{Key: held.Record.Key, Owner: held.Record.Owner, TTL: time.Hour}})
 				return err
 			},
 			"fail":    func() error { return s.Fail(ctx, held.Record.Key, held.Record.Owner, dedup.Failure{TTL: time.Hour}) },

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -47,7 +48,7 @@ func TestAwkwardKeys(t *testing.T) {
 	client := testenv.Redis(t)
 	ctx := context.Background()
 	eachPath(t, client, func(t *testing.T, s *Store) {
-		run := dedup.NewOwnerToken()[:8]
+		run := deduptype.NewOwnerToken()[:8]
 		sentinel := "redisstore-sentinel-" + run
 		require.NoError(t, client.Set(ctx, sentinel, "x", time.Hour).Err())
 		var reqs []dedup.ClaimRequest
@@ -114,7 +115,7 @@ func TestMalformedRecord(t *testing.T) {
 	client := testenv.Redis(t)
 	ctx := context.Background()
 	eachPath(t, client, func(t *testing.T, s *Store) {
-		scope := "redisstore-malformed-" + dedup.NewOwnerToken()
+		scope := "redisstore-malformed-" + deduptype.NewOwnerToken()
 		bad := map[string]func(key string) error{
 			"attempts": func(key string) error {
 				return client.HSet(ctx, key, "st", "SUCCEEDED", "fp", "fp", "at", "one", "lu", 1, "ea", 1<<50).Err()
@@ -160,8 +161,8 @@ func TestMalformedRecord(t *testing.T) {
 func TestScriptRunTwice(t *testing.T) {
 	client := testenv.Redis(t)
 	ctx := context.Background()
-	key := redisKey(DefaultKeyPrefix, dedup.Key{Scope: "redisstore-twice-" + dedup.NewOwnerToken(), EventID: "e"})
-	owner := dedup.NewOwnerToken()
+	key := redisKey(DefaultKeyPrefix, dedup.Key{Scope: "redisstore-twice-" + deduptype.NewOwnerToken(), EventID: "e"})
+	owner := deduptype.NewOwnerToken()
 	for _, code := range []int64{2, 1} { // created, then recognised as held by this claim
 		reply, err := claimScript.Run(ctx, client, []string{key}, "fp", 60000, 3600000, owner).Slice()
 		require.NoError(t, err)

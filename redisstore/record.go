@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // parseClaim reads the claim script's answer for one request made with
@@ -41,7 +42,7 @@ func parseClaim(reply any, req dedup.ClaimRequest, owner string) (dedup.Claim, e
 		prev, _ := text(vals[1])
 		return dedup.Claim{Status: dedup.ClaimAcquired, Record: rec, Previous: dedup.Status(prev)}, nil
 	}
-	return dedup.Claim{Status: dedup.Classify(rec, req.Fingerprint), Record: rec}, nil
+	return dedup.Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}, nil
 }
 
 // parseRecord reads the record fields, in recordFields' order, of key.

@@ -8,12 +8,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // Complete marks the record succeeded, keeping result, if owner still holds
 // it; otherwise it returns an error matching [dedup.ErrLeaseLost].
 func (s *Store) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
-	errs, err := s.complete(ctx, "complete", []dedup.Completion{{Key: key, Owner: owner, Result: result, TTL: ttl}})
+	errs, err := s.complete(ctx, "complete", []deduptype.Completion{{Key: key, Owner: owner, Result: result, TTL: ttl}})
 	if err != nil {
 		return err
 	}
@@ -23,11 +24,11 @@ func (s *Store) Complete(ctx context.Context, key dedup.Key, owner string, resul
 // CompleteBatch does what Complete does for each completion, in one round
 // trip: one script call per 256 keys on a single node, one per key on a
 // sharded client.
-func (s *Store) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+func (s *Store) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	return s.complete(ctx, "complete batch", cs)
 }
 
-func (s *Store) complete(ctx context.Context, op string, cs []dedup.Completion) ([]error, error) {
+func (s *Store) complete(ctx context.Context, op string, cs []deduptype.Completion) ([]error, error) {
 	for i := range cs {
 		if err := cs[i].Key.Validate(); err != nil {
 			return nil, err

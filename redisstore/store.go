@@ -35,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // Store is a [dedup.Store] kept in Redis. It is safe for concurrent use.
@@ -50,8 +51,8 @@ type Store struct {
 }
 
 var (
-	_ dedup.Store          = (*Store)(nil)
-	_ dedup.BatchCompleter = (*Store)(nil)
+	_ dedup.Store              = (*Store)(nil)
+	_ deduptype.BatchCompleter = (*Store)(nil)
 )
 
 // Opt configures a [Store].
@@ -129,7 +130,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]de
 }
 
 func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	if err := dedup.ValidateBatch(reqs); err != nil {
+	if err := deduptype.ValidateBatch(reqs); err != nil {
 		if ke := (*dedup.KeyError)(nil); errors.As(err, &ke) {
 			return nil, err // it names its key and says dedup
 		}
@@ -142,7 +143,7 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 	keys := make([]string, len(reqs))
 	args := make([]any, 0, 4*len(reqs))
 	for i, r := range reqs {
-		owners[i] = dedup.NewOwnerToken()
+		owners[i] = deduptype.NewOwnerToken()
 		keys[i] = redisKey(s.prefix, r.Key)
 		args = append(args, r.Fingerprint, r.Lease.Milliseconds(), r.TTL.Milliseconds(), owners[i])
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/redisstore"
 )
@@ -32,7 +33,7 @@ func TestRedisStore(t *testing.T) {
 	n := func(id string) int { i, _ := strconv.Atoi(strings.TrimPrefix(id, "rds-")); return i }
 
 	fx := newEffects()
-	w := wrap(t, store, c.sink(), dedup.Scope(c.group+"-"+dedup.NewOwnerToken()[:8], "apply"),
+	w := wrap(t, store, c.sink(), dedup.Scope(c.group+"-"+deduptype.NewOwnerToken()[:8], "apply"),
 		func(_ context.Context, r *kgo.Record) error {
 			id := eventID(r)
 			if n(id) == 13 {

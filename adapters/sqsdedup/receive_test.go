@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -39,9 +40,9 @@ func (s *callCounter) Complete(ctx context.Context, key dedup.Key, owner string,
 	return s.Store.Complete(ctx, key, owner, result, ttl)
 }
 
-func (s *callCounter) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
+func (s *callCounter) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	s.completeBatches.Add(1)
-	return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+	return s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, cs)
 }
 
 // The messages of one receive from a standard queue are claimed in one store
@@ -119,8 +120,8 @@ func (s *claimSizes) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) 
 	return s.Store.ClaimBatch(ctx, reqs)
 }
 
-func (s *claimSizes) CompleteBatch(ctx context.Context, cs []dedup.Completion) ([]error, error) {
-	return s.Store.(dedup.BatchCompleter).CompleteBatch(ctx, cs)
+func (s *claimSizes) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
+	return s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, cs)
 }
 
 func (s *claimSizes) largest() int {

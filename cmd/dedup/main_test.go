@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -64,7 +65,7 @@ func TestUnreachableStore(t *testing.T) {
 func postgresTable(t *testing.T) (string, string, *dedup.PostgresStore, *pgxpool.Pool) {
 	t.Helper()
 	pool := testenv.Postgres(t)
-	table := "cli_" + strings.ToLower(dedup.NewOwnerToken()[:12])
+	table := "cli_" + strings.ToLower(deduptype.NewOwnerToken()[:12])
 	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
@@ -98,7 +99,7 @@ func TestRecordsPostgres(t *testing.T) {
 func TestRecordsDynamoDB(t *testing.T) {
 	t.Setenv("DEDUP_POSTGRES_DSN", testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN))
 	client := testenv.DynamoDB(t)
-	table := "cli-" + strings.ToLower(dedup.NewOwnerToken()[:12])
+	table := "cli-" + strings.ToLower(deduptype.NewOwnerToken()[:12])
 	require.NoError(t, dedup.CreateDynamoDBTable(context.Background(), client, dedup.WithTable(table)))
 	store, err := dedup.NewDynamoDBStore(client, dedup.WithTable(table))
 	require.NoError(t, err)
@@ -107,7 +108,7 @@ func TestRecordsDynamoDB(t *testing.T) {
 
 func testRecords(t *testing.T, store dedup.Store, flags ...string) {
 	ctx := context.Background()
-	scope := "cli/" + strings.ToLower(dedup.NewOwnerToken()[:8])
+	scope := "cli/" + strings.ToLower(deduptype.NewOwnerToken()[:8])
 	req := func(id string, lease time.Duration) dedup.Claim {
 		c, err := store.Claim(ctx, dedup.ClaimRequest{Key: dedup.Key{Scope: scope, EventID: id}, Fingerprint: "f", Lease: lease, TTL: time.Hour})
 		require.NoError(t, err)

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/outbox"
 )
@@ -30,7 +30,7 @@ func newOutboxTable(t *testing.T) *outboxTable {
 	t.Helper()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	table := "cli_outbox_" + strings.ToLower(dedup.NewOwnerToken()[:12])
+	table := "cli_outbox_" + strings.ToLower(deduptype.NewOwnerToken()[:12])
 	ob, err := outbox.New(outbox.WithTable(table))
 	require.NoError(t, err)
 	require.NoError(t, ob.Migrate(ctx, pool))
@@ -254,7 +254,7 @@ func TestOutboxRequeueOnlyFailed(t *testing.T) {
 func TestOutboxNotMigrated(t *testing.T) {
 	testenv.Postgres(t)
 	dsn := testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN)
-	table := "cli_never_" + strings.ToLower(dedup.NewOwnerToken()[:12])
+	table := "cli_never_" + strings.ToLower(deduptype.NewOwnerToken()[:12])
 	for _, args := range [][]string{{"status", "-json"}, {"requeue", "-id", "x"}, {"requeue", "-all"}} {
 		code, out, errOut := cli(t, append([]string{"outbox", args[0], "-postgres", dsn, "-table", table}, args[1:]...)...)
 		require.Equal(t, 1, code, "%q", args)

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/redisstore"
 )
 
@@ -49,7 +50,7 @@ func openRedisStore(ctx context.Context, cfg config, m *meter) (*redisstore.Stor
 		return nil, nil, fmt.Errorf("redis at %s: %w (run `make services`)", opts.Addr, err)
 	}
 	client.AddHook(roundTrips{&m.store.n})
-	prefix := "dedupbench:" + dedup.NewOwnerToken()[:12] + ":"
+	prefix := "dedupbench:" + deduptype.NewOwnerToken()[:12] + ":"
 	store, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
 	if err != nil {
 		client.Close()

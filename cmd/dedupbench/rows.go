@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // row is one line of the table: a way of consuming the same events.
@@ -76,7 +77,7 @@ func kafkaOpts(cfg config, m *meter, group string) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.SeedBrokers(strings.Split(cfg.Brokers, ",")...),
 		// A group of its own: a repeated row reads the topic from the start.
-		kgo.ConsumerGroup(group + "-" + dedup.NewOwnerToken()[:8]),
+		kgo.ConsumerGroup(group + "-" + deduptype.NewOwnerToken()[:8]),
 		kgo.ConsumeTopics(cfg.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100 * time.Millisecond),
@@ -249,7 +250,7 @@ func openDynamoDB(ctx context.Context, cfg config, m *meter) (*dynamodb.Client, 
 		}),
 		APIOptions: []func(*middleware.Stack) error{m.store.apiOption},
 	})
-	table := "dedupbench-" + dedup.NewOwnerToken()[:12]
+	table := "dedupbench-" + deduptype.NewOwnerToken()[:12]
 	if err := dedup.CreateDynamoDBTable(ctx, client, dedup.WithTable(table)); err != nil {
 		return nil, "", nil, fmt.Errorf("%w (run `make services`)", err)
 	}

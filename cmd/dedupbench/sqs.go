@@ -17,6 +17,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/sqsbody"
 )
 
@@ -90,7 +91,7 @@ func openQueue(ctx context.Context, cfg config, m *meter) (*sqs.Client, string, 
 		}),
 		APIOptions: []func(*middleware.Stack) error{m.sqs.apiOption},
 	}, sqsbody.KeepConnection) // as sqsdedup sends its own calls
-	queue := "dedupbench-" + dedup.NewOwnerToken()[:12]
+	queue := "dedupbench-" + deduptype.NewOwnerToken()[:12]
 	out, err := client.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(queue),
 		Attributes: map[string]string{"VisibilityTimeout": "30"}})
 	if err != nil {

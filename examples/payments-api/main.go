@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -47,7 +48,7 @@ func (g *gateway) charge(amount int64) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.charges = append(g.charges, amount)
-	return "ch_" + dedup.NewOwnerToken()[:16]
+	return "ch_" + rand.Text()[:16]
 }
 
 func (g *gateway) count() int {
@@ -212,7 +213,7 @@ func (l *losingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 func runDemo(url string, gw *gateway) error {
-	key := `"` + dedup.NewOwnerToken() + `"`
+	key := `"` + rand.Text() + `"`
 	accounts := demoAccounts()
 	user := "alice"
 	send := func(c *http.Client, key, body string) (int, string, error) {

@@ -9,7 +9,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // DefaultShutdownTimeout is how long a Consumer's Run waits, once its
@@ -34,19 +34,19 @@ func Defaults(inFlightDelay time.Duration) Common {
 	return Common{InFlightDelay: inFlightDelay, ShutdownTimeout: DefaultShutdownTimeout, Logger: slog.Default()}
 }
 
-// Validate returns an error matching dedup.ErrConfig that names the option
+// Validate returns an error matching deduptype.ErrConfig that names the option
 // which set an invalid value, with prefix (such as "natsdedup: ") before
 // its name, or nil if all are valid.
 func (c *Common) Validate(prefix string) error {
 	switch {
 	case c.InFlightDelay < 0:
-		return fmt.Errorf("%w: %sWithInFlightDelay(%v): must not be negative", dedup.ErrConfig, prefix, c.InFlightDelay)
+		return fmt.Errorf("%w: %sWithInFlightDelay(%v): must not be negative", deduptype.ErrConfig, prefix, c.InFlightDelay)
 	case c.ShutdownTimeout <= 0:
-		return fmt.Errorf("%w: %sWithShutdownTimeout(%v): must be positive", dedup.ErrConfig, prefix, c.ShutdownTimeout)
+		return fmt.Errorf("%w: %sWithShutdownTimeout(%v): must be positive", deduptype.ErrConfig, prefix, c.ShutdownTimeout)
 	case c.MaxOutage < 0:
-		return fmt.Errorf("%w: %sWithMaxOutage(%v): must not be negative", dedup.ErrConfig, prefix, c.MaxOutage)
+		return fmt.Errorf("%w: %sWithMaxOutage(%v): must not be negative", deduptype.ErrConfig, prefix, c.MaxOutage)
 	case c.Logger == nil:
-		return fmt.Errorf("%w: %sWithLogger(nil)", dedup.ErrConfig, prefix)
+		return fmt.Errorf("%w: %sWithLogger(nil)", deduptype.ErrConfig, prefix)
 	}
 	return nil
 }

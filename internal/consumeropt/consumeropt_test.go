@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/consumeropt"
 )
 
@@ -19,7 +19,7 @@ func TestValidateNamesTheOption(t *testing.T) {
 	} {
 		c := consumeropt.Defaults(time.Second)
 		set(&c)
-		if err := c.Validate("x: "); !errors.Is(err, dedup.ErrConfig) || !strings.Contains(err.Error(), want) {
+		if err := c.Validate("x: "); !errors.Is(err, deduptype.ErrConfig) || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v, want ErrConfig naming %s", err, want)
 		}
 	}

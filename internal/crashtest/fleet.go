@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -36,7 +36,7 @@ func Soak() bool { return testenv.Env("DEDUP_SOAK", "") == "1" }
 
 // RunID returns a name part that no earlier run used.
 func RunID() string {
-	return strconv.FormatInt(time.Now().UnixNano(), 36) + dedup.NewOwnerToken()[:4]
+	return strconv.FormatInt(time.Now().UnixNano(), 36) + deduptype.NewOwnerToken()[:4]
 }
 
 // Ready tells the fleet, through the worker's log, that SIGTERM now stops

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/deduptest"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -19,7 +20,7 @@ func TestConformance(t *testing.T) {
 	t.Run("postgres", func(t *testing.T) {
 		pool := testenv.Postgres(t)
 		// A table of its own: the suite's Purge case must not race another purger.
-		table := "dedup_conformance_" + dedup.NewOwnerToken()[:12]
+		table := "dedup_conformance_" + deduptype.NewOwnerToken()[:12]
 		s, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
 		if err != nil {
 			t.Fatal(err)
