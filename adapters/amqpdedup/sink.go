@@ -19,23 +19,17 @@ var ErrNoDLQ = errors.New("amqpdedup: no dead-letter routing key for this letter
 
 // ErrNacked means the broker refused a message (a negative publisher
 // confirm, which RabbitMQ sends on an internal error of a queue): for a dead
-// letter, the original delivery is not acknowledged.
-var ErrNacked = errors.New("amqpdedup: the broker refused the message")
+// letter, the original delivery is not acknowledged. The amqpoutbox
+// publisher returns it too.
+var ErrNacked = amqpconn.ErrNacked
 
 // UnroutableError means the broker routed a message to no queue: the
 // exchange has no binding for its routing key, or, on the default exchange,
 // no queue has that name. The message was published as mandatory, so the
 // broker returned it instead of dropping it: for a dead letter, the
-// original delivery is not acknowledged.
-type UnroutableError struct {
-	Exchange   string
-	RoutingKey string
-	ReplyText  string
-}
-
-func (e *UnroutableError) Error() string {
-	return fmt.Sprintf("amqp: unroutable: exchange %q, routing key %q: %s", e.Exchange, e.RoutingKey, e.ReplyText)
-}
+// original delivery is not acknowledged. The amqpoutbox publisher returns
+// it too.
+type UnroutableError = amqpconn.UnroutableError
 
 // SinkOpt configures a [Sink].
 type SinkOpt interface{ apply(*Sink) }
@@ -143,7 +137,7 @@ func (s *Sink) publish(ctx context.Context, key string, pub amqp.Publishing) err
 	}
 	acked, err := dc.WaitContext(ctx)
 	if ret, ok := returned()[pub.MessageId]; ok {
-		return &UnroutableError{Exchange: ret.Exchange, RoutingKey: ret.RoutingKey, ReplyText: ret.ReplyText}
+		return amqpconn.Unroutable(ret)
 	}
 	switch {
 	case err != nil:

@@ -23,12 +23,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/wire"
 )
 
 // Header names the event ID is read from by default.
 const (
 	// DefaultIDHeader is the header carrying the producer-assigned event ID.
-	DefaultIDHeader = "event-id"
+	DefaultIDHeader = wire.KafkaIDHeader
 	// CloudEventsIDHeader is the event ID header of the CloudEvents Kafka
 	// protocol binding (binary mode); it is accepted when the ID header is
 	// absent.

@@ -11,12 +11,13 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/wire"
 )
 
 // DefaultIDHeader is the header the event ID is read from unless
 // [WithIDHeader] or [WithIDFunc] says otherwise: JetStream's own message ID,
 // which its duplicate window already checks on publish.
-const DefaultIDHeader = jetstream.MsgIDHeader
+const DefaultIDHeader = wire.NATSIDHeader
 
 // Errors returned when a message has no usable event ID; such a message is
 // dead-lettered with dedup.ReasonInvalidID.

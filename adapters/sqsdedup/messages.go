@@ -13,11 +13,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/wire"
 )
 
 // DefaultIDAttribute is the message attribute the event ID is read from
 // unless [WithIDAttribute] names another.
-const DefaultIDAttribute = "event-id"
+const DefaultIDAttribute = wire.SQSIDAttribute
 
 // ErrNoEventID means a message carries no event ID where the consumer looks
 // for one; the message is dead-lettered with dedup.ReasonInvalidID.

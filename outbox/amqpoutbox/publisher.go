@@ -16,13 +16,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/adapters/amqpdedup"
 	"github.com/dedupkit/dedup/internal/amqpconn"
+	"github.com/dedupkit/dedup/internal/wire"
 	"github.com/dedupkit/dedup/outbox"
 )
 
 // TenantHeader is the header carrying an event's tenant, when it has one.
-const TenantHeader = "tenant"
+const TenantHeader = wire.TenantHeader
 
 // Opt configures a [Publisher].
 type Opt interface{ apply(*Publisher) }
@@ -112,7 +112,7 @@ func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) []error 
 		case err != nil:
 			errs[i], reusable = fmt.Errorf("amqpoutbox: event %s not confirmed: %w", events[i].ID, err), false
 		case !acked:
-			errs[i] = fmt.Errorf("amqpoutbox: event %s: %w", events[i].ID, amqpdedup.ErrNacked)
+			errs[i] = fmt.Errorf("amqpoutbox: event %s: %w", events[i].ID, amqpconn.ErrNacked)
 			reusable = reusable && !ch.IsClosed()
 		}
 	}
@@ -120,7 +120,7 @@ func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) []error 
 		for i := range events {
 			if ret, ok := rets[events[i].ID]; ok && errs[i] == nil {
 				errs[i] = dedup.Permanent(fmt.Errorf("amqpoutbox: event %s: %w", events[i].ID,
-					&amqpdedup.UnroutableError{Exchange: ret.Exchange, RoutingKey: ret.RoutingKey, ReplyText: ret.ReplyText}))
+					amqpconn.Unroutable(ret)))
 			}
 		}
 	}

@@ -17,12 +17,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/wire"
 	"github.com/dedupkit/dedup/outbox"
 )
 
 // TenantHeader is the header carrying an event's tenant, when it has one.
-const TenantHeader = "tenant"
+const TenantHeader = wire.TenantHeader
 
 // Publisher produces outbox events with a kgo.Client. Keep the client's
 // idempotent writes (kgo's default): they keep the records of one partition
@@ -152,12 +152,12 @@ func record(e *outbox.Event) *kgo.Record {
 	}
 	r.Headers = make([]kgo.RecordHeader, 0, len(e.Headers)+2)
 	for _, h := range e.Headers {
-		if h.Key == kafkadedup.DefaultIDHeader || h.Key == TenantHeader {
+		if h.Key == wire.KafkaIDHeader || h.Key == TenantHeader {
 			continue // the event's own ID and tenant win
 		}
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 	}
-	r.Headers = append(r.Headers, kgo.RecordHeader{Key: kafkadedup.DefaultIDHeader, Value: []byte(e.ID)})
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: wire.KafkaIDHeader, Value: []byte(e.ID)})
 	if e.Tenant != "" {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: TenantHeader, Value: []byte(e.Tenant)})
 	}

@@ -21,13 +21,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/adapters/natsdedup"
 	"github.com/dedupkit/dedup/internal/group"
+	"github.com/dedupkit/dedup/internal/wire"
 	"github.com/dedupkit/dedup/outbox"
 )
 
 // TenantHeader is the header carrying an event's tenant, when it has one.
-const TenantHeader = "tenant"
+const TenantHeader = wire.TenantHeader
 
 // DefaultConcurrency is how many keys a Publisher publishes at once unless
 // [WithConcurrency] says otherwise.
@@ -177,7 +177,7 @@ func message(e *outbox.Event) (*nats.Msg, error) {
 	}
 	msg := &nats.Msg{Subject: e.Destination, Data: e.Payload, Header: nats.Header{}}
 	for _, h := range e.Headers {
-		if h.Key == natsdedup.DefaultIDHeader || h.Key == TenantHeader {
+		if h.Key == wire.NATSIDHeader || h.Key == TenantHeader {
 			continue // the event's own ID and tenant win
 		}
 		if !validHeaderName(h.Key) {

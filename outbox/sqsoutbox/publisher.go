@@ -25,14 +25,14 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/adapters/sqsdedup"
 	"github.com/dedupkit/dedup/internal/sqsbody"
+	"github.com/dedupkit/dedup/internal/wire"
 	"github.com/dedupkit/dedup/outbox"
 )
 
 // TenantAttribute is the message attribute carrying an event's tenant, when
 // it has one.
-const TenantAttribute = "tenant"
+const TenantAttribute = wire.TenantHeader
 
 // DefaultMaxMessageBytes is SQS's classic message size limit, 256 KiB, body
 // and attributes together; it also bounds one SendMessageBatch request.
@@ -234,7 +234,7 @@ func (p *Publisher) entry(e *outbox.Event, fifo bool) (pendingEntry, error) {
 		size += len(name) + len(aws.ToString(v.DataType)) + len(value)
 	}
 	for _, h := range e.Headers {
-		if h.Key == sqsdedup.DefaultIDAttribute || h.Key == TenantAttribute {
+		if h.Key == wire.SQSIDAttribute || h.Key == TenantAttribute {
 			continue // the event's own ID and tenant win
 		}
 		if !validAttributeName(h.Key) {
@@ -247,7 +247,7 @@ func (p *Publisher) entry(e *outbox.Event, fifo bool) (pendingEntry, error) {
 		}
 		add(h.Key, h.Value)
 	}
-	add(sqsdedup.DefaultIDAttribute, []byte(e.ID))
+	add(wire.SQSIDAttribute, []byte(e.ID))
 	if e.Tenant != "" {
 		add(TenantAttribute, []byte(e.Tenant))
 	}
