@@ -9,6 +9,11 @@
 // dedup.Outcome, dedup.Result, dedup.Reason, dedup.ErrLeaseLost, ...), and
 // errors.Is and errors.As match either name, since both name one value.
 //
+// An adapter, a front end or an internal package that must not import the
+// wrapper (a producer, a shared configuration) names the shared vocabulary
+// here: [Outcome] and [Result], [Reason], the sentinel errors such as
+// [ErrConfig] and [ErrOutage].
+//
 // A store author implements dedup.Store with the types declared here:
 // [ClaimRequest], [Claim] and its [ClaimStatus], [Failure], [Key] and
 // [Record]. What only a store needs lives here alone: [Classify] answers a
