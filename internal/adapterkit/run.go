@@ -32,8 +32,7 @@ type Config struct {
 
 // Run is the skeleton of one Run of a Consumer that hands batches of
 // deliveries to handlers: Start it, poll until Ctx is done, handing each
-// batch to Dispatch, then Stop it. Its Batches decide the deliveries'
-// actions, with one count of failures in a row for the Run.
+// batch to Dispatch, then Stop it.
 type Run struct {
 	// Ctx is done once the caller's context is, or once the Run gives up
 	// (GiveUp): poll until then.
@@ -45,8 +44,11 @@ type Run struct {
 	// deletes) and its services, until Stop returns.
 	BG context.Context
 
+	// Policy decides the actions of the Run's deliveries, with one count of
+	// failures in a row.
+	Policy *Policy
+
 	cfg        Config
-	policy     *Policy
 	giveUp     context.CancelCauseFunc
 	cancelWork context.CancelFunc
 	stopBG     context.CancelFunc
@@ -64,7 +66,7 @@ func Start(ctx context.Context, c Config) *Run {
 	r.Ctx, r.giveUp = context.WithCancelCause(ctx)
 	r.Work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
 	r.BG, r.stopBG = context.WithCancel(context.WithoutCancel(ctx))
-	r.policy = &Policy{InFlightDelay: c.InFlightDelay, Backoff: c.Backoff,
+	r.Policy = &Policy{InFlightDelay: c.InFlightDelay, Backoff: c.Backoff,
 		Outage: NewOutage(c.Health, c.Stats, c.MaxOutage, r.GiveUp)}
 	r.stopLog = context.AfterFunc(r.Ctx, func() {
 		c.Log.Info(c.Name + ": stopping: waiting for running handlers")
@@ -87,8 +89,9 @@ func (r *Run) GiveUp(err error) {
 // Stopping returns what is closed once the Run is stopping.
 func (r *Run) Stopping() <-chan struct{} { return r.Ctx.Done() }
 
-// Batch starts the decisions of one batch of deliveries.
-func (r *Run) Batch() *Batch { return r.policy.Batch(r.Ctx.Done()) }
+// Batch starts the decisions of one batch of deliveries, stopping with the
+// Run.
+func (r *Run) Batch() *Batch { return r.Policy.Batch(r.Ctx.Done()) }
 
 // Dispatch runs handle, the handling of a batch, in a goroutine of its own
 // that Stop waits for.
