@@ -13,10 +13,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/dedupkit/dedup/internal/amqpconn"
 	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/outage"
-	"github.com/dedupkit/dedup/internal/shutdown"
 )
 
 // Consumer consumes one RabbitMQ queue with manual acknowledgements and runs
@@ -91,12 +91,14 @@ func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt
 // that bound. Several Runs of one Consumer at once are several consumers of
 // the queue.
 func (c *Consumer) Run(ctx context.Context) error {
-	ctx, giveUp := context.WithCancelCause(ctx)
-	defer giveUp(nil)
-	r := &runner{Consumer: c, giveUp: giveUp, held: make(map[*time.Timer]amqp.Delivery)}
-	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
-	defer r.cancelWork()
-
+	r := &runner{Consumer: c, held: make(map[*time.Timer]amqp.Delivery)}
+	r.Run = adapterkit.Start(ctx, adapterkit.Config{
+		Name: "amqpdedup: " + c.queue, Log: c.log,
+		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage,
+		InFlightDelay: c.cfg.InFlightDelay, Backoff: c.cfg.errorBackoff,
+		Health: c.w.Health, Stats: func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
+	})
+	ctx = r.Ctx
 	var sessions []*session
 	for failures := 0; ctx.Err() == nil; {
 		s, err := r.open(ctx)
@@ -124,15 +126,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	c.notConsuming.Store(nil)
-	err := shutdown.Wait(&r.handlers, r.cfg.ShutdownTimeout, r.cancelWork, r.log, "amqpdedup: "+r.queue)
-	r.returnHeld()
-	for _, s := range sessions {
-		s.conn.Close()
-	}
-	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
-		return errors.Join(cause, err)
-	}
-	return err
+	return r.Stop(func() {
+		r.returnHeld()
+		for _, s := range sessions {
+			s.conn.Close()
+		}
+	})
 }
 
 // consumeFailure is why, and since when, Run cannot consume the queue.
@@ -154,13 +153,7 @@ func (c *Consumer) failedToConsume(err error) {
 // runner is the state of one Run.
 type runner struct {
 	*Consumer
-	// work is the handlers' context: it outlives Run's until the shutdown
-	// timeout, so that running handlers can finish.
-	work       context.Context
-	cancelWork context.CancelFunc
-	giveUp     context.CancelCauseFunc
-	handlers   sync.WaitGroup
-	failures   atomic.Int64 // deliveries not settled in a row
+	*adapterkit.Run
 
 	mu   sync.Mutex
 	held map[*time.Timer]amqp.Delivery // to be returned to the queue when their timer fires
@@ -232,7 +225,7 @@ func (r *runner) consume(ctx context.Context, s *session) error {
 					break fill
 				}
 			}
-			r.handlers.Go(func() { r.handle(ctx, batch) })
+			r.Dispatch(func() { r.handle(batch) })
 		}
 	}
 }
@@ -255,57 +248,32 @@ func lostWhy(s *session) error {
 }
 
 // handle runs batch through the wrapper and acts on each outcome.
-func (r *runner) handle(stop context.Context, batch []amqp.Delivery) {
-	err := r.w.HandleConcurrent(r.work, batch, func(i int, res dedup.Result, err error) {
-		r.settle(stop, batch[i], res, err)
-	})
-	if err != nil { // the batch claim failed: none of them ran
-		for _, d := range batch {
-			r.settle(stop, d, dedup.Result{}, err)
-		}
-	}
+func (r *runner) handle(batch []amqp.Delivery) {
+	adapterkit.Concurrent(r.Batch(), batch, func(ds []amqp.Delivery, yield func(int, dedup.Result, error)) error {
+		return r.w.HandleConcurrent(r.Work, ds, yield)
+	}, func(i int, res dedup.Result, d adapterkit.Decision) { r.act(batch[i], res, d) })
 }
 
-// settle acts on the outcome of one delivery.
-func (r *runner) settle(stop context.Context, d amqp.Delivery, res dedup.Result, err error) {
-	switch {
-	case err != nil:
-		level := slog.LevelWarn
-		if stop.Err() == nil { // not a handler cancelled by the shutdown
-			level = r.failed()
-		}
-		n := r.failures.Add(1)
-		r.log.Log(r.work, level, "amqpdedup: delivery not acknowledged; it will come back", slog.String("message_id", d.MessageId),
-			slog.String("key", res.Key.String()), slog.Any("error", err))
-		r.holdBack(stop, d, r.cfg.errorBackoff(int(n)))
-	case res.Settled():
-		r.failures.Store(0)
-		if err := d.Ack(false); err != nil {
+// act does what d decided for delivery.
+func (r *runner) act(delivery amqp.Delivery, res dedup.Result, d adapterkit.Decision) {
+	if d.Settled() { // Ack and Park alike: the letter is durable
+		if err := delivery.Ack(false); err != nil {
 			r.log.Debug("amqpdedup: acknowledgement lost with its channel; the redelivery is answered as a duplicate",
 				slog.String("key", res.Key.String()), slog.Any("error", err))
 		}
-	case res.Outcome == dedup.OutcomeInFlight:
-		r.holdBack(stop, d, min(res.RetryAfter, r.cfg.InFlightDelay))
-	default: // dedup.OutcomeRetry
-		r.holdBack(stop, d, res.RetryAfter)
+		return
 	}
-}
-
-// failed is called for each delivery that could not be settled: it stops
-// Run once failures have lasted longer than WithMaxOutage, and returns the
-// level to log this one at.
-func (r *runner) failed() slog.Level {
-	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.MaxOutage, ErrOutage)
-	if stop != nil {
-		r.giveUp(stop)
+	if d.Err != nil {
+		d.LogFailure(r.Work, r.log, "amqpdedup: delivery not acknowledged; it will come back",
+			slog.String("message_id", delivery.MessageId), slog.String("key", res.Key.String()))
 	}
-	return level
+	r.holdBack(delivery, d.Delay) // Redeliver: with a failure backoff, never Lapse
 }
 
 // holdBack returns d to the queue after delay, or at once when Run is
 // stopping.
-func (r *runner) holdBack(stop context.Context, d amqp.Delivery, delay time.Duration) {
-	if delay <= 0 || stop.Err() != nil {
+func (r *runner) holdBack(d amqp.Delivery, delay time.Duration) {
+	if delay <= 0 || r.Ctx.Err() != nil {
 		requeue(d)
 		return
 	}

@@ -70,7 +70,8 @@ func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c
 
 // WithErrorBackoff sets how long a delivery that could not be settled (the
 // store or the sink unreachable) is held before it is returned to the queue,
-// by the number of such failures in a row, and how long the consumer waits
+// by the number of batches in a row with such a failure (only a settled
+// delivery ends the run), and how long the consumer waits
 // before connecting again after a failure (default: exponential from 1 s to
 // 30 s).
 func WithErrorBackoff(b dedup.Backoff) Opt { return optFunc(func(c *config) { c.errorBackoff = b }) }

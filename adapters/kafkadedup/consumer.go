@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -218,8 +219,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	ctx, giveUp := context.WithCancelCause(ctx)
 	defer giveUp(nil)
-	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, giveUp: giveUp,
-		parts: make(map[topicPartition]*partition)}
+	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, parts: make(map[topicPartition]*partition),
+		outage: adapterkit.NewOutage(c.w.Health, func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
+			c.cfg.maxOutage, func(err error) { giveUp(err) })}
 	cl, err := kgo.NewClient(append(slices.Clip(c.cfg.clientOpts), runOpts(s)...)...)
 	if err != nil {
 		return fmt.Errorf("kafkadedup: new client: %w", err)
@@ -252,7 +254,9 @@ type session struct {
 	group string
 	base  context.Context // parent of the handlers' contexts
 
-	giveUp context.CancelCauseFunc // stops Run with an outage error (WithMaxOutage)
+	// outage is told of each batch with a record not settled, and stops Run
+	// once failures have lasted longer than WithMaxOutage.
+	outage *adapterkit.Outage
 
 	mu    sync.Mutex
 	parts map[topicPartition]*partition
@@ -281,17 +285,6 @@ func (s *session) poll(ctx context.Context) {
 		})
 		s.cl.AllowRebalance()
 	}
-}
-
-// failed is called for each record that could not be settled (the wrapper
-// has recorded the failure): it stops Run once failures have lasted longer
-// than WithMaxOutage, and returns the level to log this one at.
-func (s *session) failed() slog.Level {
-	level, stop := outage.Failed(s.w.Health(), outage.Snapshot(s.w.Stats()), s.cfg.maxOutage, ErrOutage)
-	if stop != nil {
-		s.giveUp(stop)
-	}
-	return level
 }
 
 // worker returns the partition's worker, starting it on first use.

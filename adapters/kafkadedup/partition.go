@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -21,6 +22,9 @@ type partition struct {
 	s   *session
 	tp  topicPartition
 	log *slog.Logger
+	// policy decides the records' actions, with the partition's own count
+	// of failures in a row: a record waits in place for its delay.
+	policy *adapterkit.Policy
 
 	mu     sync.Mutex
 	queue  [][]*kgo.Record // fetched batches not yet taken
@@ -44,6 +48,7 @@ func newPartition(s *session, tp topicPartition) *partition {
 		s:      s,
 		tp:     tp,
 		log:    s.log.With(slog.String("group", s.group), slog.String("topic", tp.topic), slog.Int("partition", int(tp.partition))),
+		policy: &adapterkit.Policy{InFlightDelay: adapterkit.Unbounded, Backoff: s.cfg.errBackoff, Outage: s.outage},
 		wake:   make(chan struct{}, 1),
 		quit:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -117,7 +122,6 @@ func (p *partition) stopping() bool {
 func (p *partition) run() {
 	defer close(p.done)
 	var pending []*kgo.Record
-	errs := 0 // consecutive errors, for the backoff
 	for {
 		if len(pending) == 0 {
 			recs, ok := p.pop()
@@ -126,21 +130,16 @@ func (p *partition) run() {
 			}
 			pending = recs
 		}
-		var wait time.Duration
-		var err error
-		pending, wait, err = p.process(pending)
+		var d adapterkit.Decision
+		pending, d = p.process(pending)
+		if d.Err != nil {
+			d.LogFailure(p.ctx, p.log, "kafkadedup: record not settled; it is tried again (in place, or by the partition's next owner)", slog.Int64("offset", pending[0].Offset),
+				slog.Int("consecutive_errors", d.Failures))
+		}
 		if p.stopping() {
 			return
 		}
-		if err != nil {
-			errs++
-			wait = p.s.cfg.errBackoff(errs)
-			p.log.Log(p.ctx, p.s.failed(), "kafkadedup: record not settled; retrying it in place", slog.Int64("offset", pending[0].Offset),
-				slog.Int("consecutive_errors", errs), slog.Duration("backoff", wait), slog.Any("error", err))
-		} else {
-			errs = 0
-		}
-		if len(pending) > 0 && !p.sleep(wait) {
+		if len(pending) > 0 && !p.sleep(d.Delay) {
 			return
 		}
 	}
@@ -148,20 +147,21 @@ func (p *partition) run() {
 
 // process runs recs through the wrapper with one batch claim, then marks the
 // settled ones. It returns the records still to do, starting with the
-// first unsettled one, and how long to wait before trying it again.
-func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.Duration, err error) {
+// first unsettled one, and the decision for that one: how long to wait
+// before trying it again.
+func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, d adapterkit.Decision) {
 	next := 0 // the first record not settled
 	marked, markedAt := 0, time.Now()
-	berr := p.s.w.HandleBatch(p.ctx, recs, func(i int, res dedup.Result, rerr error) bool {
-		switch {
-		case rerr != nil:
-			err = rerr
-			return false
-		case !res.Settled():
-			wait = res.RetryAfter
-			p.log.Debug("kafkadedup: record not settled yet; waiting in place", slog.Int64("offset", recs[i].Offset),
-				slog.String("outcome", res.Outcome.String()), slog.Duration("retry_after", wait))
-			return false
+	_, claim := adapterkit.InOrder(p.policy.Batch(p.quit), recs, func(rs []*kgo.Record, yield func(int, dedup.Result, error) bool) error {
+		return p.s.w.HandleBatch(p.ctx, rs, yield, dedup.CallStop(p.quit), dedup.CallGroup(p.s.group))
+	}, func(i int, res dedup.Result, rd adapterkit.Decision) {
+		if !rd.Settled() {
+			d = rd
+			if rd.Err == nil {
+				p.log.Debug("kafkadedup: record not settled yet; waiting in place", slog.Int64("offset", recs[i].Offset),
+					slog.String("outcome", res.Outcome.String()), slog.Duration("retry_after", rd.Delay))
+			}
+			return
 		}
 		next = i + 1
 		// Marking a record marks those before it too: one mark per
@@ -171,15 +171,14 @@ func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, wait time.D
 			p.s.cl.MarkCommitRecords(recs[i])
 			marked, markedAt = next, now
 		}
-		return !p.stopping()
-	}, dedup.CallStop(p.quit), dedup.CallGroup(p.s.group))
+	})
 	if next > marked {
 		p.s.cl.MarkCommitRecords(recs[next-1])
 	}
-	if berr != nil {
-		err = berr
+	if claim != nil {
+		d = *claim
 	}
-	return recs[next:], wait, err
+	return recs[next:], d
 }
 
 // sleep waits for d; false means the worker must stop.

@@ -6,17 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/heartbeat"
 	"github.com/dedupkit/dedup/internal/outage"
-	"github.com/dedupkit/dedup/internal/shutdown"
 	"github.com/dedupkit/dedup/internal/slots"
 )
 
@@ -109,53 +108,33 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	ctx, giveUp := context.WithCancelCause(ctx)
-	defer giveUp(nil)
-	r.giveUp = giveUp
-	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
-	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
-	r.services.Go(func() { r.hb.Run(r.bg) })
-	stopLog := context.AfterFunc(ctx, func() {
-		c.log.Info("natsdedup: stopping: waiting for the pull in progress and running handlers")
+	r.Run = adapterkit.Start(ctx, adapterkit.Config{
+		Name: "natsdedup", Log: c.log,
+		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage,
+		InFlightDelay: c.cfg.InFlightDelay, Backoff: dedup.ExponentialBackoff(time.Second, maxFailureDelay),
+		Health: c.w.Health, Stats: func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
 	})
-	defer stopLog()
-
-	pollErr := r.poll(ctx)
-	giveUp(pollErr) // no-op unless poll failed for good
-	err = shutdown.Wait(&r.handlers, r.cfg.ShutdownTimeout, r.cancelWork, r.log, "natsdedup")
-	r.stopBg()
-	r.services.Wait()
-	r.cancelWork()
-	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
-		return errors.Join(cause, err)
+	r.Serve(r.hb.Run)
+	if err := r.poll(r.Ctx); err != nil {
+		r.GiveUp(err)
 	}
-	return errors.Join(pollErr, err)
+	return r.Stop(nil)
 }
+
+// maxFailureDelay bounds the nak delay of deliveries not settled while the
+// store or the sink fails.
+const maxFailureDelay = 15 * time.Second
 
 // runner is the state of one Run.
 type runner struct {
 	*Consumer
+	*adapterkit.Run
 	ackWait    time.Duration
 	fetchWait  time.Duration
 	batch      int
 	maxDeliver int
 	slots      *slots.Slots
 	hb         *heartbeat.Held[jetstream.Msg]
-	// work is the handlers' context: it outlives Run's until the shutdown
-	// timeout, so that running handlers can finish.
-	work       context.Context
-	cancelWork context.CancelFunc
-	// bg is for the consumer's own calls (acknowledgements, heartbeat),
-	// until Run returns.
-	bg     context.Context
-	stopBg context.CancelFunc
-	// giveUp stops Run with an error (WithMaxOutage, a closed connection).
-	giveUp   context.CancelCauseFunc
-	handlers sync.WaitGroup
-	services sync.WaitGroup
-	// failures counts the batches with deliveries not settled in a row, for
-	// the delay of their naks.
-	failures atomic.Int64
 	// maxDeliverLogged is done once a message reached MaxDeliver unsettled.
 	maxDeliverLogged sync.Once
 }
@@ -215,7 +194,7 @@ func (r *runner) poll(ctx context.Context) error {
 		r.slots.Give(n - len(msgs))
 		if len(msgs) > 0 {
 			r.hb.Add(msgs...)
-			r.handlers.Go(func() { r.handle(ctx, msgs) })
+			r.Dispatch(func() { r.handle(msgs) })
 		}
 		if err == nil {
 			pullFailures = 0
@@ -270,91 +249,44 @@ func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 }
 
 // handle runs one pull's messages through the wrapper and acts on their
-// outcomes; stop is Run's context.
-func (r *runner) handle(stop context.Context, msgs []jetstream.Msg) {
+// outcomes.
+func (r *runner) handle(msgs []jetstream.Msg) {
 	defer r.slots.Give(len(msgs))
-	if stop.Err() != nil {
-		r.giveBack(msgs...)
-		return
-	}
 	acks := make([]jetstream.Msg, 0, len(msgs))
-	f := failures{r: r, stop: stop}
-	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
-		if r.settle(stop, msgs[i], res, err, &f) {
+	adapterkit.Concurrent(r.Batch(), msgs, func(ms []jetstream.Msg, yield func(int, dedup.Result, error)) error {
+		return r.w.HandleConcurrent(r.Work, ms, yield, dedup.CallLease(r.ackWait))
+	}, func(i int, res dedup.Result, d adapterkit.Decision) {
+		if r.act(msgs[i], res, d) {
 			acks = append(acks, msgs[i])
 		}
-	}, dedup.CallLease(r.ackWait))
-	if err != nil { // the batch claim failed: none of them ran
-		delay, level := f.failed()
-		r.log.Log(r.work, level, "natsdedup: claiming a batch failed; its messages will come back",
-			slog.Int("messages", len(msgs)), slog.Duration("retry_in", delay), slog.Any("error", err))
-		r.hb.Remove(msgs...)
-		for _, m := range msgs {
-			r.nak(m, delay)
-		}
-	}
+	})
 	r.ack(acks)
 }
 
-// failures is what one batch knows of its deliveries not settled: they
-// count once toward the run of failures that sets their naks' delay.
-type failures struct {
-	r       *runner
-	stop    context.Context
-	counted bool
-	delay   time.Duration
-	level   slog.Level
-}
-
-// failed returns the delay of the nak of a delivery not settled, and the
-// level to log it at. A delivery stopped by the shutdown is given back at
-// once.
-func (f *failures) failed() (time.Duration, slog.Level) {
-	if f.stop.Err() != nil {
-		return 0, slog.LevelWarn
-	}
-	if !f.counted {
-		f.counted = true
-		f.level = f.r.failed()
-		f.delay = dedup.ExponentialBackoff(time.Second, maxFailureDelay)(int(f.r.failures.Add(1)))
-	}
-	return f.delay, f.level
-}
-
-// maxFailureDelay bounds the nak delay of deliveries not settled while the
-// store or the sink fails.
-const maxFailureDelay = 15 * time.Second
-
-// settle acts on the outcome of one message, except an acknowledgement,
-// which it leaves to the caller by returning true.
-func (r *runner) settle(stop context.Context, m jetstream.Msg, res dedup.Result, err error, f *failures) (ack bool) {
+// act does what d decided for m, except an acknowledgement, which it leaves
+// to the caller by returning true.
+func (r *runner) act(m jetstream.Msg, res dedup.Result, d adapterkit.Decision) (ack bool) {
 	r.hb.Remove(m)
-	switch {
-	case err != nil:
-		delay, level := f.failed()
-		r.log.Log(r.work, level, "natsdedup: message not acknowledged; it will come back",
-			slog.String("subject", m.Subject()), slog.String("key", res.Key.String()),
-			slog.Duration("retry_in", delay), slog.Any("error", err))
-		r.nak(m, delay)
-		return false
-	case res.Settled():
-		r.failures.Store(0)
-		if res.Outcome == dedup.OutcomeDeadLettered || res.Outcome == dedup.OutcomeConflict {
-			if err := m.Term(); err != nil {
-				r.log.Warn("natsdedup: dead-lettered message not terminated; it may come back and be acknowledged as a duplicate",
-					slog.String("key", res.Key.String()), slog.Any("error", err))
-			}
-			return false
-		}
+	switch d.Action {
+	case adapterkit.Ack:
 		return true
-	case res.Outcome == dedup.OutcomeInFlight:
-		r.checkMaxDeliver(m, res)
-		r.nak(m, min(res.RetryAfter, r.cfg.InFlightDelay))
-	default: // dedup.OutcomeRetry
-		r.failures.Store(0)
-		r.checkMaxDeliver(m, res)
-		r.nak(m, res.RetryAfter)
+	case adapterkit.Park:
+		// Terminated, not acknowledged: the server reports it as such.
+		if err := m.Term(); err != nil {
+			r.log.Warn("natsdedup: dead-lettered message not terminated; it may come back and be acknowledged as a duplicate",
+				slog.String("key", res.Key.String()), slog.Any("error", err))
+		}
+		return false
 	}
+	// Redeliver: with a failure backoff, never Lapse.
+	switch {
+	case d.Err != nil:
+		d.LogFailure(r.Work, r.log, "natsdedup: message not acknowledged; it will come back",
+			slog.String("subject", m.Subject()), slog.String("key", res.Key.String()))
+	case res.Outcome == dedup.OutcomeInFlight || res.Outcome == dedup.OutcomeRetry:
+		r.checkMaxDeliver(m, res)
+	}
+	r.nak(m, d.Delay)
 	return false
 }
 
@@ -374,31 +306,11 @@ func (r *runner) checkMaxDeliver(m jetstream.Msg, res dedup.Result) {
 	})
 }
 
-// failed is called for each message that could not be settled (the wrapper
-// has recorded the failure): it stops Run once failures have lasted longer
-// than WithMaxOutage, and returns the level to log this one at.
-func (r *runner) failed() slog.Level {
-	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.MaxOutage, ErrOutage)
-	if stop != nil {
-		r.giveUp(stop)
-	}
-	return level
-}
-
 // nak asks the server to deliver m again after d.
 func (r *runner) nak(m jetstream.Msg, d time.Duration) {
 	if err := m.NakWithDelay(max(d, 0)); err != nil {
 		r.log.Warn("natsdedup: nak failed; the message comes back when its AckWait runs out",
 			slog.String("subject", m.Subject()), slog.Any("error", err))
-	}
-}
-
-// giveBack stops holding msgs, which were not handled, and naks them so
-// that they are delivered again at once.
-func (r *runner) giveBack(msgs ...jetstream.Msg) {
-	r.hb.Remove(msgs...)
-	for _, m := range msgs {
-		r.nak(m, 0)
 	}
 }
 
@@ -420,7 +332,7 @@ func (r *runner) ack(msgs []jetstream.Msg) {
 	var wg sync.WaitGroup
 	for _, m := range msgs {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(r.bg, r.cfg.ackTimeout)
+			ctx, cancel := context.WithTimeout(r.BG, r.cfg.ackTimeout)
 			defer cancel()
 			if err := m.DoubleAck(ctx); err != nil {
 				warn(m, err)

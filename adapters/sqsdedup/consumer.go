@@ -3,7 +3,6 @@ package sqsdedup
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -15,11 +14,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/group"
 	"github.com/dedupkit/dedup/internal/heartbeat"
 	"github.com/dedupkit/dedup/internal/outage"
-	"github.com/dedupkit/dedup/internal/shutdown"
 	"github.com/dedupkit/dedup/internal/slots"
 	"github.com/dedupkit/dedup/internal/sqsbody"
 )
@@ -137,69 +136,48 @@ func (c *Consumer) Run(ctx context.Context) error {
 			dedup.ErrConfig, c.url)
 	}
 
-	ctx, giveUp := context.WithCancelCause(ctx)
-	defer giveUp(nil)
 	r := c.start(ctx, vis)
-	r.giveUp = giveUp
-	stopLog := context.AfterFunc(ctx, func() {
-		c.log.Info("sqsdedup: stopping: waiting for receives in progress and running handlers")
-	})
-	defer stopLog()
 	var pollers sync.WaitGroup
 	for range c.cfg.pollers {
-		pollers.Go(func() { r.poll(ctx) })
+		pollers.Go(func() { r.poll(r.Ctx) })
 	}
 	pollers.Wait()
-	err := shutdown.Wait(&r.handlers, r.cfg.ShutdownTimeout, r.cancelWork, r.log, "sqsdedup: "+r.url)
-	r.stop()
-	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
-		return errors.Join(cause, err)
-	}
-	return err
+	return r.stop()
 }
 
 // runner is the state of one Run.
 type runner struct {
 	*Consumer
-	vis   time.Duration
-	slots *slots.Slots // free workers, one per message held
-	// work is the handlers' context: it outlives Run's until the shutdown
-	// timeout, so that running handlers can finish.
-	work       context.Context
-	cancelWork context.CancelFunc
-	// bg is for the consumer's own calls, until Run returns.
-	bg     context.Context
-	stopBg context.CancelFunc
-	// giveUp stops Run with an outage error (WithMaxOutage).
-	giveUp   context.CancelCauseFunc
-	handlers sync.WaitGroup
-	services sync.WaitGroup
-	hb       *heartbeat.Held[types.Message]
-	del      *deleter
-	batches  *batches
+	*adapterkit.Run
+	vis     time.Duration
+	slots   *slots.Slots // free workers, one per message held
+	hb      *heartbeat.Held[types.Message]
+	del     *deleter
+	batches *batches
 }
 
 // start returns a runner with its heartbeat and deleter running.
 func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
 	r := &runner{Consumer: c, vis: vis, slots: slots.New(c.cfg.workers), batches: newBatches()}
+	// An error leaves the message to come back when its visibility timeout
+	// runs out (no Backoff: the timeout is the delay).
+	r.Run = adapterkit.Start(ctx, adapterkit.Config{
+		Name: "sqsdedup: " + c.url, Log: c.log,
+		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage, InFlightDelay: c.cfg.InFlightDelay,
+		Health: c.w.Health, Stats: func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
+	})
 	// The store lease defaults to the visibility timeout (dedup.CallLease),
 	// unless the wrapper sets dedup.WithLease.
-	r.work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
-	r.bg, r.stopBg = context.WithCancel(context.WithoutCancel(ctx))
 	r.hb = newHeartbeat(r)
 	r.del = newDeleter(r)
-	r.services.Go(func() { r.hb.Run(r.bg) })
-	r.services.Go(func() { r.del.run(r.bg) })
+	r.Serve(r.hb.Run)
+	r.Serve(r.del.run)
 	return r
 }
 
-// stop flushes the deletes and stops the heartbeat, once handlers are done.
-func (r *runner) stop() {
-	r.del.stop()
-	r.stopBg()
-	r.services.Wait()
-	r.cancelWork()
-}
+// stop waits for the handlers, flushes the deletes and stops the heartbeat,
+// once polling has returned; it returns Run's error.
+func (r *runner) stop() error { return r.Stop(r.del.stop) }
 
 func (r *runner) poll(ctx context.Context) {
 	failures := 0
@@ -332,11 +310,11 @@ func (r *runner) dispatch(stop context.Context, msgs []types.Message) {
 		return
 	}
 	if !r.fifo {
-		r.handlers.Go(func() { r.handleReceive(stop, msgs) })
+		r.Dispatch(func() { r.handleReceive(stop, msgs) })
 		return
 	}
 	for _, g := range groups(msgs) {
-		r.handlers.Go(func() { r.handleGroup(stop, g) })
+		r.Dispatch(func() { r.handleGroup(stop, g) })
 	}
 }
 
@@ -363,7 +341,8 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	defer r.batches.end(b)
 	var again []types.Message
 	var inFlight []dedup.Result
-	r.handleConcurrent(stop, msgs, func(m types.Message, res dedup.Result) bool {
+	decide := r.Policy.Batch(stop.Done())
+	r.handleConcurrent(decide, msgs, func(m types.Message, res dedup.Result) bool {
 		if res.Outcome == dedup.OutcomeInFlight && r.cfg.InFlightDelay > 0 && stop.Err() == nil && r.batches.shared(b) {
 			again, inFlight = append(again, m), append(inFlight, res)
 			return true
@@ -378,98 +357,77 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	r.batches.waitOthers(stop, b, r.cfg.InFlightDelay)
 	if stop.Err() != nil {
 		for i, m := range again {
-			r.settle(stop, m, inFlight[i], nil)
+			r.act(m, inFlight[i], decide.Decide(inFlight[i], nil))
 		}
 		return
 	}
 	b = r.batches.start()
 	defer r.batches.end(b)
-	r.handleConcurrent(stop, again, nil)
+	r.handleConcurrent(r.Policy.Batch(stop.Done()), again, nil)
 }
 
 // handleConcurrent runs msgs through HandleConcurrent and acts on each
 // outcome, except those that hold takes over.
-func (r *runner) handleConcurrent(stop context.Context, msgs []types.Message, hold func(types.Message, dedup.Result) bool) {
-	err := r.w.HandleConcurrent(r.work, msgs, func(i int, res dedup.Result, err error) {
-		if err == nil && hold != nil && hold(msgs[i], res) {
+func (r *runner) handleConcurrent(decide *adapterkit.Batch, msgs []types.Message, hold func(types.Message, dedup.Result) bool) {
+	adapterkit.Concurrent(decide, msgs, func(ms []types.Message, yield func(int, dedup.Result, error)) error {
+		return r.w.HandleConcurrent(r.Work, ms, yield, dedup.CallLease(r.vis))
+	}, func(i int, res dedup.Result, d adapterkit.Decision) {
+		if d.Err == nil && hold != nil && hold(msgs[i], res) {
 			return
 		}
-		r.settle(stop, msgs[i], res, err)
-	}, dedup.CallLease(r.vis))
-	if err != nil { // the batch claim failed: none of them ran
-		for _, m := range msgs {
-			r.settle(stop, m, dedup.Result{}, err)
-		}
-	}
+		r.act(msgs[i], res, d)
+	})
 }
 
 // handleGroup handles one FIFO group's messages in order, stopping at the
-// first that does not settle.
+// first that does not settle; the rest are given back at once.
 func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
 	next := 0
-	var err error
+	var claim *adapterkit.Decision
 	if stop.Err() == nil {
-		err = r.w.HandleBatch(r.work, msgs, func(i int, res dedup.Result, err error) bool {
-			r.settle(stop, msgs[i], res, err)
+		next, claim = adapterkit.InOrder(r.Policy.Batch(stop.Done()), msgs, func(ms []types.Message, yield func(int, dedup.Result, error) bool) error {
+			return r.w.HandleBatch(r.Work, ms, yield, dedup.CallStop(stop.Done()), dedup.CallLease(r.vis))
+		}, func(i int, res dedup.Result, d adapterkit.Decision) {
+			r.act(msgs[i], res, d)
 			r.release(1)
-			next = i + 1
-			return err == nil && res.Settled() && stop.Err() == nil
-		}, dedup.CallStop(stop.Done()), dedup.CallLease(r.vis))
+		})
 	}
 	rest := msgs[next:]
 	if len(rest) == 0 {
 		return
 	}
-	if err != nil && stop.Err() == nil {
-		r.log.Log(r.work, r.failed(), "sqsdedup: claiming a group's messages failed; they come back when their visibility timeout runs out",
-			slog.Int("messages", len(rest)), slog.Any("error", err))
-		r.hb.Remove(rest...)
+	if claim != nil { // the group's claim failed: none ran
+		for _, m := range rest {
+			r.act(m, dedup.Result{}, *claim)
+		}
 	} else {
 		r.giveBack(0, rest...)
 	}
 	r.release(len(rest))
 }
 
-// failed is called for each message that could not be settled (the wrapper
-// has recorded the failure): it stops Run once failures have lasted longer
-// than WithMaxOutage, and returns the level to log this one at.
-func (r *runner) failed() slog.Level {
-	level, stop := outage.Failed(r.w.Health(), outage.Snapshot(r.w.Stats()), r.cfg.MaxOutage, ErrOutage)
-	if stop != nil {
-		r.giveUp(stop)
-	}
-	return level
-}
-
-// settle acts on the outcome of one message.
-func (r *runner) settle(stop context.Context, m types.Message, res dedup.Result, err error) {
-	switch {
-	case err != nil:
-		level := slog.LevelWarn
-		if stop.Err() == nil { // not a handler cancelled by the shutdown
-			level = r.failed()
-		}
-		r.log.Log(r.work, level, "sqsdedup: message not acknowledged; it will come back", slog.String("message_id", aws.ToString(m.MessageId)),
-			slog.String("key", res.Key.String()), slog.Any("error", err))
-		if stop.Err() != nil {
-			r.giveBack(0, m)
-		} else {
-			r.hb.Remove(m)
-		}
-	case res.Settled():
+// act does what d decided for m.
+func (r *runner) act(m types.Message, res dedup.Result, d adapterkit.Decision) {
+	if d.Settled() { // Ack and Park alike: the letter is durable
 		r.del.add(m)
-	case res.Outcome == dedup.OutcomeInFlight:
-		r.giveBack(min(res.RetryAfter, r.cfg.InFlightDelay), m)
-	default: // dedup.OutcomeRetry
-		r.giveBack(res.RetryAfter, m)
+		return
 	}
+	if d.Err != nil {
+		d.LogFailure(r.Work, r.log, "sqsdedup: message not acknowledged; it will come back",
+			slog.String("message_id", aws.ToString(m.MessageId)), slog.String("key", res.Key.String()))
+	}
+	if d.Action == adapterkit.Lapse {
+		r.hb.Remove(m) // back when its visibility timeout runs out
+		return
+	}
+	r.giveBack(d.Delay, m)
 }
 
 // giveBack stops holding msgs and makes them visible again after d.
 func (r *runner) giveBack(d time.Duration, msgs ...types.Message) {
 	r.hb.Remove(msgs...)
 	for _, batch := range chunks(msgs) {
-		if lost := r.retryBatch(r.bg, "visibility change", batch, 3, r.visibilityCall(d)); len(lost) > 0 {
+		if lost := r.retryBatch(r.BG, "visibility change", batch, 3, r.visibilityCall(d)); len(lost) > 0 {
 			r.log.Warn("sqsdedup: messages not given back; they come back when their visibility timeout runs out",
 				slog.Int("messages", len(lost)))
 		}

@@ -1,0 +1,115 @@
+package adapterkit
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/outage"
+)
+
+var errStore = errors.New("store down")
+
+// policy returns a Policy with a backoff of failures seconds (or none) and
+// an Outage that is never in an outage; gaveUp collects what it gives up
+// with.
+func policy(backoff bool, health error, maxOutage time.Duration, since time.Time, gaveUp *[]error) *Policy {
+	p := &Policy{InFlightDelay: 5 * time.Second,
+		Outage: NewOutage(func() error { return health },
+			func() outage.Snapshot { return outage.Snapshot{FailingSince: since, LastError: errStore} },
+			maxOutage, func(err error) { *gaveUp = append(*gaveUp, err) })}
+	if backoff {
+		p.Backoff = func(n int) time.Duration { return time.Duration(n) * time.Second }
+	}
+	return p
+}
+
+// Every outcome maps to its one action, with its delay.
+func TestDecideMapsEachOutcome(t *testing.T) {
+	var gave []error
+	p := policy(true, nil, 0, time.Time{}, &gave)
+	b := p.Batch(nil)
+	for _, c := range []struct {
+		res  dedup.Result
+		want Decision
+	}{
+		{dedup.Result{Outcome: dedup.OutcomeProcessed}, Decision{Action: Ack}},
+		{dedup.Result{Outcome: dedup.OutcomeDuplicate}, Decision{Action: Ack}},
+		{dedup.Result{Outcome: dedup.OutcomeDeadLettered}, Decision{Action: Park}},
+		{dedup.Result{Outcome: dedup.OutcomeConflict}, Decision{Action: Park}},
+		{dedup.Result{Outcome: dedup.OutcomeRetry, RetryAfter: time.Minute}, Decision{Action: Redeliver, Delay: time.Minute}},
+		{dedup.Result{Outcome: dedup.OutcomeRetry, RetryAfter: -time.Second}, Decision{Action: Redeliver}},
+		// The in-flight delay bounds the wrapper's RetryAfter.
+		{dedup.Result{Outcome: dedup.OutcomeInFlight, RetryAfter: time.Minute}, Decision{Action: Redeliver, Delay: 5 * time.Second}},
+		{dedup.Result{Outcome: dedup.OutcomeInFlight, RetryAfter: time.Second}, Decision{Action: Redeliver, Delay: time.Second}},
+	} {
+		if got := b.Decide(c.res, nil); got != c.want {
+			t.Errorf("Decide(%v): %+v, want %+v", c.res.Outcome, got, c.want)
+		}
+	}
+	// A result with no outcome is never acknowledged.
+	if d := b.Decide(dedup.Result{}, nil); d.Settled() || !errors.Is(d.Err, errUnknownOutcome) {
+		t.Errorf("Decide(no outcome): %+v, want a failure", d)
+	}
+}
+
+// A batch's failures count once; only a settled outcome ends the run of
+// failures, not OutcomeRetry nor OutcomeInFlight.
+func TestFailuresInARowEndOnlyWhenSettled(t *testing.T) {
+	var gave []error
+	p := policy(true, nil, 0, time.Time{}, &gave)
+	b := p.Batch(nil)
+	for range 3 {
+		if d := b.Decide(dedup.Result{}, errStore); d.Action != Redeliver || d.Delay != time.Second || d.Failures != 1 || d.Level != slog.LevelWarn {
+			t.Fatalf("first batch's failure: %+v, want Redeliver after 1 s, 1 failure, WARN", d)
+		}
+	}
+	b = p.Batch(nil)
+	b.Decide(dedup.Result{Outcome: dedup.OutcomeRetry}, nil)
+	b.Decide(dedup.Result{Outcome: dedup.OutcomeInFlight}, nil)
+	if d := p.Batch(nil).Decide(dedup.Result{}, errStore); d.Failures != 2 || d.Delay != 2*time.Second {
+		t.Errorf("failure after a retry and an in-flight: %+v, want the 2nd in a row", d)
+	}
+	p.Batch(nil).Decide(dedup.Result{Outcome: dedup.OutcomeDeadLettered}, nil)
+	if d := p.Batch(nil).Decide(dedup.Result{}, errStore); d.Failures != 1 || d.Delay != time.Second {
+		t.Errorf("failure after a settled delivery: %+v, want the 1st in a row", d)
+	}
+	if len(gave) != 0 {
+		t.Errorf("gave up with %v, want no bound", gave)
+	}
+}
+
+// While Run is stopping, a failure is given back at once at WARN, neither
+// counted nor checked against the outage bound.
+func TestFailureWhileStopping(t *testing.T) {
+	var gave []error
+	p := policy(true, errors.New("outage"), time.Millisecond, time.Now().Add(-time.Hour), &gave)
+	stop := make(chan struct{})
+	close(stop)
+	d := p.Batch(stop).Decide(dedup.Result{}, errStore)
+	if want := (Decision{Action: Redeliver, Err: errStore, Level: slog.LevelWarn}); d != want {
+		t.Errorf("failure while stopping: %+v, want %+v", d, want)
+	}
+	if len(gave) != 0 || p.failures.Load() != 0 {
+		t.Errorf("counted (%d) or gave up (%v) while stopping", p.failures.Load(), gave)
+	}
+}
+
+// During an outage a failure is logged at DEBUG (the wrapper logs the
+// outage) and, past the bound, gives up once per batch; without a backoff
+// it is left to the broker's timeout.
+func TestFailureDuringAnOutage(t *testing.T) {
+	var gave []error
+	p := policy(false, errors.New("outage"), time.Minute, time.Now().Add(-time.Hour), &gave)
+	b := p.Batch(nil)
+	for range 2 {
+		if d := b.Decide(dedup.Result{}, errStore); d.Action != Lapse || d.Level != slog.LevelDebug {
+			t.Errorf("failure during an outage: %+v, want Lapse at DEBUG", d)
+		}
+	}
+	if len(gave) != 1 || !errors.Is(gave[0], dedup.ErrOutage) {
+		t.Errorf("gave up with %v, want once with ErrOutage", gave)
+	}
+}
