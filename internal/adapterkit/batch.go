@@ -1,8 +1,7 @@
 package adapterkit
 
 import (
-	// TODO(leaf): import deduptype
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // Concurrent runs msgs through handle (the wrapper's HandleConcurrent with
@@ -10,17 +9,17 @@ import (
 // result and decision, in order. When the batch claim fails, none ran: act
 // is called for each delivery with the claim's error decided. When Run is
 // stopping already, none runs: act gets each with [NotRun].
-func Concurrent[M any](b *Batch, msgs []M, handle func([]M, func(int, dedup.Result, error)) error, act func(int, dedup.Result, Decision)) {
+func Concurrent[M any](b *Batch, msgs []M, handle func([]M, func(int, deduptype.Result, error)) error, act func(int, deduptype.Result, Decision)) {
 	if b.Stopping() {
 		for i := range msgs {
-			act(i, dedup.Result{}, NotRun())
+			act(i, deduptype.Result{}, NotRun())
 		}
 		return
 	}
-	err := handle(msgs, func(i int, res dedup.Result, err error) { act(i, res, b.Decide(res, err)) })
+	err := handle(msgs, func(i int, res deduptype.Result, err error) { act(i, res, b.Decide(res, err)) })
 	if err != nil {
 		for i := range msgs {
-			act(i, dedup.Result{}, b.Decide(dedup.Result{}, err))
+			act(i, deduptype.Result{}, b.Decide(deduptype.Result{}, err))
 		}
 	}
 }
@@ -31,15 +30,15 @@ func Concurrent[M any](b *Batch, msgs []M, handle func([]M, func(int, dedup.Resu
 // decision, in order, going on while they settle and Run is not stopping.
 // It returns how many deliveries act was called for, and, when the batch
 // claim failed (none ran), the decision for each of them.
-func InOrder[M any](b *Batch, msgs []M, handle func([]M, func(int, dedup.Result, error) bool) error, act func(int, dedup.Result, Decision)) (acted int, claim *Decision) {
-	err := handle(msgs, func(i int, res dedup.Result, err error) bool {
+func InOrder[M any](b *Batch, msgs []M, handle func([]M, func(int, deduptype.Result, error) bool) error, act func(int, deduptype.Result, Decision)) (acted int, claim *Decision) {
+	err := handle(msgs, func(i int, res deduptype.Result, err error) bool {
 		d := b.Decide(res, err)
 		act(i, res, d)
 		acted = i + 1
 		return d.Settled() && !b.Stopping()
 	})
 	if err != nil {
-		d := b.Decide(dedup.Result{}, err)
+		d := b.Decide(deduptype.Result{}, err)
 		return acted, &d
 	}
 	return acted, nil

@@ -21,8 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	// TODO(leaf): import deduptype
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 )
 
 // Action is what an adapter does with a delivery once the wrapper has
@@ -168,20 +167,20 @@ func (b *Batch) Stopping() bool {
 // fail to record other deliveries (a sink down, a claim timing out), and
 // resetting on them would give those deliveries back at the shortest delay
 // for as long as that lasts.
-func (b *Batch) Decide(res dedup.Result, err error) Decision {
+func (b *Batch) Decide(res deduptype.Result, err error) Decision {
 	if err != nil {
 		return b.failed(err)
 	}
 	switch res.Outcome {
-	case dedup.OutcomeProcessed, dedup.OutcomeDuplicate:
+	case deduptype.OutcomeProcessed, deduptype.OutcomeDuplicate:
 		b.p.failures.Store(0)
 		return Decision{Action: Ack}
-	case dedup.OutcomeDeadLettered, dedup.OutcomeConflict:
+	case deduptype.OutcomeDeadLettered, deduptype.OutcomeConflict:
 		b.p.failures.Store(0)
 		return Decision{Action: Park}
-	case dedup.OutcomeInFlight:
+	case deduptype.OutcomeInFlight:
 		return Decision{Action: Redeliver, Delay: max(min(res.RetryAfter, b.p.InFlightDelay), 0)}
-	case dedup.OutcomeRetry:
+	case deduptype.OutcomeRetry:
 		return Decision{Action: Redeliver, Delay: max(res.RetryAfter, 0)}
 	}
 	return b.failed(fmt.Errorf("%w: %v", errUnknownOutcome, res.Outcome))

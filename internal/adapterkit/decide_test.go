@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/outage"
 )
 
@@ -32,25 +32,25 @@ func TestDecideMapsEachOutcome(t *testing.T) {
 	p := policy(true, nil, 0, time.Time{}, &gave)
 	b := p.Batch(nil)
 	for _, c := range []struct {
-		res  dedup.Result
+		res  deduptype.Result
 		want Decision
 	}{
-		{dedup.Result{Outcome: dedup.OutcomeProcessed}, Decision{Action: Ack}},
-		{dedup.Result{Outcome: dedup.OutcomeDuplicate}, Decision{Action: Ack}},
-		{dedup.Result{Outcome: dedup.OutcomeDeadLettered}, Decision{Action: Park}},
-		{dedup.Result{Outcome: dedup.OutcomeConflict}, Decision{Action: Park}},
-		{dedup.Result{Outcome: dedup.OutcomeRetry, RetryAfter: time.Minute}, Decision{Action: Redeliver, Delay: time.Minute}},
-		{dedup.Result{Outcome: dedup.OutcomeRetry, RetryAfter: -time.Second}, Decision{Action: Redeliver}},
+		{deduptype.Result{Outcome: deduptype.OutcomeProcessed}, Decision{Action: Ack}},
+		{deduptype.Result{Outcome: deduptype.OutcomeDuplicate}, Decision{Action: Ack}},
+		{deduptype.Result{Outcome: deduptype.OutcomeDeadLettered}, Decision{Action: Park}},
+		{deduptype.Result{Outcome: deduptype.OutcomeConflict}, Decision{Action: Park}},
+		{deduptype.Result{Outcome: deduptype.OutcomeRetry, RetryAfter: time.Minute}, Decision{Action: Redeliver, Delay: time.Minute}},
+		{deduptype.Result{Outcome: deduptype.OutcomeRetry, RetryAfter: -time.Second}, Decision{Action: Redeliver}},
 		// The in-flight delay bounds the wrapper's RetryAfter.
-		{dedup.Result{Outcome: dedup.OutcomeInFlight, RetryAfter: time.Minute}, Decision{Action: Redeliver, Delay: 5 * time.Second}},
-		{dedup.Result{Outcome: dedup.OutcomeInFlight, RetryAfter: time.Second}, Decision{Action: Redeliver, Delay: time.Second}},
+		{deduptype.Result{Outcome: deduptype.OutcomeInFlight, RetryAfter: time.Minute}, Decision{Action: Redeliver, Delay: 5 * time.Second}},
+		{deduptype.Result{Outcome: deduptype.OutcomeInFlight, RetryAfter: time.Second}, Decision{Action: Redeliver, Delay: time.Second}},
 	} {
 		if got := b.Decide(c.res, nil); got != c.want {
 			t.Errorf("Decide(%v): %+v, want %+v", c.res.Outcome, got, c.want)
 		}
 	}
 	// A result with no outcome is never acknowledged.
-	if d := b.Decide(dedup.Result{}, nil); d.Settled() || !errors.Is(d.Err, errUnknownOutcome) {
+	if d := b.Decide(deduptype.Result{}, nil); d.Settled() || !errors.Is(d.Err, errUnknownOutcome) {
 		t.Errorf("Decide(no outcome): %+v, want a failure", d)
 	}
 }
@@ -62,18 +62,18 @@ func TestFailuresInARowEndOnlyWhenSettled(t *testing.T) {
 	p := policy(true, nil, 0, time.Time{}, &gave)
 	b := p.Batch(nil)
 	for range 3 {
-		if d := b.Decide(dedup.Result{}, errStore); d.Action != Redeliver || d.Delay != time.Second || d.Failures != 1 || d.Level != slog.LevelWarn {
+		if d := b.Decide(deduptype.Result{}, errStore); d.Action != Redeliver || d.Delay != time.Second || d.Failures != 1 || d.Level != slog.LevelWarn {
 			t.Fatalf("first batch's failure: %+v, want Redeliver after 1 s, 1 failure, WARN", d)
 		}
 	}
 	b = p.Batch(nil)
-	b.Decide(dedup.Result{Outcome: dedup.OutcomeRetry}, nil)
-	b.Decide(dedup.Result{Outcome: dedup.OutcomeInFlight}, nil)
-	if d := p.Batch(nil).Decide(dedup.Result{}, errStore); d.Failures != 2 || d.Delay != 2*time.Second {
+	b.Decide(deduptype.Result{Outcome: deduptype.OutcomeRetry}, nil)
+	b.Decide(deduptype.Result{Outcome: deduptype.OutcomeInFlight}, nil)
+	if d := p.Batch(nil).Decide(deduptype.Result{}, errStore); d.Failures != 2 || d.Delay != 2*time.Second {
 		t.Errorf("failure after a retry and an in-flight: %+v, want the 2nd in a row", d)
 	}
-	p.Batch(nil).Decide(dedup.Result{Outcome: dedup.OutcomeDeadLettered}, nil)
-	if d := p.Batch(nil).Decide(dedup.Result{}, errStore); d.Failures != 1 || d.Delay != time.Second {
+	p.Batch(nil).Decide(deduptype.Result{Outcome: deduptype.OutcomeDeadLettered}, nil)
+	if d := p.Batch(nil).Decide(deduptype.Result{}, errStore); d.Failures != 1 || d.Delay != time.Second {
 		t.Errorf("failure after a settled delivery: %+v, want the 1st in a row", d)
 	}
 	if len(gave) != 0 {
@@ -88,7 +88,7 @@ func TestFailureWhileStopping(t *testing.T) {
 	p := policy(true, errors.New("outage"), time.Millisecond, time.Now().Add(-time.Hour), &gave)
 	stop := make(chan struct{})
 	close(stop)
-	d := p.Batch(stop).Decide(dedup.Result{}, errStore)
+	d := p.Batch(stop).Decide(deduptype.Result{}, errStore)
 	if want := (Decision{Action: Redeliver, Err: errStore, Level: slog.LevelWarn}); d != want {
 		t.Errorf("failure while stopping: %+v, want %+v", d, want)
 	}
@@ -105,11 +105,11 @@ func TestFailureDuringAnOutage(t *testing.T) {
 	p := policy(false, errors.New("outage"), time.Minute, time.Now().Add(-time.Hour), &gave)
 	b := p.Batch(nil)
 	for range 2 {
-		if d := b.Decide(dedup.Result{}, errStore); d.Action != Lapse || d.Level != slog.LevelDebug {
+		if d := b.Decide(deduptype.Result{}, errStore); d.Action != Lapse || d.Level != slog.LevelDebug {
 			t.Errorf("failure during an outage: %+v, want Lapse at DEBUG", d)
 		}
 	}
-	if len(gave) != 1 || !errors.Is(gave[0], dedup.ErrOutage) {
+	if len(gave) != 1 || !errors.Is(gave[0], deduptype.ErrOutage) {
 		t.Errorf("gave up with %v, want once with ErrOutage", gave)
 	}
 }

@@ -4,8 +4,7 @@ import (
 	"log/slog"
 	"time"
 
-	// TODO(leaf): import deduptype
-	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/outage"
 )
 
@@ -28,7 +27,7 @@ func NewOutage(health func() error, stats func() outage.Snapshot, maxOutage time
 // recorded the failure): it stops Run once failures have lasted longer than
 // the bound on an outage, and returns the level to log the delivery at.
 func (o *Outage) Failed() slog.Level {
-	level, stop := outage.Failed(o.health(), o.stats(), o.maxOutage, dedup.ErrOutage)
+	level, stop := outage.Failed(o.health(), o.stats(), o.maxOutage, deduptype.ErrOutage)
 	if stop != nil {
 		o.giveUp(stop)
 	}
