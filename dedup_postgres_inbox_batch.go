@@ -229,10 +229,7 @@ func (r *inboxChunk[M]) rollback(ctx context.Context) {
 }
 
 // txBroken reports whether tx can no longer commit.
-func txBroken(tx pgx.Tx) bool {
-	conn := tx.Conn().PgConn()
-	return conn.IsClosed() || conn.TxStatus() != 'T'
-}
+func txBroken(tx pgx.Tx) bool { return txStatus(tx) != 'T' }
 
 // chunkAttempt is an event's attempt in its segment's shared transaction.
 // The record was written as succeeded by the segment's claim, and commits
@@ -260,7 +257,7 @@ func (a *chunkAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 	if err := a.r.in.handler(ctx, &a.tx, d.msg); err != nil {
 		return err
 	}
-	if a.r.tx.Conn().PgConn().TxStatus() == 'E' {
+	if txStatus(a.r.tx) == 'E' {
 		// Its writes must not be committed as if it had succeeded.
 		return errTxAborted
 	}
