@@ -84,12 +84,16 @@ type Wrapper[M any] struct {
 	handler Handler[M]
 	cfg     config
 	// claimer claims a delivery for an attempt of its own; runner runs a
-	// HandleBatch. Both are chosen by Wrap or WrapTx and its options.
-	claimer claimer[M]
-	runner  func(*batch[M]) batchRunner[M]
-	// batchClaim claims a HandleConcurrent's keys in one call; nil: each
-	// is claimed by the claimer.
-	batchClaim func(ctx context.Context, reqs []ClaimRequest) ([]Claim, error)
+	// HandleBatch and runAtOnce a HandleConcurrent; newCompleter gives a
+	// batch its completer. All are chosen by Wrap or WrapTx and its
+	// options.
+	claimer      claimer[M]
+	runner       func(*batch[M]) batchRunner[M]
+	runAtOnce    func(*batch[M]) batchRunner[M]
+	newCompleter func(*batch[M]) completer[M]
+	// bc is the store's BatchCompleter, resolved once by newWrapper; nil:
+	// the store has none.
+	bc         deduptype.BatchCompleter
 	heartbeats sync.Pool // of *heartbeat
 	batches    sync.Pool // of *batch[M], for HandleBatch to reuse
 	health     *outage.Tracker
@@ -107,7 +111,10 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
 	}
 	w.handler = h
-	w.claimer, w.runner, w.batchClaim = storeAttempt[M]{w}, newStoreRunner[M], w.store.ClaimBatch
+	w.claimer, w.runner, w.runAtOnce = storeAttempt[M]{w}, newStoreRunner[M], newStoreRunner[M]
+	if w.bc != nil && w.cfg.batchWait > 0 {
+		w.newCompleter = newBatchedCompleter[M]
+	}
 	return w, nil
 }
 
@@ -122,7 +129,9 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	if nilcheck.IsNil(store) {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
-	if _, ok := store.(deduptype.BatchCompleter); cfg.batchWaitSet && cfg.batchWait > 0 && !ok {
+	// The store's optional capability, resolved here once.
+	bc, _ := store.(deduptype.BatchCompleter)
+	if cfg.batchWaitSet && cfg.batchWait > 0 && bc == nil {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: the store (%T) cannot complete a batch in one write", ErrConfig, store)
 	}
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
@@ -133,9 +142,10 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 		return nil, fmt.Errorf("%w: OpenTelemetry instruments: %w", ErrConfig, err)
 	}
 	if tel != nil && tel.storeCalls != nil {
-		store = timed(store, tel.storeCalls)
+		store, bc = timed(store, bc, tel.storeCalls)
 	}
-	w := &Wrapper[M]{store: store, msgs: msgs, cfg: cfg, tel: tel, health: outage.New(cfg.logger, cfg.outageThreshold, ErrOutage)}
+	w := &Wrapper[M]{store: store, bc: bc, msgs: msgs, cfg: cfg, tel: tel, health: outage.New(cfg.logger, cfg.outageThreshold, ErrOutage)}
+	w.runner, w.runAtOnce, w.newCompleter = newEachRunner[M], newEachRunner[M], newInlineCompleter[M]
 	w.heartbeats.New = func() any { return &heartbeat{store: store, logger: cfg.logger} }
 	return w, nil
 }
@@ -276,7 +286,7 @@ func (w *Wrapper[M]) process(ctx context.Context, d *delivery[M]) (Result, error
 	if err != nil {
 		return Result{Key: d.key}, err
 	}
-	return w.settle(ctx, d, c, att, nil)
+	return w.settle(ctx, d, c, att)
 }
 
 // parkBad dead-letters a message that cannot be processed at all. Nothing is

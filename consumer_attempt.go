@@ -9,7 +9,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/outage"
 )
 
@@ -99,9 +98,8 @@ func (s storeAttempt[M]) end(context.Context, *delivery[M]) {}
 // settle carries one claimed delivery through its attempt: it answers a
 // claim that was not acquired, parks an event whose attempts are exhausted,
 // runs the handler with a heartbeat and panic recovery, and records the
-// outcome. When later is not nil, a success is appended to it, for the
-// caller to complete with others, instead of being completed here.
-func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att attempt[M], later *[]deduptype.Completion) (Result, error) {
+// outcome.
+func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att attempt[M]) (Result, error) {
 	res := Result{Key: d.key, Attempts: c.Record.Attempts}
 	switch c.Status {
 	case ClaimDuplicate, ClaimFinal:
@@ -141,11 +139,6 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 	err := w.run(ctx, d)
 	if err == nil && ctx.Err() != nil {
 		w.warnNilAfterCancel(d.key)
-	}
-	if err == nil && later != nil {
-		*later = append(*later, deduptype.Completion{Key: d.key, Owner: d.owner, TTL: w.cfg.ttl, Locator: d.locator})
-		res.Outcome = OutcomeProcessed
-		return res, nil
 	}
 	sctx, cancel := settleContext(ctx)
 	defer cancel()

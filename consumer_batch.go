@@ -2,11 +2,9 @@ package dedup
 
 import (
 	"context"
-	"errors"
-	"fmt"
+	"sync"
 	"time"
 
-	"github.com/dedupkit/dedup/deduptype"
 	"go.opentelemetry.io/otel/attribute"
 )
 
@@ -17,8 +15,10 @@ import (
 // written with others, is durable. When yield returns false, or ctx is done,
 // it stops and gives back the claims of the messages not yet run; the
 // settled results written together with the one yield stopped at are still
-// given to it, up to the first result that is not settled. It returns an error, having processed nothing,
-// only when the batch claim itself fails.
+// given to it, up to the first result that is not settled. It returns an
+// error, having processed nothing, only when the batch claim itself fails;
+// a later claim that fails (a segment's, see below) is the error of each
+// message from the first it claims, for as long as yield asks for more.
 //
 // A key the batch holds more than once is sent to the store once: a later
 // copy gets its answer from the first copy's outcome (OutcomeDuplicate once
@@ -27,14 +27,12 @@ import (
 // copy settled.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
 	call := callOptions(opts)
-	b := w.newBatch(len(msgs))
+	b := w.newBatch(ctx, msgs, &call, w.runner)
 	defer w.releaseBatch(b)
-	w.prepareBatch(ctx, msgs, &call, &b.prepared)
-	b.yield, b.stop = yield, call.stop
 	if w.tel != nil {
 		defer b.endSpans()
 	}
-	b.r = w.runner(b)
+	b.yield, b.stop = yield, call.stop
 	return b.run(ctx)
 }
 
@@ -81,107 +79,118 @@ func grow[T any](s []T, n int) []T {
 // call, and an outsized one should not pin its memory.
 const maxPooledBatch = 4096
 
-// newBatch returns a batch for n messages, with the slices of an earlier
-// one when there is one to reuse: a Kafka consumer calls HandleBatch per
-// fetched partition, and allocating these per call cost as much as the
-// store's claim.
-func (w *Wrapper[M]) newBatch(n int) *batch[M] {
+// newBatch returns a batch of msgs run by runner, its deliveries prepared,
+// with the slices of an earlier one when there is one to reuse: a Kafka
+// consumer calls HandleBatch per fetched partition, and allocating these per
+// call cost as much as the store's claim.
+func (w *Wrapper[M]) newBatch(ctx context.Context, msgs []M, call *callConfig, runner func(*batch[M]) batchRunner[M]) *batch[M] {
 	b, _ := w.batches.Get().(*batch[M])
 	if b == nil {
 		b = &batch[M]{w: w}
 	}
-	b.outcomes, b.pending = grow(b.outcomes, n), b.pending[:0]
+	n := len(msgs)
+	b.outcomes, b.compErrs, b.pending = grow(b.outcomes, n), grow(b.compErrs, n), b.pending[:0]
+	w.prepareBatch(ctx, msgs, call, &b.prepared)
+	b.done, b.r = w.newCompleter(b), runner(b)
 	return b
 }
 
-// releaseBatch keeps b's slices for a later HandleBatch, once nothing of the
-// call it served can be reached from them.
+// releaseBatch keeps b's slices for a later call, once nothing of the call
+// it served can be reached from them.
 func (w *Wrapper[M]) releaseBatch(b *batch[M]) {
 	if cap(b.ds) > maxPooledBatch {
 		return
 	}
 	clear(b.ds[:cap(b.ds)])
 	clear(b.outcomes[:cap(b.outcomes)])
+	clear(b.compErrs[:cap(b.compErrs)])
 	clear(b.keys)
 	clear(b.reqs[:cap(b.reqs)])
-	clear(b.comps[:cap(b.comps)])
-	b.r, b.apart, b.yield, b.stop = nil, nil, nil, nil
+	b.queue.reset()
+	b.r, b.done, b.apart, b.yield, b.stop, b.atOnce = nil, nil, nil, nil, nil, false
 	w.batches.Put(b)
 }
 
-// batchRunner is where the claims and commits of one HandleBatch fall: the
-// store claim path claims a batch's keys in one call and completes their
-// successes together (storeRunner), the transactional inbox runs them in
-// shared transactions (inboxChunk), or each event has an attempt of its own
-// (eachRunner). The batch's loop ([batch.run]) owns the rest: bad input,
-// the copies of a key, the order of the results, stopping.
+// batchRunner is where the claims and commits of a batch fall: the store
+// claim path claims a batch's keys in one call (storeRunner), the
+// transactional inbox runs them in shared transactions (inboxChunk), or
+// each event has an attempt of its own (eachRunner). The batch's loop
+// ([batch.run]) owns the rest: bad input, the copies of a key, completion
+// (its completer), the order of the results, stopping.
 //
 // The loop cuts the batch into segments, each opened, its deliveries settled
-// in order, and closed.
+// (in order, or at once for HandleConcurrent) and closed.
 type batchRunner[M any] interface {
 	// open claims the deliveries of a segment beginning at from and returns
 	// its end, at most [batch.segmentEnd]'s.
 	open(ctx context.Context, from int) (to int, err error)
-	// settle settles delivery i of the open segment, one the segment claims.
-	// An error matching errRedo says that the segment's results are
+	// settle settles delivery i of the open segment, one the segment
+	// claims. It returns redo when the segment's results are to be
 	// discarded and the segment opened again from its beginning; the runner
-	// noted what the next run of the segment must do differently.
-	settle(ctx context.Context, i int) pendingResult
-	// settled is told of each result of the segment, in order; it returns
-	// false when yield asked to stop.
+	// noted what the next run of the segment must do differently. A runner
+	// that may answer redo is not run at once.
+	settle(ctx context.Context, i int) (pendingResult, next)
+	// settled is told of each result of a segment settled in order; it
+	// returns false when yield asked to stop.
 	settled(ctx context.Context, p pendingResult) bool
-	// close makes the segment's results durable and gives them to yield.
-	close(ctx context.Context) segmentClose
+	// close makes the segment's results durable, for the loop to give them
+	// to yield: carryOn, or redo.
+	close(ctx context.Context) next
 	// abandon gives back what the open segment holds from delivery i on,
 	// for the batch to stop there, having given yield what is durable. It
 	// returns false when the segment cannot stop before its end.
 	abandon(ctx context.Context, i int) bool
 }
 
-// segmentClose is what a closed segment tells the batch's loop.
-type segmentClose int
+// next is what the batch's loop does after a step of a segment.
+type next int
 
 const (
-	carryOn   segmentClose = iota // the segment is settled: go on
-	stopBatch                     // yield asked to stop, or the batch cannot go on
-	redo                          // open the segment again; the runner marked what runs apart
+	carryOn   next = iota // go on
+	stopBatch             // yield asked to stop, or the batch cannot go on
+	redo                  // open the segment again; the runner marked what runs apart
 )
 
-// errRedo is the error of a result that a runner discards: see
-// batchRunner.settle.
-var errRedo = errors.New("dedup: segment run again")
-
-// batch is the progress of one HandleBatch.
+// batch is the progress of one HandleBatch or HandleConcurrent.
 type batch[M any] struct {
-	w *Wrapper[M]
-	r batchRunner[M]
+	w    *Wrapper[M]
+	r    batchRunner[M]
+	done completer[M]
 	prepared[M]
+	// atOnce runs each segment's handlers at the same time
+	// (HandleConcurrent), rather than in order.
+	atOnce bool
 	// apart marks the deliveries a runner took out of its segments: each
 	// runs in a segment of its own, on the claimer's path. nil: none.
 	apart []bool
-	// outcomes are the results of the deliveries run so far.
+	// outcomes are the results of the deliveries run so far; compErrs, by
+	// delivery, the errors of the completions written together.
 	outcomes []pendingResult
+	compErrs []error
 	yield    func(i int, res Result, err error) bool
 	stop     <-chan struct{} // CallStop's; nil: none
 	// pending are the deliveries whose outcomes are not yet given to
 	// yield, in order.
 	pending []int
-	// reqs and comps are the runners' claim and completion buffers, kept
-	// with the batch for reuse.
+	// reqs is the runners' claim buffer and queue the batched completer,
+	// kept with the batch for reuse.
 	reqs  []ClaimRequest
-	comps []deduptype.Completion
+	queue batchedCompleter[M]
 }
 
 type pendingResult struct {
-	i    int
-	res  Result
-	err  error
-	comp int  // index into the runner's deferred completions, or -1
-	dup  bool // a later copy answered from its first, valid once comp is written
+	i   int
+	res Result
+	err error
+	// on is the delivery whose success's completion the result stands on
+	// (its own, or its first copy's), or -1.
+	on  int
+	dup bool // a later copy answered from its first
 }
 
-// run runs the batch segment by segment. It returns an error, having given
-// yield nothing, only when the first segment's claim fails.
+// run is the one loop that settles a batch, segment by segment. It returns
+// an error, having given yield nothing, only when the first segment's claim
+// fails.
 func (b *batch[M]) run(ctx context.Context) error {
 	for from := 0; from < len(b.ds); {
 		if b.stopping(ctx) {
@@ -196,59 +205,127 @@ func (b *batch[M]) run(ctx context.Context) error {
 				b.w.observeOutcome(ctx, err)
 				return err
 			}
-			b.w.observe(ctx, &b.ds[from], Result{Key: b.ds[from].key}, err)
-			b.yield(from, Result{Key: b.ds[from].key}, err)
+			b.failFrom(ctx, from, err)
 			return nil
 		}
 		mark := len(b.pending)
-		again := false
-		for i := from; i < to; i++ {
-			if i > from && b.stopping(ctx) && b.r.abandon(ctx, i) {
-				return nil
-			}
-			p := b.result(ctx, i)
-			if errors.Is(p.err, errRedo) {
-				b.pending, again = b.pending[:mark], true
-				break
-			}
-			b.outcomes[i] = p
-			b.pending = append(b.pending, i)
-			if !b.r.settled(ctx, p) {
-				b.r.abandon(ctx, i+1)
-				return nil
-			}
+		step := carryOn
+		if b.atOnce {
+			b.settleAtOnce(ctx, from, to)
+		} else {
+			step = b.settleInOrder(ctx, from, to)
 		}
-		if !again {
-			switch b.r.close(ctx) {
-			case stopBatch:
+		if step == carryOn {
+			step = b.r.close(ctx)
+		}
+		switch step {
+		case stopBatch:
+			return nil
+		case redo:
+			b.pending = b.pending[:mark]
+		case carryOn:
+			if !b.flush(ctx) {
+				b.r.abandon(ctx, to) // a key taken over, set aside for its own segment
 				return nil
-			case redo:
-				b.pending = b.pending[:mark]
-			case carryOn:
-				from = to
 			}
+			from = to
 		}
 	}
 	return nil
 }
 
+// settleInOrder settles the deliveries [from, to) of the open segment one
+// after the other, giving yield what it may have on the way.
+func (b *batch[M]) settleInOrder(ctx context.Context, from, to int) next {
+	for i := from; i < to; i++ {
+		if i > from && b.stopping(ctx) && b.r.abandon(ctx, i) {
+			return stopBatch
+		}
+		p, step := b.result(ctx, i)
+		if step == redo {
+			return redo
+		}
+		b.outcomes[i] = p
+		b.pending = append(b.pending, i)
+		if !b.r.settled(ctx, p) {
+			b.r.abandon(ctx, i+1)
+			return stopBatch
+		}
+	}
+	return carryOn
+}
+
+// settleAtOnce settles the deliveries [from, to) of the open segment at
+// the same time, each in a goroutine of its own, writing the successes its
+// completer queued meanwhile every period; then the later copies, from
+// their first copies' outcomes.
+func (b *batch[M]) settleAtOnce(ctx context.Context, from, to int) {
+	var wg sync.WaitGroup
+	for i := from; i < to; i++ {
+		if b.claims(i) || b.ds[i].bad != "" {
+			wg.Go(func() { b.outcomes[i], _ = b.result(ctx, i) })
+		}
+	}
+	if every := b.done.period(b.ds[from].leaseTime); every > 0 {
+		ran := make(chan struct{})
+		go func() {
+			wg.Wait()
+			close(ran)
+		}()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+	wait:
+		for {
+			select {
+			case <-ran:
+				break wait
+			case <-tick.C:
+				b.complete(ctx)
+			}
+		}
+	}
+	wg.Wait()
+	for i := from; i < to; i++ {
+		if !b.claims(i) && b.ds[i].bad == "" {
+			b.outcomes[i], _ = b.result(ctx, i)
+		}
+		b.pending = append(b.pending, i)
+	}
+}
+
+// failFrom gives err, a failed claim, as the result of each delivery from
+// from on, for as long as yield asks for more.
+func (b *batch[M]) failFrom(ctx context.Context, from int, err error) {
+	for i := from; i < len(b.ds); i++ {
+		res := Result{Key: b.ds[i].key}
+		b.w.observe(ctx, &b.ds[i], res, err)
+		if !b.yield(i, res, err) {
+			return
+		}
+	}
+}
+
 // result settles delivery i: bad input is dead-lettered (once, however
 // often its segment runs), a later copy with the same payload is answered
 // from its first, and the runner settles the rest.
-func (b *batch[M]) result(ctx context.Context, i int) pendingResult {
+func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	d := &b.ds[i]
 	switch {
 	case d.bad != "":
 		if p := b.outcomes[i]; p.res.Outcome != 0 {
-			return p
+			return p, carryOn
 		}
-		p := pendingResult{i: i, comp: -1}
+		p := pendingResult{i: i, on: -1}
 		p.res, p.err = b.w.parkBad(ctx, d)
-		return p
+		return p, carryOn
 	case !b.claims(i):
-		return b.copyOf(i)
+		return b.copyOf(i), carryOn
 	}
-	return b.r.settle(ctx, i)
+	p, step := b.r.settle(ctx, i)
+	if p.err == nil && p.res.Outcome == OutcomeProcessed {
+		p.on = i
+	}
+	return p, step
 }
 
 // claims reports whether delivery i is claimed: the batch's first copy of
@@ -329,9 +406,9 @@ func (b *batch[M]) endSpans() {
 // duplicate of a success waiting to be completed waits for that completion.
 func (b *batch[M]) copyOf(i int) pendingResult {
 	f := b.outcomes[b.first[i]]
-	p := pendingResult{i: i, comp: -1, err: f.err, res: copyResult(f.res)}
+	p := pendingResult{i: i, on: -1, err: f.err, res: copyResult(f.res), dup: true}
 	if p.res.Outcome == OutcomeDuplicate {
-		p.comp, p.dup = f.comp, f.comp >= 0
+		p.on = f.on
 	}
 	return p
 }
@@ -348,13 +425,38 @@ func copyResult(first Result) Result {
 	return first
 }
 
-// give gives the pending results to yield in order; errs are the errors of
-// the deferred completions they point at. Once yield asked to stop at a
+// complete writes the successes the batch's completer queued, recording
+// each one's error at its delivery.
+func (b *batch[M]) complete(ctx context.Context) {
+	sctx, cancel := settleContext(ctx)
+	b.done.flush(sctx, b.compErrs)
+	cancel()
+}
+
+// settled gives the results so far to yield when p cannot wait for the
+// successes queued before it (it is not settled) or they are due; it
+// returns false when yield asked to stop.
+func (b *batch[M]) settled(ctx context.Context, p pendingResult) bool {
+	if p.err != nil || !p.res.Settled() || b.done.due() {
+		return b.flush(ctx)
+	}
+	return true
+}
+
+// flush writes the successes queued, then gives the pending results to
+// yield; it returns false when yield asked to stop.
+func (b *batch[M]) flush(ctx context.Context) bool {
+	b.complete(ctx)
+	return b.give(ctx)
+}
+
+// give gives the pending results to yield in order, each success whose
+// completion failed turned into its error. Once yield asked to stop at a
 // settled result, it still gives the settled results that follow, which ran
 // and are durable, up to the first that is not, so that a transport
 // stopping acknowledges what is done; yield stopping at an unsettled result
 // gets nothing more. It returns false when yield asked to stop.
-func (b *batch[M]) give(ctx context.Context, errs []error) bool {
+func (b *batch[M]) give(ctx context.Context) bool {
 	w := b.w
 	pending := b.pending
 	b.pending = b.pending[:0]
@@ -368,14 +470,14 @@ func (b *batch[M]) give(ctx context.Context, errs []error) bool {
 	// stops: a lost lease is a possible repeat whatever the transport does.
 	for _, i := range pending {
 		p := &b.outcomes[i]
-		if p.comp < 0 {
+		if p.on < 0 {
 			continue
 		}
-		if cerr := errs[p.comp]; cerr != nil {
+		if cerr := b.compErrs[p.on]; cerr != nil {
 			p.res.Outcome = 0
 			p.err = w.settleError("complete", p.res.Key, cerr, !p.dup)
 		}
-		p.comp = -1
+		p.on = -1
 	}
 	for _, i := range pending {
 		p := b.outcomes[i]
@@ -394,69 +496,24 @@ func (b *batch[M]) give(ctx context.Context, errs []error) bool {
 }
 
 // eachRunner gives each event of a batch an attempt of its own, claimed
-// when it runs: the transactional inbox with [WithTxPerEvent].
+// when it runs: the transactional inbox with [WithTxPerEvent], and its
+// HandleConcurrent.
 type eachRunner[M any] struct{ b *batch[M] }
 
 func newEachRunner[M any](b *batch[M]) batchRunner[M] { return eachRunner[M]{b} }
 
-func (r eachRunner[M]) open(_ context.Context, from int) (int, error) { return from + 1, nil }
-
-func (r eachRunner[M]) settle(ctx context.Context, i int) pendingResult {
-	p := pendingResult{i: i, comp: -1}
-	p.res, p.err = r.b.w.process(ctx, &r.b.ds[i])
-	return p
+func (r eachRunner[M]) open(_ context.Context, from int) (int, error) {
+	return r.b.segmentEnd(from, len(r.b.ds)), nil
 }
 
-func (r eachRunner[M]) settled(ctx context.Context, _ pendingResult) bool { return r.b.give(ctx, nil) }
+func (r eachRunner[M]) settle(ctx context.Context, i int) (pendingResult, next) {
+	p := pendingResult{i: i, on: -1}
+	p.res, p.err = r.b.w.process(ctx, &r.b.ds[i])
+	return p, carryOn
+}
 
-func (r eachRunner[M]) close(context.Context) segmentClose { return carryOn }
+func (r eachRunner[M]) settled(ctx context.Context, p pendingResult) bool { return r.b.settled(ctx, p) }
+
+func (r eachRunner[M]) close(context.Context) next { return carryOn }
 
 func (r eachRunner[M]) abandon(context.Context, int) bool { return true }
-
-// completeHeld writes comps with bc, trying again as a single completion is
-// (see outcomeLeases): the handlers ran, and giving up would run them
-// again once the leases lapsed. A store may answer some completions with an
-// error of their own (a request of its batch failed): those are tried
-// again, the others are done. A completion refused after an earlier try
-// whose answer was lost counts as done when it landed. It returns one error
-// per completion.
-func (w *Wrapper[M]) completeHeld(ctx context.Context, bc deduptype.BatchCompleter, comps []deduptype.Completion, lease time.Duration) []error {
-	errs := make([]error, len(comps))
-	pending := make([]int, len(comps))
-	for i := range pending {
-		pending[i] = i
-	}
-	batch := comps
-	err := w.retryHeld(ctx, outcomeLeases*lease, func(ctx context.Context, retried bool) error {
-		res, err := bc.CompleteBatch(ctx, batch)
-		if err != nil {
-			return err
-		}
-		if len(res) != len(batch) {
-			return unrepeatable{fmt.Errorf("dedup: batch completion of %d answered %d", len(batch), len(res))}
-		}
-		var again []int
-		var retry error
-		for k, i := range pending {
-			cerr := res[k]
-			if retried && errors.Is(cerr, ErrLeaseLost) && landed(ctx, w.store, comps[i].Key, comps[i].Owner) {
-				cerr = nil
-			}
-			errs[i] = cerr
-			if cerr != nil && !errors.Is(cerr, ErrLeaseLost) && !isUnrepeatable(cerr) {
-				again, retry = append(again, i), cerr
-			}
-		}
-		pending, batch = again, make([]deduptype.Completion, len(again))
-		for k, i := range again {
-			batch[k] = comps[i]
-		}
-		return retry
-	})
-	if err != nil {
-		for _, i := range pending {
-			errs[i] = err
-		}
-	}
-	return errs
-}

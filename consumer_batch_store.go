@@ -5,15 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
-
-	"github.com/dedupkit/dedup/deduptype"
 )
 
-// storeRunner runs a HandleBatch on the store claim path: a segment's keys
-// are claimed in one store call, and with batch completion its successes
-// are completed together, in as few writes as the wait allows.
+// storeRunner runs a batch on the store claim path: a segment's keys are
+// claimed in one store call, and its successes completed by the batch's
+// completer (with batch completion, together, in as few writes as the wait
+// allows).
 type storeRunner[M any] struct {
 	b        *batch[M]
 	from, to int
@@ -28,18 +26,9 @@ type storeRunner[M any] struct {
 	// longer show that their worker died.
 	alone     bool
 	claimedAt time.Time
-	completer deduptype.BatchCompleter // nil: each success is completed on its own
-	comps     []deduptype.Completion   // successes waiting to be completed
-	flushBy   time.Time                // when comps must be written, at the latest
 }
 
-func newStoreRunner[M any](b *batch[M]) batchRunner[M] {
-	r := &storeRunner[M]{b: b}
-	if bc, ok := b.w.store.(deduptype.BatchCompleter); ok && b.w.cfg.batchWait > 0 {
-		r.completer = bc
-	}
-	return r
-}
+func newStoreRunner[M any](b *batch[M]) batchRunner[M] { return &storeRunner[M]{b: b} }
 
 // open claims the segment's keys in one call. A key taken over from a
 // worker that died may kill this one too: the segment ends before it, so
@@ -108,13 +97,13 @@ func (r *storeRunner[M]) open(ctx context.Context, from int) (int, error) {
 }
 
 // settle settles delivery i with its claim, or claims it now.
-func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
+func (r *storeRunner[M]) settle(ctx context.Context, i int) (pendingResult, next) {
 	w, d := r.b.w, &r.b.ds[i]
-	p := pendingResult{i: i, comp: -1}
+	p := pendingResult{i: i, on: -1}
 	k := i - r.from
 	if k >= len(r.at) || r.at[k] < 0 {
 		p.res, p.err = w.process(ctx, d)
-		return p
+		return p, carryOn
 	}
 	c := r.claims[r.at[k]]
 	r.at[k] = -1
@@ -123,68 +112,33 @@ func (r *storeRunner[M]) settle(ctx context.Context, i int) pendingResult {
 		if err := w.store.Extend(ctx, d.key, c.Record.Owner, d.leaseTime); err != nil {
 			if errors.Is(err, ErrLeaseLost) {
 				p.res, p.err = w.process(ctx, d)
-				return p
+				return p, carryOn
 			}
 			// It never ran: give the claim back, so that its next claim
 			// does not count a worker's death.
 			_ = w.store.Release(ctx, d.key, c.Record.Owner)
 			p.res, p.err = Result{Key: d.key}, err
-			return p
+			return p, carryOn
 		}
 	}
-	var later *[]deduptype.Completion
-	if r.completer != nil && !r.alone {
-		if r.comps == nil {
-			r.comps = slices.Grow(r.b.comps[:0], len(r.b.ds)-i)
-			r.b.comps = r.comps
-		}
-		later = &r.comps
+	var att attempt[M] = storeAttempt[M]{w}
+	if !r.alone {
+		att = r.b.done.attempt(i)
 	}
-	n := len(r.comps)
-	p.res, p.err = w.settle(ctx, d, c, storeAttempt[M]{w}, later)
-	if len(r.comps) > n {
-		if n == 0 {
-			r.flushBy = time.Now().Add(min(w.cfg.batchWait, d.leaseTime/3))
-		}
-		p.comp = n
-	}
-	return p
+	p.res, p.err = w.settle(ctx, d, c, att)
+	return p, carryOn
 }
 
-// settled gives the results so far to yield when p cannot wait (it is not
-// settled, or nothing is completed together) or the completions are due.
 func (r *storeRunner[M]) settled(ctx context.Context, p pendingResult) bool {
-	if r.completer == nil || p.err != nil || !p.res.Settled() || len(r.comps) > 0 && !time.Now().Before(r.flushBy) {
-		return r.flush(ctx)
-	}
-	return true
+	return r.b.settled(ctx, p)
 }
 
-func (r *storeRunner[M]) close(ctx context.Context) segmentClose {
-	if !r.flush(ctx) {
-		r.release(ctx, r.to) // a key taken over, waiting for its own segment
-		return stopBatch
-	}
-	return carryOn
-}
+func (r *storeRunner[M]) close(context.Context) next { return carryOn }
 
 func (r *storeRunner[M]) abandon(ctx context.Context, i int) bool {
-	r.flush(ctx)
+	r.b.flush(ctx)
 	r.release(ctx, i)
 	return true
-}
-
-// flush writes the deferred completions, then gives the pending results to
-// yield; it returns false when yield asked to stop.
-func (r *storeRunner[M]) flush(ctx context.Context) bool {
-	var errs []error
-	if len(r.comps) > 0 {
-		sctx, cancel := settleContext(ctx)
-		errs = r.b.w.completeHeld(sctx, r.completer, r.comps, r.b.ds[0].leaseTime)
-		cancel()
-		r.comps = r.comps[:0]
-	}
-	return r.b.give(ctx, errs)
 }
 
 // release gives back the acquired claims of the open segment's deliveries

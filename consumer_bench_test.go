@@ -33,6 +33,7 @@ var benchBody = []byte(`{"amount":10}`)
 func BenchmarkWrapper(b *testing.B) {
 	b.Run("new", func(b *testing.B) { benchNew(b) })
 	b.Run("new/batch64", func(b *testing.B) { benchNewBatch(b) })
+	b.Run("new/concurrent64", func(b *testing.B) { benchNewConcurrent(b) })
 	b.Run("duplicate", func(b *testing.B) { benchDuplicate(b) })
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
@@ -106,6 +107,36 @@ func benchNewBatch(b *testing.B, opts ...dedup.Opt) {
 			b.StartTimer()
 		}
 		if err := w.HandleBatch(ctx, msgs[lo:lo+min(batch, b.N-i)], yield); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchNewConcurrent is benchNew through HandleConcurrent, 64 events a
+// call, as the SQS consumer hands a receive over; an op is one event.
+func benchNewConcurrent(b *testing.B, opts ...dedup.Opt) {
+	const window, batch = 1 << 16, 64
+	msgs := make([]benchEvent, window)
+	for i := range msgs {
+		msgs[i] = benchEvent{ID: "evt-" + strconv.Itoa(i), Body: benchBody}
+	}
+	ctx := context.Background()
+	w := newBenchWrapper(b, opts...)
+	yield := func(_ int, res dedup.Result, err error) {
+		if err != nil || res.Outcome != dedup.OutcomeProcessed {
+			b.Fatal(res, err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i += batch {
+		lo := i % window
+		if lo == 0 && i > 0 {
+			b.StopTimer()
+			w = newBenchWrapper(b, opts...)
+			b.StartTimer()
+		}
+		if err := w.HandleConcurrent(ctx, msgs[lo:lo+min(batch, b.N-i)], yield); err != nil {
 			b.Fatal(err)
 		}
 	}

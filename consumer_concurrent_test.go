@@ -80,3 +80,44 @@ func TestHandleConcurrentCompletionFailure(t *testing.T) {
 		require.ErrorIs(t, err, errCompleterDown)
 	}
 }
+
+// HandleConcurrent gives every message a result: once its context is done,
+// a later copy of a key with another payload, which would be claimed after
+// the first copy settled, is not claimed and comes back with the context's
+// error, while the first segment's messages keep their outcomes.
+func TestHandleConcurrentAnswersEveryMessageOnceCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sink := dedup.NewMemorySink()
+	var mu sync.Mutex
+	ran := map[string]int{}
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), events, func(_ context.Context, e event) error {
+		mu.Lock()
+		ran[e.ID+"/"+e.Body]++
+		mu.Unlock()
+		if e.ID == "b" {
+			cancel() // the transport shuts down while the batch runs
+		}
+		return nil
+	}, fastOpts(t, sink, dedup.WithLease(time.Minute))...)
+	require.NoError(t, err)
+	batch := []event{{ID: "a", Body: "1"}, {ID: "b", Body: "1"}, {ID: "a", Body: "2"}}
+	type answer struct {
+		res dedup.Result
+		err error
+	}
+	var answers []answer
+	require.NoError(t, w.HandleConcurrent(ctx, batch, func(i int, res dedup.Result, err error) {
+		require.Len(t, answers, i, "in order")
+		answers = append(answers, answer{res, err})
+	}))
+	require.Len(t, answers, 3, "every message answered")
+	for _, a := range answers[:2] {
+		require.NoError(t, a.err)
+		require.Equal(t, dedup.OutcomeProcessed, a.res.Outcome)
+	}
+	require.ErrorIs(t, answers[2].err, context.Canceled)
+	require.Equal(t, "a", answers[2].res.Key.EventID)
+	require.Equal(t, map[string]int{"a/1": 1, "b/1": 1}, ran)
+	require.Empty(t, sink.Letters(), "the copy with another payload was not claimed")
+}

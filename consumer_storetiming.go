@@ -50,25 +50,25 @@ func (t *storeTimer) since(ctx context.Context, op int, began time.Time) {
 	t.hist.Record(ctx, time.Since(began).Seconds(), t.ops[op]...)
 }
 
-// timedStore is a Store whose calls are timed; timedBatchStore is one that
-// also completes batches, so that the wrapper still finds a BatchCompleter.
+// timedStore is a Store whose calls are timed; timedBatchCompleter is a
+// BatchCompleter whose calls are.
 type timedStore struct {
 	Store
 	t *storeTimer
 }
 
-type timedBatchStore struct {
-	timedStore
-	bc deduptype.BatchCompleter
+type timedBatchCompleter struct {
+	deduptype.BatchCompleter
+	t *storeTimer
 }
 
-// timed returns store with its calls timed by t.
-func timed(store Store, t *storeTimer) Store {
-	ts := timedStore{Store: store, t: t}
-	if bc, ok := store.(deduptype.BatchCompleter); ok {
-		return timedBatchStore{timedStore: ts, bc: bc}
+// timed returns store, and its BatchCompleter bc when it has one (nil
+// otherwise), with their calls timed by t.
+func timed(store Store, bc deduptype.BatchCompleter, t *storeTimer) (Store, deduptype.BatchCompleter) {
+	if bc != nil {
+		bc = timedBatchCompleter{BatchCompleter: bc, t: t}
 	}
-	return ts
+	return timedStore{Store: store, t: t}, bc
 }
 
 func (s timedStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
@@ -111,7 +111,7 @@ func (s timedStore) Purge(ctx context.Context) (int, error) {
 	return s.Store.Purge(ctx)
 }
 
-func (s timedBatchStore) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
+func (s timedBatchCompleter) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
 	defer s.t.since(ctx, opCompleteBatch, time.Now())
-	return s.bc.CompleteBatch(ctx, cs)
+	return s.BatchCompleter.CompleteBatch(ctx, cs)
 }

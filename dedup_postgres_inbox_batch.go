@@ -48,14 +48,19 @@ type inboxChunk[M any] struct {
 
 func (in *inbox[M]) newChunk(b *batch[M]) batchRunner[M] { return &inboxChunk[M]{in: in, b: b} }
 
-// Answers of a chunk attempt to a step it cannot take in a shared
-// transaction.
-var (
-	// errRolledBack: its handler wrote, then failed; the segment runs again.
-	errRolledBack error = unrepeatable{errors.New("dedup: the handler wrote, then failed: its batch transaction is rolled back")}
-	// errLater: its outcome is settled once the segment committed.
-	errLater error = unrepeatable{errors.New("dedup: settled once the batch transaction committed")}
+// chunkNeed is what a chunk attempt needs of its segment for a step it
+// cannot take in the shared transaction.
+type chunkNeed int
+
+const (
+	needNothing  chunkNeed = iota
+	needRollback           // its handler wrote, then failed: the segment runs again, up to it
+	needCommit             // its outcome is settled once the segment committed
 )
+
+// errLeftToSegment is what a chunk attempt answers settle for a step it
+// leaves to its segment; the runner acts on the attempt's need, not on it.
+var errLeftToSegment error = unrepeatable{errors.New("dedup: the step is left to the inbox batch's transaction")}
 
 func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
 	b := r.b
@@ -99,32 +104,32 @@ func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
 	return r.to, nil
 }
 
-func (r *inboxChunk[M]) settle(ctx context.Context, i int) pendingResult {
+func (r *inboxChunk[M]) settle(ctx context.Context, i int) (pendingResult, next) {
 	w, d := r.b.w, &r.b.ds[i]
-	p := pendingResult{i: i, comp: -1}
+	p := pendingResult{i: i, on: -1}
 	if r.tx == nil {
 		p.res, p.err = r.settleApart(ctx, i)
-		return p
+		return p, carryOn
 	}
 	c := r.claims[i-r.from]
 	att := &chunkAttempt[M]{r: r, i: i, tx: txguard.Tx{Tx: r.tx, Owned: ErrTxOwned}}
-	p.res, p.err = w.settle(ctx, d, c, att, nil)
+	p.res, p.err = w.settle(ctx, d, c, att)
 	switch {
-	case errors.Is(p.err, errRolledBack):
+	case att.need == needRollback:
 		r.rollback(ctx)
-		r.cut, p.err = i+1, errRedo
-	case errors.Is(p.err, errLater):
+		r.cut = i + 1
+		return p, redo
+	case att.need == needCommit:
 		if err := r.in.store.leaseInTx(ctx, r.tx, d.key, d.leaseTime); err != nil {
 			r.runApart(ctx, err)
-			p.err = errRedo
-			break
+			return p, redo
 		}
 		r.later = append(r.later, i)
 	case p.err != nil && txBroken(r.tx):
 		r.runApart(ctx, fmt.Errorf("dedup: inbox batch transaction broken at %s: %w", d.key, p.err))
-		p.err = errRedo
+		return p, redo
 	}
-	return p
+	return p, carryOn
 }
 
 // settleLater settles, once the segment committed, the events whose
@@ -139,8 +144,8 @@ func (r *inboxChunk[M]) settleLater(ctx context.Context) {
 		c := r.claims[i-r.from]
 		c.Record.Status = StatusProcessing
 		att := verdictAttempt[M]{storeAttempt: storeAttempt[M]{w}, verdict: r.verdicts[i]}
-		p := pendingResult{i: i, comp: -1}
-		p.res, p.err = w.settle(ctx, &b.ds[i], c, att, nil)
+		p := pendingResult{i: i, on: -1}
+		p.res, p.err = w.settle(ctx, &b.ds[i], c, att)
 		b.outcomes[i] = p
 	}
 	for _, i := range b.pending {
@@ -173,12 +178,14 @@ func (r *inboxChunk[M]) settleApart(ctx context.Context, i int) (Result, error) 
 	if err != nil {
 		return Result{Key: d.key}, err
 	}
-	return w.settle(ctx, d, c, att, nil)
+	return w.settle(ctx, d, c, att)
 }
 
 func (r *inboxChunk[M]) settled(context.Context, pendingResult) bool { return true }
 
-func (r *inboxChunk[M]) close(ctx context.Context) segmentClose {
+// close commits the segment's transaction, then settles the events left
+// for after it; the batch's loop gives the results.
+func (r *inboxChunk[M]) close(ctx context.Context) next {
 	if r.tx != nil {
 		tx := r.tx
 		r.tx = nil
@@ -187,9 +194,6 @@ func (r *inboxChunk[M]) close(ctx context.Context) segmentClose {
 			return redo
 		}
 		r.settleLater(ctx)
-	}
-	if !r.b.give(ctx, nil) {
-		return stopBatch
 	}
 	return carryOn
 }
@@ -229,19 +233,17 @@ func (r *inboxChunk[M]) rollback(ctx context.Context) {
 }
 
 // txBroken reports whether tx can no longer commit.
-func txBroken(tx pgx.Tx) bool {
-	conn := tx.Conn().PgConn()
-	return conn.IsClosed() || conn.TxStatus() != 'T'
-}
+func txBroken(tx pgx.Tx) bool { return txStatus(tx) != 'T' }
 
 // chunkAttempt is an event's attempt in its segment's shared transaction.
 // The record was written as succeeded by the segment's claim, and commits
 // with it; a failure that needs more than one write in the transaction
 // makes the event run apart.
 type chunkAttempt[M any] struct {
-	r  *inboxChunk[M]
-	i  int // the delivery's index
-	tx txguard.Tx
+	r    *inboxChunk[M]
+	i    int // the delivery's index
+	tx   txguard.Tx
+	need chunkNeed // what a step it could not take needs of the segment
 }
 
 func (a *chunkAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
@@ -260,7 +262,7 @@ func (a *chunkAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 	if err := a.r.in.handler(ctx, &a.tx, d.msg); err != nil {
 		return err
 	}
-	if a.r.tx.Conn().PgConn().TxStatus() == 'E' {
+	if txStatus(a.r.tx) == 'E' {
 		// Its writes must not be committed as if it had succeeded.
 		return errTxAborted
 	}
@@ -275,9 +277,16 @@ var errTxAborted = errors.New("dedup: the TxHandler returned nil after a stateme
 // committed the event's record as a leased claim.
 func (a *chunkAttempt[M]) hold(context.Context, *delivery[M]) error {
 	if a.tx.Used() {
-		return errRolledBack
+		return a.leave(needRollback)
 	}
-	return errLater
+	return a.leave(needCommit)
+}
+
+// leave leaves a step to the segment, which acts on need once settle
+// returns.
+func (a *chunkAttempt[M]) leave(need chunkNeed) error {
+	a.need = need
+	return errLeftToSegment
 }
 
 func (a *chunkAttempt[M]) complete(context.Context, *delivery[M], bool) error { return nil }
@@ -286,7 +295,7 @@ func (a *chunkAttempt[M]) complete(context.Context, *delivery[M], bool) error { 
 // nothing there; otherwise its writes can only go with the transaction.
 func (a *chunkAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, _ bool) (int, error) {
 	if a.tx.Used() {
-		return 0, errRolledBack
+		return 0, a.leave(needRollback)
 	}
 	attempts, err := a.r.in.store.failInBatchTx(ctx, a.r.tx, d.key, f, false)
 	if err != nil {
