@@ -15,6 +15,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/amqpdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -40,7 +41,7 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 				return nil
 			})
 			stop := run(t, c)
-			waitFor(t, "every event applied and every delivery acknowledged", func() bool {
+			adaptertest.WaitFor(t, effectDeadline, "every event applied and every delivery acknowledged", func() bool {
 				return got.distinct() == events && b.depth(q) == 0
 			})
 			stop()
@@ -81,7 +82,7 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 			b.publish(q, "permanent", "x", nil)
 			b.publish(q, "good-2", "2", nil)
 			stop := run(t, c)
-			waitFor(t, "two letters and an empty queue", func() bool {
+			adaptertest.WaitFor(t, effectDeadline, "two letters and an empty queue", func() bool {
 				return b.depth(q+".dlq") == 2 && b.depth(q) == 0 && got.distinct() == 2
 			})
 			stop()
@@ -131,9 +132,9 @@ func TestFingerprintConflictIsDeadLettered(t *testing.T) {
 	})
 	b.publish(q, "order-1", `{"cents":100}`, nil)
 	stop := run(t, c)
-	waitFor(t, "the first applied", func() bool { return got.distinct() == 1 && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "the first applied", func() bool { return got.distinct() == 1 && b.depth(q) == 0 })
 	b.publish(q, "order-1", `{"cents":999}`, nil)
-	waitFor(t, "the conflict parked", func() bool { return b.depth(q+".dlq") == 1 && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "the conflict parked", func() bool { return b.depth(q+".dlq") == 1 && b.depth(q) == 0 })
 	stop()
 	letters := b.letters(q + ".dlq")
 	if got := header(letters[0], "dedup-reason"); got != string(dedup.ReasonConflict) {
@@ -163,7 +164,7 @@ func TestConcurrentConsumers(t *testing.T) {
 		})
 		run(t, c)
 	}
-	waitFor(t, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
 	if twice := got.twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
 	}
@@ -186,13 +187,13 @@ func TestShutdownLosesNothing(t *testing.T) {
 		return nil
 	}
 	stop := run(t, b.consumer(q, store, h))
-	waitFor(t, "a third applied", func() bool { return got.distinct() >= events/3 })
+	adaptertest.WaitFor(t, effectDeadline, "a third applied", func() bool { return got.distinct() >= events/3 })
 	stop()
 	if n := got.distinct(); n == events {
 		t.Logf("the first consumer applied all %d before it stopped", n)
 	}
 	stop = run(t, b.consumer(q, store, h))
-	waitFor(t, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
 	stop()
 	if twice := got.twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
@@ -226,14 +227,14 @@ func TestConnectionLoss(t *testing.T) {
 	// Each cut comes once the consumer consumes (again) and has applied
 	// more events.
 	for cut := range 2 {
-		waitFor(t, "consuming again", func() bool { return logs.count("amqpdedup: consuming the queue again") >= cut })
+		adaptertest.WaitFor(t, effectDeadline, "consuming again", func() bool { return logs.count("amqpdedup: consuming the queue again") >= cut })
 		at := got.distinct() + 20
-		waitFor(t, fmt.Sprintf("%d applied", at), func() bool { return got.distinct() >= at })
+		adaptertest.WaitFor(t, effectDeadline, fmt.Sprintf("%d applied", at), func() bool { return got.distinct() >= at })
 		proxy.Cut()
 		time.Sleep(500 * time.Millisecond)
 		proxy.Restore()
 	}
-	waitFor(t, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
 	stop()
 	if twice := got.twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
@@ -320,7 +321,7 @@ func TestHealthReportsAMissingQueue(t *testing.T) {
 		return nil
 	}, []amqpdedup.Opt{amqpdedup.WithLogger(slog.New(logs))})
 	stop := run(t, c)
-	waitFor(t, "Health to report the missing queue", func() bool { return c.Health() != nil })
+	adaptertest.WaitFor(t, effectDeadline, "Health to report the missing queue", func() bool { return c.Health() != nil })
 	var amqpErr *amqp.Error
 	if err := c.Health(); !errors.As(err, &amqpErr) || amqpErr.Code != amqp.NotFound {
 		t.Fatalf("Health = %v, want an error wrapping the broker's 404", err)
@@ -335,7 +336,7 @@ func TestHealthReportsAMissingQueue(t *testing.T) {
 		t.Cleanup(func() { _, _ = b.ch.QueueDelete(name, false, false, false) })
 	}
 	b.publish(q, "e-1", "x", nil)
-	waitFor(t, "the event applied once the queue exists", func() bool { return got.distinct() == 1 })
+	adaptertest.WaitFor(t, effectDeadline, "the event applied once the queue exists", func() bool { return got.distinct() == 1 })
 	if err := c.Health(); err != nil {
 		t.Fatalf("Health after consuming: %v", err)
 	}

@@ -147,18 +147,6 @@ func (e *effects) twice() []string {
 	return out
 }
 
-// waitFor polls cond until it holds or effectDeadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(effectDeadline)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", effectDeadline, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // run starts c and returns a function that stops it and checks that Run
 // returned nil.
 func run(t *testing.T, c *amqpdedup.Consumer) (stop func()) {
