@@ -15,6 +15,7 @@ type Running struct {
 	once    sync.Once
 	err     error
 	took    time.Duration
+	within  time.Duration
 }
 
 // Start runs run (a consumer's Run) on a context of its own until Stop or
@@ -22,15 +23,20 @@ type Running struct {
 func Start(t testing.TB, run func(context.Context) error) *Running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Running{cancel: cancel, done: make(chan error, 1), stopped: make(chan struct{})}
+	r := &Running{cancel: cancel, done: make(chan error, 1), stopped: make(chan struct{}), within: Deadline}
 	go func() { r.done <- run(ctx) }()
 	t.Cleanup(func() { r.Stop(t) })
 	return r
 }
 
+// Within sets how long Stop waits for Run to return (default [Deadline]):
+// longer for a consumer whose handlers may run on for long after Run's
+// context is done.
+func (r *Running) Within(d time.Duration) { r.within = d }
+
 // Stop cancels Run's context and returns what Run returned, failing t if
-// it did not return within [Deadline]. It may be called again, and returns
-// the same.
+// it did not return in time (see Within). It may be called again, and
+// returns the same.
 func (r *Running) Stop(t testing.TB) error {
 	t.Helper()
 	r.once.Do(func() {
@@ -40,8 +46,8 @@ func (r *Running) Stop(t testing.TB) error {
 		case r.err = <-r.done:
 			r.took = time.Since(began)
 			close(r.stopped)
-		case <-time.After(Deadline):
-			t.Fatalf("Run did not return within %v of its context's cancellation", Deadline)
+		case <-time.After(r.within):
+			t.Fatalf("Run did not return within %v of its context's cancellation", r.within)
 		}
 	})
 	return r.err

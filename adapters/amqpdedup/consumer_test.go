@@ -35,17 +35,17 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 					b.publish(q, "order-"+strconv.Itoa(i), `{"order":`+strconv.Itoa(i)+`}`, nil)
 				}
 			}
-			got := newEffects()
+			got := adaptertest.NewEffects()
 			c := b.consumer(q, dedup.NewMemoryStore(), func(_ context.Context, d amqp.Delivery) error {
-				got.apply(d.MessageId)
+				got.Apply(d.MessageId)
 				return nil
 			})
 			stop := run(t, c)
 			adaptertest.WaitFor(t, effectDeadline, "every event applied and every delivery acknowledged", func() bool {
-				return got.distinct() == events && b.depth(q) == 0
+				return got.Applied() == events && b.depth(q) == 0
 			})
 			stop()
-			if twice := got.twice(); len(twice) > 0 {
+			if twice := got.Twice(); len(twice) > 0 {
 				t.Fatalf("applied more than once: %v", twice)
 			}
 			if n := b.depth(q + ".dlq"); n != 0 {
@@ -64,7 +64,7 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 			b := newBroker(t)
 			q := b.queue(kind)
 			var poisonRuns, permanentRuns atomic.Int64
-			got := newEffects()
+			got := adaptertest.NewEffects()
 			c := b.consumer(q, dedup.NewMemoryStore(), func(_ context.Context, d amqp.Delivery) error {
 				switch d.MessageId {
 				case "poison":
@@ -74,7 +74,7 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 					permanentRuns.Add(1)
 					return dedup.Permanent(errors.New("unknown account"))
 				}
-				got.apply(d.MessageId)
+				got.Apply(d.MessageId)
 				return nil
 			}, dedup.WithMaxAttempts(3))
 			b.publish(q, "good-1", "1", amqp.Table{"trace": "kept"})
@@ -83,7 +83,7 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 			b.publish(q, "good-2", "2", nil)
 			stop := run(t, c)
 			adaptertest.WaitFor(t, effectDeadline, "two letters and an empty queue", func() bool {
-				return b.depth(q+".dlq") == 2 && b.depth(q) == 0 && got.distinct() == 2
+				return b.depth(q+".dlq") == 2 && b.depth(q) == 0 && got.Applied() == 2
 			})
 			stop()
 			letters := map[string]amqp.Delivery{}
@@ -124,15 +124,15 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 func TestFingerprintConflictIsDeadLettered(t *testing.T) {
 	b := newBroker(t)
 	q := b.queue("classic")
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	store := dedup.NewMemoryStore()
 	c := b.consumer(q, store, func(_ context.Context, d amqp.Delivery) error {
-		got.apply(d.MessageId + "=" + string(d.Body))
+		got.Apply(d.MessageId + "=" + string(d.Body))
 		return nil
 	})
 	b.publish(q, "order-1", `{"cents":100}`, nil)
 	stop := run(t, c)
-	adaptertest.WaitFor(t, effectDeadline, "the first applied", func() bool { return got.distinct() == 1 && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "the first applied", func() bool { return got.Applied() == 1 && b.depth(q) == 0 })
 	b.publish(q, "order-1", `{"cents":999}`, nil)
 	adaptertest.WaitFor(t, effectDeadline, "the conflict parked", func() bool { return b.depth(q+".dlq") == 1 && b.depth(q) == 0 })
 	stop()
@@ -140,8 +140,8 @@ func TestFingerprintConflictIsDeadLettered(t *testing.T) {
 	if got := header(letters[0], "dedup-reason"); got != string(dedup.ReasonConflict) {
 		t.Fatalf("letter reason %q, want conflict", got)
 	}
-	if got.distinct() != 1 || len(got.twice()) > 0 {
-		t.Fatalf("effects %v", got.n)
+	if got.Applied() != 1 || len(got.Twice()) > 0 {
+		t.Fatalf("effects %v", got.Counts())
 	}
 }
 
@@ -150,7 +150,7 @@ func TestConcurrentConsumers(t *testing.T) {
 	b := newBroker(t)
 	q := b.queue("quorum")
 	store := dedup.NewMemoryStore()
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	const events = 300
 	for i := range events {
 		b.publish(q, "e-"+strconv.Itoa(i), "x", nil)
@@ -159,13 +159,13 @@ func TestConcurrentConsumers(t *testing.T) {
 	for range 3 {
 		c := b.consumer(q, store, func(_ context.Context, d amqp.Delivery) error {
 			time.Sleep(time.Millisecond)
-			got.apply(d.MessageId)
+			got.Apply(d.MessageId)
 			return nil
 		})
 		run(t, c)
 	}
-	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
-	if twice := got.twice(); len(twice) > 0 {
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.Applied() == events && b.depth(q) == 0 })
+	if twice := got.Twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
 	}
 }
@@ -176,26 +176,26 @@ func TestShutdownLosesNothing(t *testing.T) {
 	b := newBroker(t)
 	q := b.queue("classic")
 	store := dedup.NewMemoryStore()
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	const events = 300
 	for i := range events {
 		b.publish(q, "e-"+strconv.Itoa(i), "x", nil)
 	}
 	h := func(_ context.Context, d amqp.Delivery) error {
 		time.Sleep(2 * time.Millisecond)
-		got.apply(d.MessageId)
+		got.Apply(d.MessageId)
 		return nil
 	}
 	stop := run(t, b.consumer(q, store, h))
-	adaptertest.WaitFor(t, effectDeadline, "a third applied", func() bool { return got.distinct() >= events/3 })
+	adaptertest.WaitFor(t, effectDeadline, "a third applied", func() bool { return got.Applied() >= events/3 })
 	stop()
-	if n := got.distinct(); n == events {
+	if n := got.Applied(); n == events {
 		t.Logf("the first consumer applied all %d before it stopped", n)
 	}
 	stop = run(t, b.consumer(q, store, h))
-	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.Applied() == events && b.depth(q) == 0 })
 	stop()
-	if twice := got.twice(); len(twice) > 0 {
+	if twice := got.Twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
 	}
 }
@@ -212,7 +212,7 @@ func TestConnectionLoss(t *testing.T) {
 	}
 	u.Host, u.Port = "127.0.0.1", mustPort(t, proxy.Addr())
 	store := dedup.NewMemoryStore()
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	const events = 400
 	for i := range events {
 		b.publish(q, "e-"+strconv.Itoa(i), "x", nil)
@@ -220,7 +220,7 @@ func TestConnectionLoss(t *testing.T) {
 	logs := &logCount{}
 	c := b.consumerAt(u.String(), q, store, func(_ context.Context, d amqp.Delivery) error {
 		time.Sleep(2 * time.Millisecond)
-		got.apply(d.MessageId)
+		got.Apply(d.MessageId)
 		return nil
 	}, []amqpdedup.Opt{amqpdedup.WithLogger(slog.New(logs))})
 	stop := run(t, c)
@@ -228,15 +228,15 @@ func TestConnectionLoss(t *testing.T) {
 	// more events.
 	for cut := range 2 {
 		adaptertest.WaitFor(t, effectDeadline, "consuming again", func() bool { return logs.count("amqpdedup: consuming the queue again") >= cut })
-		at := got.distinct() + 20
-		adaptertest.WaitFor(t, effectDeadline, fmt.Sprintf("%d applied", at), func() bool { return got.distinct() >= at })
+		at := got.Applied() + 20
+		adaptertest.WaitFor(t, effectDeadline, fmt.Sprintf("%d applied", at), func() bool { return got.Applied() >= at })
 		proxy.Cut()
 		time.Sleep(500 * time.Millisecond)
 		proxy.Restore()
 	}
-	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.Applied() == events && b.depth(q) == 0 })
 	stop()
-	if twice := got.twice(); len(twice) > 0 {
+	if twice := got.Twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
 	}
 	if n := logs.count("amqpdedup: consuming stopped"); n < 2 {
@@ -314,10 +314,10 @@ func TestNewConsumerRejectsBadConfiguration(t *testing.T) {
 func TestHealthReportsAMissingQueue(t *testing.T) {
 	b := newBroker(t)
 	q := "dedup-test-missing-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	logs := &logCount{}
 	c := b.consumerAt(b.url, q, dedup.NewMemoryStore(), func(_ context.Context, d amqp.Delivery) error {
-		got.apply(d.MessageId)
+		got.Apply(d.MessageId)
 		return nil
 	}, []amqpdedup.Opt{amqpdedup.WithLogger(slog.New(logs))})
 	stop := run(t, c)
@@ -336,7 +336,7 @@ func TestHealthReportsAMissingQueue(t *testing.T) {
 		t.Cleanup(func() { _, _ = b.ch.QueueDelete(name, false, false, false) })
 	}
 	b.publish(q, "e-1", "x", nil)
-	adaptertest.WaitFor(t, effectDeadline, "the event applied once the queue exists", func() bool { return got.distinct() == 1 })
+	adaptertest.WaitFor(t, effectDeadline, "the event applied once the queue exists", func() bool { return got.Applied() == 1 })
 	if err := c.Health(); err != nil {
 		t.Fatalf("Health after consuming: %v", err)
 	}

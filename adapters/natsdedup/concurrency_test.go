@@ -168,31 +168,6 @@ func TestConnectionLoss(t *testing.T) {
 	}
 }
 
-// faultyStore fails every claim while down is set.
-type faultyStore struct {
-	dedup.Store
-	down   atomic.Bool
-	claims atomic.Int32 // refused
-}
-
-var errStoreDown = errors.New("store unreachable (injected)")
-
-func (s *faultyStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	if s.down.Load() {
-		s.claims.Add(1)
-		return dedup.Claim{}, errStoreDown
-	}
-	return s.Store.Claim(ctx, req)
-}
-
-func (s *faultyStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	if s.down.Load() {
-		s.claims.Add(1)
-		return nil, errStoreDown
-	}
-	return s.Store.ClaimBatch(ctx, reqs)
-}
-
 // While the store refuses every claim, nothing is handled and nothing
 // acknowledged: the messages are naked with a backoff and come back; once
 // the store answers again, every event is applied once.
@@ -200,8 +175,8 @@ func TestStoreOutageAcksNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 5*time.Second)
-	store := &faultyStore{Store: dedup.NewMemoryStore()}
-	store.down.Store(true)
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
+	store.SetDown(true)
 	rec := adaptertest.NewEffects()
 	w := wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
 		rec.Apply(eventID(m))
@@ -212,7 +187,7 @@ func TestStoreOutageAcksNothing(t *testing.T) {
 		e.publish(t, id, id, nil)
 	}
 	stop := start(t, cons, w)
-	adaptertest.WaitFor(t, deadline, "claims refused twice", func() bool { return store.claims.Load() >= 2 })
+	adaptertest.WaitFor(t, deadline, "claims refused twice", func() bool { return store.Refused() >= 2 })
 	info, err := cons.Info(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +198,7 @@ func TestStoreOutageAcksNothing(t *testing.T) {
 	if w.Stats().LastFailure.IsZero() {
 		t.Error("the wrapper's stats show no failure")
 	}
-	store.down.Store(false)
+	store.SetDown(false)
 	adaptertest.WaitFor(t, deadline, "all applied", func() bool { return rec.Applied() == len(ids) })
 	stop()
 	rec.AssertOnce(t, ids)

@@ -20,8 +20,8 @@ func TestOutageStopsRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 5*time.Second)
-	store := &faultyStore{Store: dedup.NewMemoryStore()}
-	store.down.Store(true)
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
+	store.SetDown(true)
 	rec := adaptertest.NewEffects()
 	w := wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
 		rec.Apply(eventID(m))

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -199,23 +198,8 @@ func start(t *testing.T, cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(deadline):
-				t.Error("Run did not return within a minute of cancellation")
-			}
-		})
-	}
+	run := adaptertest.Start(t, c.Run)
+	stop = func() { run.StopClean(t) }
 	t.Cleanup(stop)
 	return stop
 }

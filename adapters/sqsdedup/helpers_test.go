@@ -163,23 +163,8 @@ func start(t *testing.T, c *sqs.Client, url string, w *dedup.Wrapper[types.Messa
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- consumer.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("Run did not return within 30 s of cancellation")
-			}
-		})
-	}
+	run := adaptertest.Start(t, consumer.Run)
+	stop = func() { run.StopClean(t) }
 	t.Cleanup(stop)
 	return stop
 }
