@@ -38,8 +38,7 @@ func testConnectionLoss(t *testing.T, f Features, h Harness) {
 
 	WaitFor(t, Deadline, "every event applied after the break", func() bool { return fx.Applied() == events })
 	if f.HealthCoversBroker {
-		var herr error
-		WaitFor(t, Deadline, "Health nil again", func() bool { herr = c.Health(); return herr == nil })
+		WaitFor(t, Deadline, "Health nil again", func() bool { return c.Health() == nil })
 	}
 	run.StopClean(t)
 	waitSettled(t, h)
@@ -82,7 +81,7 @@ func testHealth(t *testing.T, _ Features, h Harness) {
 
 	store.SetDown(false)
 	WaitFor(t, Deadline, "the event held by the outage applied", func() bool { return fx.Count("during") == 1 })
-	WaitFor(t, Deadline, "Health nil after the outage", func() bool { herr = c.Health(); return herr == nil })
+	WaitFor(t, Deadline, "Health nil after the outage", func() bool { return c.Health() == nil })
 	run.StopClean(t)
 	waitSettled(t, h)
 	fx.AssertOnce(t, []string{"before", "during"})

@@ -69,11 +69,13 @@ func messages(prefix string, n int) ([]Message, []string) {
 // consumers must be stopped.
 func waitSettled(t *testing.T, h Harness) {
 	t.Helper()
-	var n int
-	WaitFor(t, Deadline, "every message acknowledged", func() bool {
-		n = h.Unsettled(t)
-		return n == 0
-	})
+	deadline := time.Now().Add(Deadline)
+	for n := h.Unsettled(t); n != 0; n = h.Unsettled(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages still unacknowledged %v after the consumers stopped", n, Deadline)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // assertRecords fails t unless every id has a record in status in scope.
