@@ -15,6 +15,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/amqpdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -34,17 +35,17 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 					b.publish(q, "order-"+strconv.Itoa(i), `{"order":`+strconv.Itoa(i)+`}`, nil)
 				}
 			}
-			got := newEffects()
+			got := adaptertest.NewEffects()
 			c := b.consumer(q, dedup.NewMemoryStore(), func(_ context.Context, d amqp.Delivery) error {
-				got.apply(d.MessageId)
+				got.Apply(d.MessageId)
 				return nil
 			})
 			stop := run(t, c)
-			waitFor(t, "every event applied and every delivery acknowledged", func() bool {
-				return got.distinct() == events && b.depth(q) == 0
+			adaptertest.WaitFor(t, effectDeadline, "every event applied and every delivery acknowledged", func() bool {
+				return got.Applied() == events && b.depth(q) == 0
 			})
 			stop()
-			if twice := got.twice(); len(twice) > 0 {
+			if twice := got.Twice(); len(twice) > 0 {
 				t.Fatalf("applied more than once: %v", twice)
 			}
 			if n := b.depth(q + ".dlq"); n != 0 {
@@ -63,7 +64,7 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 			b := newBroker(t)
 			q := b.queue(kind)
 			var poisonRuns, permanentRuns atomic.Int64
-			got := newEffects()
+			got := adaptertest.NewEffects()
 			c := b.consumer(q, dedup.NewMemoryStore(), func(_ context.Context, d amqp.Delivery) error {
 				switch d.MessageId {
 				case "poison":
@@ -73,7 +74,7 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 					permanentRuns.Add(1)
 					return dedup.Permanent(errors.New("unknown account"))
 				}
-				got.apply(d.MessageId)
+				got.Apply(d.MessageId)
 				return nil
 			}, dedup.WithMaxAttempts(3))
 			b.publish(q, "good-1", "1", amqp.Table{"trace": "kept"})
@@ -81,8 +82,8 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 			b.publish(q, "permanent", "x", nil)
 			b.publish(q, "good-2", "2", nil)
 			stop := run(t, c)
-			waitFor(t, "two letters and an empty queue", func() bool {
-				return b.depth(q+".dlq") == 2 && b.depth(q) == 0 && got.distinct() == 2
+			adaptertest.WaitFor(t, effectDeadline, "two letters and an empty queue", func() bool {
+				return b.depth(q+".dlq") == 2 && b.depth(q) == 0 && got.Applied() == 2
 			})
 			stop()
 			letters := map[string]amqp.Delivery{}
@@ -123,24 +124,24 @@ func TestPoisonIsDeadLettered(t *testing.T) {
 func TestFingerprintConflictIsDeadLettered(t *testing.T) {
 	b := newBroker(t)
 	q := b.queue("classic")
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	store := dedup.NewMemoryStore()
 	c := b.consumer(q, store, func(_ context.Context, d amqp.Delivery) error {
-		got.apply(d.MessageId + "=" + string(d.Body))
+		got.Apply(d.MessageId + "=" + string(d.Body))
 		return nil
 	})
 	b.publish(q, "order-1", `{"cents":100}`, nil)
 	stop := run(t, c)
-	waitFor(t, "the first applied", func() bool { return got.distinct() == 1 && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "the first applied", func() bool { return got.Applied() == 1 && b.depth(q) == 0 })
 	b.publish(q, "order-1", `{"cents":999}`, nil)
-	waitFor(t, "the conflict parked", func() bool { return b.depth(q+".dlq") == 1 && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "the conflict parked", func() bool { return b.depth(q+".dlq") == 1 && b.depth(q) == 0 })
 	stop()
 	letters := b.letters(q + ".dlq")
 	if got := header(letters[0], "dedup-reason"); got != string(dedup.ReasonConflict) {
 		t.Fatalf("letter reason %q, want conflict", got)
 	}
-	if got.distinct() != 1 || len(got.twice()) > 0 {
-		t.Fatalf("effects %v", got.n)
+	if got.Applied() != 1 || len(got.Twice()) > 0 {
+		t.Fatalf("effects %v", got.Counts())
 	}
 }
 
@@ -149,7 +150,7 @@ func TestConcurrentConsumers(t *testing.T) {
 	b := newBroker(t)
 	q := b.queue("quorum")
 	store := dedup.NewMemoryStore()
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	const events = 300
 	for i := range events {
 		b.publish(q, "e-"+strconv.Itoa(i), "x", nil)
@@ -158,13 +159,13 @@ func TestConcurrentConsumers(t *testing.T) {
 	for range 3 {
 		c := b.consumer(q, store, func(_ context.Context, d amqp.Delivery) error {
 			time.Sleep(time.Millisecond)
-			got.apply(d.MessageId)
+			got.Apply(d.MessageId)
 			return nil
 		})
 		run(t, c)
 	}
-	waitFor(t, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
-	if twice := got.twice(); len(twice) > 0 {
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.Applied() == events && b.depth(q) == 0 })
+	if twice := got.Twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
 	}
 }
@@ -175,26 +176,26 @@ func TestShutdownLosesNothing(t *testing.T) {
 	b := newBroker(t)
 	q := b.queue("classic")
 	store := dedup.NewMemoryStore()
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	const events = 300
 	for i := range events {
 		b.publish(q, "e-"+strconv.Itoa(i), "x", nil)
 	}
 	h := func(_ context.Context, d amqp.Delivery) error {
 		time.Sleep(2 * time.Millisecond)
-		got.apply(d.MessageId)
+		got.Apply(d.MessageId)
 		return nil
 	}
 	stop := run(t, b.consumer(q, store, h))
-	waitFor(t, "a third applied", func() bool { return got.distinct() >= events/3 })
+	adaptertest.WaitFor(t, effectDeadline, "a third applied", func() bool { return got.Applied() >= events/3 })
 	stop()
-	if n := got.distinct(); n == events {
+	if n := got.Applied(); n == events {
 		t.Logf("the first consumer applied all %d before it stopped", n)
 	}
 	stop = run(t, b.consumer(q, store, h))
-	waitFor(t, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.Applied() == events && b.depth(q) == 0 })
 	stop()
-	if twice := got.twice(); len(twice) > 0 {
+	if twice := got.Twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
 	}
 }
@@ -211,7 +212,7 @@ func TestConnectionLoss(t *testing.T) {
 	}
 	u.Host, u.Port = "127.0.0.1", mustPort(t, proxy.Addr())
 	store := dedup.NewMemoryStore()
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	const events = 400
 	for i := range events {
 		b.publish(q, "e-"+strconv.Itoa(i), "x", nil)
@@ -219,23 +220,23 @@ func TestConnectionLoss(t *testing.T) {
 	logs := &logCount{}
 	c := b.consumerAt(u.String(), q, store, func(_ context.Context, d amqp.Delivery) error {
 		time.Sleep(2 * time.Millisecond)
-		got.apply(d.MessageId)
+		got.Apply(d.MessageId)
 		return nil
 	}, []amqpdedup.Opt{amqpdedup.WithLogger(slog.New(logs))})
 	stop := run(t, c)
 	// Each cut comes once the consumer consumes (again) and has applied
 	// more events.
 	for cut := range 2 {
-		waitFor(t, "consuming again", func() bool { return logs.count("amqpdedup: consuming the queue again") >= cut })
-		at := got.distinct() + 20
-		waitFor(t, fmt.Sprintf("%d applied", at), func() bool { return got.distinct() >= at })
+		adaptertest.WaitFor(t, effectDeadline, "consuming again", func() bool { return logs.count("amqpdedup: consuming the queue again") >= cut })
+		at := got.Applied() + 20
+		adaptertest.WaitFor(t, effectDeadline, fmt.Sprintf("%d applied", at), func() bool { return got.Applied() >= at })
 		proxy.Cut()
 		time.Sleep(500 * time.Millisecond)
 		proxy.Restore()
 	}
-	waitFor(t, "every event applied and acknowledged", func() bool { return got.distinct() == events && b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "every event applied and acknowledged", func() bool { return got.Applied() == events && b.depth(q) == 0 })
 	stop()
-	if twice := got.twice(); len(twice) > 0 {
+	if twice := got.Twice(); len(twice) > 0 {
 		t.Fatalf("applied more than once: %v", twice)
 	}
 	if n := logs.count("amqpdedup: consuming stopped"); n < 2 {
@@ -313,14 +314,14 @@ func TestNewConsumerRejectsBadConfiguration(t *testing.T) {
 func TestHealthReportsAMissingQueue(t *testing.T) {
 	b := newBroker(t)
 	q := "dedup-test-missing-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	got := newEffects()
+	got := adaptertest.NewEffects()
 	logs := &logCount{}
 	c := b.consumerAt(b.url, q, dedup.NewMemoryStore(), func(_ context.Context, d amqp.Delivery) error {
-		got.apply(d.MessageId)
+		got.Apply(d.MessageId)
 		return nil
 	}, []amqpdedup.Opt{amqpdedup.WithLogger(slog.New(logs))})
 	stop := run(t, c)
-	waitFor(t, "Health to report the missing queue", func() bool { return c.Health() != nil })
+	adaptertest.WaitFor(t, effectDeadline, "Health to report the missing queue", func() bool { return c.Health() != nil })
 	var amqpErr *amqp.Error
 	if err := c.Health(); !errors.As(err, &amqpErr) || amqpErr.Code != amqp.NotFound {
 		t.Fatalf("Health = %v, want an error wrapping the broker's 404", err)
@@ -335,7 +336,7 @@ func TestHealthReportsAMissingQueue(t *testing.T) {
 		t.Cleanup(func() { _, _ = b.ch.QueueDelete(name, false, false, false) })
 	}
 	b.publish(q, "e-1", "x", nil)
-	waitFor(t, "the event applied once the queue exists", func() bool { return got.distinct() == 1 })
+	adaptertest.WaitFor(t, effectDeadline, "the event applied once the queue exists", func() bool { return got.Applied() == 1 })
 	if err := c.Health(); err != nil {
 		t.Fatalf("Health after consuming: %v", err)
 	}

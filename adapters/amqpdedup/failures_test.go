@@ -13,41 +13,8 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/amqpdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 )
-
-// refusingStore refuses as many claims as it is told to.
-type refusingStore struct {
-	dedup.Store
-	refuse atomic.Int32
-}
-
-var errRefused = errors.New("claim refused (injected)")
-
-func (s *refusingStore) refused() bool {
-	for {
-		n := s.refuse.Load()
-		if n <= 0 {
-			return false
-		}
-		if s.refuse.CompareAndSwap(n, n-1) {
-			return true
-		}
-	}
-}
-
-func (s *refusingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	if s.refused() {
-		return dedup.Claim{}, errRefused
-	}
-	return s.Store.Claim(ctx, req)
-}
-
-func (s *refusingStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	if s.refused() {
-		return nil, errRefused
-	}
-	return s.Store.ClaimBatch(ctx, reqs)
-}
 
 // Only a settled delivery ends a run of failures: a retry between two
 // deliveries not settled does not, so the second is held for the second
@@ -57,7 +24,7 @@ func TestOnlyASettledDeliveryEndsAFailureRun(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t)
 	q := b.queue("classic")
-	store := &refusingStore{Store: dedup.NewMemoryStore()}
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
 	var mu sync.Mutex
 	var steps []int
 	backoff := func(n int) time.Duration {
@@ -70,7 +37,7 @@ func TestOnlyASettledDeliveryEndsAFailureRun(t *testing.T) {
 	applied := make(chan string, 2)
 	c := b.consumerAt(b.url, q, store, func(_ context.Context, d amqp.Delivery) error {
 		if d.MessageId == "a" && calls.Add(1) == 1 {
-			store.refuse.Store(1) // the retry's claim fails
+			store.RefuseNext(1) // the retry's claim fails
 			return errors.New("transient")
 		}
 		applied <- d.MessageId
@@ -78,7 +45,7 @@ func TestOnlyASettledDeliveryEndsAFailureRun(t *testing.T) {
 	}, []amqpdedup.Opt{amqpdedup.WithErrorBackoff(backoff)})
 	run(t, c)
 	for _, id := range []string{"a", "b"} {
-		store.refuse.Store(1) // the first delivery's claim fails
+		store.RefuseNext(1) // the first delivery's claim fails
 		b.publish(q, id, "{}", nil)
 		select {
 		case got := <-applied:
@@ -89,7 +56,7 @@ func TestOnlyASettledDeliveryEndsAFailureRun(t *testing.T) {
 			t.Fatalf("%s not applied within a minute", id)
 		}
 	}
-	waitFor(t, "both acknowledged", func() bool { return b.depth(q) == 0 })
+	adaptertest.WaitFor(t, effectDeadline, "both acknowledged", func() bool { return b.depth(q) == 0 })
 	mu.Lock()
 	defer mu.Unlock()
 	// a: refused (1), retried, refused (2), applied; b: refused (1), applied.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/amqpdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -114,67 +114,12 @@ func (b *broker) letters(queue string) []amqp.Delivery {
 	}
 }
 
-// effects counts the effects applied per event ID.
-type effects struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func newEffects() *effects { return &effects{n: make(map[string]int)} }
-
-func (e *effects) apply(id string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.n[id]++
-}
-
-func (e *effects) distinct() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.n)
-}
-
-// twice returns the IDs applied more than once.
-func (e *effects) twice() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []string
-	for id, n := range e.n {
-		if n > 1 {
-			out = append(out, fmt.Sprintf("%s×%d", id, n))
-		}
-	}
-	return out
-}
-
-// waitFor polls cond until it holds or effectDeadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(effectDeadline)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", effectDeadline, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // run starts c and returns a function that stops it and checks that Run
 // returned nil.
 func run(t *testing.T, c *amqpdedup.Consumer) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-	}
+	run := adaptertest.Start(t, c.Run)
+	stop = func() { run.StopClean(t) }
 	t.Cleanup(stop)
 	return stop
 }

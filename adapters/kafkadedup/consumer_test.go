@@ -15,6 +15,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -43,7 +44,7 @@ func TestDuplicatesGiveOneEffect(t *testing.T) {
 	want := endOffsets(recs)
 	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	run.stop(t)
+	run.StopClean(t)
 
 	count, outcomes := fx.snapshot()
 	if len(count) != len(evs) {
@@ -80,7 +81,7 @@ func TestOrderHoldsAcrossRetries(t *testing.T) {
 	want := endOffsets(recs)
 	eventually(t, 20*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	run.stop(t)
+	run.StopClean(t)
 
 	produced := map[int32][]string{}
 	nflaky := 0
@@ -141,7 +142,7 @@ func TestCommitFailuresRedeliverWithoutSecondEffect(t *testing.T) {
 		count, _ := fx.snapshot()
 		return len(count) == len(evs) && refused.Load() >= 2
 	}, "the first consumer did not process every event")
-	if err := first.wait(t); err == nil {
+	if err := first.Stop(t); err == nil {
 		t.Error("Run returned nil although its final commit was refused")
 	}
 	if got := c.committed(c.group); len(got) != 0 {
@@ -155,7 +156,7 @@ func TestCommitFailuresRedeliverWithoutSecondEffect(t *testing.T) {
 	want := endOffsets(recs)
 	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	second.stop(t)
+	second.StopClean(t)
 
 	if _, outcomes := redelivered.snapshot(); outcomes[dedup.OutcomeDuplicate] != len(evs) || len(outcomes) != 1 {
 		t.Errorf("redelivery outcomes %v, want %d duplicates only", outcomes, len(evs))
@@ -206,14 +207,14 @@ func TestHandoverMidBatch(t *testing.T) {
 	b := start(t, consumer(seenB))
 	eventually(t, 10*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.OutcomeProcessed] > 0 },
 		"second consumer never got a partition")
-	a.stop(t)
+	a.StopClean(t)
 	if applied() == len(evs) {
 		t.Fatal("the first consumer finished before it was stopped; the handover was not mid-batch")
 	}
 	want := endOffsets(recs)
 	eventually(t, 20*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	b.stop(t)
+	b.StopClean(t)
 
 	count, _ := fx.snapshot()
 	for _, e := range evs {
@@ -229,36 +230,14 @@ func TestHandoverMidBatch(t *testing.T) {
 	t.Logf("first consumer %v, second %v", oa, ob)
 }
 
-// flakyStore fails every claim while down, as an unreachable store does.
-type flakyStore struct {
-	dedup.Store
-	down atomic.Bool
-}
-
-var errStoreDown = errors.New("store unreachable")
-
-func (s *flakyStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	if s.down.Load() {
-		return dedup.Claim{}, errStoreDown
-	}
-	return s.Store.Claim(ctx, req)
-}
-
-func (s *flakyStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	if s.down.Load() {
-		return nil, errStoreDown
-	}
-	return s.Store.ClaimBatch(ctx, reqs)
-}
-
 // While the store is unreachable nothing runs and nothing is committed; when
 // it is back every record is processed once, in order.
 func TestStoreOutageHoldsProgress(t *testing.T) {
 	c := newCluster(t, 2)
 	evs := events("so", 100, 4)
 	recs := c.produce(evs...)
-	store := &flakyStore{Store: dedup.NewMemoryStore()}
-	store.down.Store(true)
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
+	store.SetDown(true)
 	fx := newEffects()
 	w := wrap(t, store, c.sink(), dedup.Scope(c.group, "apply"),
 		func(_ context.Context, r *kgo.Record) error { fx.apply(r); return nil })
@@ -272,11 +251,11 @@ func TestStoreOutageHoldsProgress(t *testing.T) {
 	if got := c.committed(c.group); len(got) != 0 {
 		t.Fatalf("offsets %v committed while the store was down", got)
 	}
-	store.down.Store(false)
+	store.SetDown(false)
 	want := endOffsets(recs)
 	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	run.stop(t)
+	run.StopClean(t)
 
 	produced := map[int32][]string{}
 	for _, r := range recs {
@@ -324,7 +303,7 @@ func TestFetchedBatchIsClaimedInOneCall(t *testing.T) {
 	want := endOffsets(recs)
 	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	run.stop(t)
+	run.StopClean(t)
 
 	store.mu.Lock()
 	defer store.mu.Unlock()

@@ -51,7 +51,7 @@ func TestPoisonRecordIsDeadLetteredAndConsumerMovesOn(t *testing.T) {
 	want := endOffsets(recs)
 	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	run.stop(t)
+	run.StopClean(t)
 
 	if n := fx.calls["bad-1"]; n != 3 {
 		t.Errorf("poison handler ran %d times, want MaxAttempts = 3", n)
@@ -224,7 +224,7 @@ func TestDLQProduceFailureHoldsThePartition(t *testing.T) {
 	want := endOffsets(recs)
 	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	run.stop(t)
+	run.StopClean(t)
 
 	mu.Lock()
 	defer mu.Unlock()

@@ -13,41 +13,8 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/adaptertest"
 )
-
-// refusingStore refuses as many claims as it is told to.
-type refusingStore struct {
-	dedup.Store
-	refuse atomic.Int32
-}
-
-var errRefused = errors.New("claim refused (injected)")
-
-func (s *refusingStore) refused() bool {
-	for {
-		n := s.refuse.Load()
-		if n <= 0 {
-			return false
-		}
-		if s.refuse.CompareAndSwap(n, n-1) {
-			return true
-		}
-	}
-}
-
-func (s *refusingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	if s.refused() {
-		return dedup.Claim{}, errRefused
-	}
-	return s.Store.Claim(ctx, req)
-}
-
-func (s *refusingStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	if s.refused() {
-		return nil, errRefused
-	}
-	return s.Store.ClaimBatch(ctx, reqs)
-}
 
 // Only a settled record ends a run of failures: a retry in place between
 // two records not settled does not, so the second waits for the second step
@@ -55,7 +22,7 @@ func (s *refusingStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimReques
 // first again.
 func TestOnlyASettledRecordEndsAFailureRun(t *testing.T) {
 	c := newCluster(t, 1)
-	store := &refusingStore{Store: dedup.NewMemoryStore()}
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
 	var mu sync.Mutex
 	var steps []int
 	backoff := func(n int) time.Duration {
@@ -68,7 +35,7 @@ func TestOnlyASettledRecordEndsAFailureRun(t *testing.T) {
 	applied := make(chan string, 2)
 	w := wrap(t, store, c.sink(), dedup.Scope(c.group, "apply"), func(_ context.Context, r *kgo.Record) error {
 		if eventID(r) == "a" && calls.Add(1) == 1 {
-			store.refuse.Store(1) // the retry's claim fails
+			store.RefuseNext(1) // the retry's claim fails
 			return errors.New("transient")
 		}
 		applied <- eventID(r)
@@ -76,7 +43,7 @@ func TestOnlyASettledRecordEndsAFailureRun(t *testing.T) {
 	})
 	run := start(t, newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...), kafkadedup.WithErrorBackoff(backoff)))
 	for _, id := range []string{"a", "b"} {
-		store.refuse.Store(1) // the first claim fails
+		store.RefuseNext(1) // the first claim fails
 		c.produce(event{id: id, key: "k", value: "{}"})
 		select {
 		case got := <-applied:
@@ -87,7 +54,7 @@ func TestOnlyASettledRecordEndsAFailureRun(t *testing.T) {
 			t.Fatalf("%s not applied within a minute", id)
 		}
 	}
-	run.stop(t)
+	run.Stop(t)
 	mu.Lock()
 	defer mu.Unlock()
 	// a: refused (1), retried, refused (2), applied; b: refused (1), applied.

@@ -77,7 +77,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	if st := consumer.Stats(); st.FailingSince.IsZero() || !st.LastSuccess.IsZero() || st.LastError == nil {
 		t.Errorf("Stats during the outage: %+v", st)
 	}
-	if err := run.wait(t); err != nil {
+	if err := run.Stop(t); err != nil {
 		t.Errorf("Run: %v, want nil after its context was canceled", err)
 	}
 	if count, _ := fx.snapshot(); len(count) != 0 {
@@ -145,7 +145,7 @@ func TestMissingTopicIsReported(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, func() bool { return consumer.Health() == nil },
 		"Health still %v after the topic was created", consumer.Health())
-	if err := run.wait(t); err != nil {
+	if err := run.Stop(t); err != nil {
 		t.Errorf("Run: %v", err)
 	}
 }

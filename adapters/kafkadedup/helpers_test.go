@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -171,46 +172,9 @@ func (c *cluster) sink(opts ...kafkadedup.SinkOpt) *kafkadedup.Sink {
 	return s
 }
 
-// running is a Consumer.Run in progress.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	err    error
-	// within bounds how long Run may take to return once canceled
-	// (default 20 s): a consumer draining its handlers may need longer.
-	within time.Duration
-}
-
-func start(t *testing.T, c *kafkadedup.Consumer) *running {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1), within: 20 * time.Second}
-	go func() { r.done <- c.Run(ctx) }()
-	t.Cleanup(func() { _ = r.wait(t) })
-	return r
-}
-
-// wait cancels the run and returns Run's error; it may be called again.
-func (r *running) wait(t *testing.T) error {
-	t.Helper()
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case r.err = <-r.done:
-		case <-time.After(r.within):
-			t.Fatalf("Run did not return %v after its context was canceled", r.within)
-		}
-	})
-	return r.err
-}
-
-// stop cancels the run and fails t if Run returned an error.
-func (r *running) stop(t *testing.T) {
-	t.Helper()
-	if err := r.wait(t); err != nil {
-		t.Errorf("Run: %v", err)
-	}
+// start runs c until the test ends or the returned run is stopped.
+func start(t *testing.T, c *kafkadedup.Consumer) *adaptertest.Running {
+	return adaptertest.Start(t, c.Run)
 }
 
 // eventually fails t unless cond holds within timeout.

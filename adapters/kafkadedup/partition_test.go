@@ -57,7 +57,7 @@ func TestPartitionBufferPausesFetching(t *testing.T) {
 	close(release)
 	eventually(t, 15*time.Second, func() bool { count, _ := fx.snapshot(); return len(count) == batches*perBatch },
 		"not every record was handled after the handler was released")
-	run.stop(t)
+	run.StopClean(t)
 	for i, n := range order {
 		if n != i {
 			t.Fatalf("record %d handled at position %d: order broken", n, i)

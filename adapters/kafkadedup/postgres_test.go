@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -115,7 +116,7 @@ func TestHandoverMidBatchPostgresInbox(t *testing.T) {
 			var parkA, never atomic.Bool
 			parkedA := make(chan struct{}, 1)
 			a := start(t, consumer(seenA, handler(&parkA, parkedA)))
-			a.within += tc.drain // its started batch runs to its end
+			a.Within(adaptertest.Deadline + tc.drain) // its started batch runs to its end
 			eventually(t, 60*time.Second, func() bool { return rows() >= 60 }, "first consumer made no progress")
 			b := start(t, consumer(seenB, handler(&never, nil)))
 			eventually(t, 60*time.Second, func() bool { _, o := seenB.snapshot(); return o[dedup.OutcomeProcessed] > 0 },
@@ -135,7 +136,7 @@ func TestHandoverMidBatchPostgresInbox(t *testing.T) {
 				}
 				t.Log("the first consumer ran no handler within 60 s of the handover; stopping it between handlers")
 			}
-			a.stop(t)
+			a.StopClean(t)
 			// Draining lets the first consumer finish its started batch while
 			// the second finishes the rest: every event may be done by now.
 			// Abandoning rolls the batch back, so events must remain.
@@ -145,7 +146,7 @@ func TestHandoverMidBatchPostgresInbox(t *testing.T) {
 			want := endOffsets(recs)
 			eventually(t, 30*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 				"committed offsets never reached %v", want)
-			b.stop(t)
+			b.StopClean(t)
 
 			var distinct, total int
 			err := pool.QueryRow(context.Background(), "SELECT count(DISTINCT event_id), count(*) FROM "+table).Scan(&distinct, &total)

@@ -49,7 +49,7 @@ func TestRedisStore(t *testing.T) {
 	want := endOffsets(recs)
 	eventually(t, 20*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
 		"committed offsets never reached %v", want)
-	run.stop(t)
+	run.StopClean(t)
 
 	count, outcomes := fx.snapshot()
 	for _, ev := range evs {

@@ -46,7 +46,7 @@ func TestShutdownIsBoundedAndCommitsOnlySettled(t *testing.T) {
 		t.Fatal("the stuck record was never handled")
 	}
 	began := time.Now()
-	run.stop(t)
+	run.StopClean(t)
 	if took := time.Since(began); took > drain+5*time.Second {
 		t.Errorf("shutdown took %v, want about the drain timeout (%v)", took, drain)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/natsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -40,11 +41,11 @@ func TestConcurrentConsumersApplyOnce(t *testing.T) {
 			e := newEnv(t, 100*time.Millisecond)
 			durable := e.consumer(t, 5*time.Second).CachedInfo().Name
 			store := sc.open(t)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			scope := dedup.WithScope(uniqueScope())
 			h := func(ctx context.Context, m jetstream.Msg) error {
 				time.Sleep(5 * time.Millisecond)
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			}
 			const events = 200
@@ -60,11 +61,11 @@ func TestConcurrentConsumersApplyOnce(t *testing.T) {
 				start(t, bind(t, "T_"+e.token, durable), wrap(t, store, rec, h, scope),
 					natsdedup.WithWorkers(20), natsdedup.WithBatchSize(10))
 			}
-			waitFor(t, deadline, "every copy settled", func() bool {
-				return rec.outcomes(dedup.OutcomeProcessed) == events &&
-					rec.outcomes(dedup.OutcomeDuplicate) >= (events+2)/3
+			adaptertest.WaitFor(t, deadline, "every copy settled", func() bool {
+				return rec.Outcomes(dedup.OutcomeProcessed) == events &&
+					rec.Outcomes(dedup.OutcomeDuplicate) >= (events+2)/3
 			})
-			rec.assertOnce(t, ids)
+			rec.AssertOnce(t, ids)
 			assertAllAcked(t, bind(t, "T_"+e.token, durable))
 		})
 	}
@@ -80,7 +81,7 @@ func TestConsumersRaceOnFailingEvent(t *testing.T) {
 	durable := e.consumer(t, 5*time.Second).CachedInfo().Name
 	store, sink := dedup.NewMemoryStore(), dedup.NewMemorySink()
 	var starts atomic.Int32
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	scope := uniqueScope()
 	h := func(ctx context.Context, m jetstream.Msg) error {
 		starts.Add(1)
@@ -136,10 +137,10 @@ func TestConnectionLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := dedup.NewMemoryStore()
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
 		time.Sleep(10 * time.Millisecond)
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	const events = 300
@@ -149,47 +150,22 @@ func TestConnectionLoss(t *testing.T) {
 		e.publish(t, ids[i], ids[i], nil)
 	}
 	stop := start(t, cons, w, natsdedup.WithWorkers(20), natsdedup.WithBatchSize(10), natsdedup.WithAckTimeout(2*time.Second))
-	waitFor(t, deadline, "a sixth applied", func() bool { return rec.applied() >= events/6 })
+	adaptertest.WaitFor(t, deadline, "a sixth applied", func() bool { return rec.Applied() >= events/6 })
 	proxy.Cut()
-	cutAt := rec.applied()
+	cutAt := rec.Applied()
 	time.Sleep(3 * time.Second) // past the AckWait: the server gives the held messages out again
 	proxy.Restore()
-	waitFor(t, deadline, "all applied", func() bool { return rec.applied() == events })
+	adaptertest.WaitFor(t, deadline, "all applied", func() bool { return rec.Applied() == events })
 	assertAllAcked(t, bind(t, "T_"+e.token, durable))
 	stop()
-	t.Logf("applied %d before the cut; %d deliveries in all, %d duplicates", cutAt, rec.deliveries(), rec.outcomes(dedup.OutcomeDuplicate))
-	rec.assertOnce(t, ids)
+	t.Logf("applied %d before the cut; %d deliveries in all, %d duplicates", cutAt, rec.Results(), rec.Outcomes(dedup.OutcomeDuplicate))
+	rec.AssertOnce(t, ids)
 	for _, id := range ids {
 		r, err := store.Get(context.Background(), dedup.Key{Scope: w.Scope(), EventID: id})
 		if err != nil || r.Status != dedup.StatusSucceeded {
 			t.Errorf("%s: record %v, %v; want SUCCEEDED", id, r.Status, err)
 		}
 	}
-}
-
-// faultyStore fails every claim while down is set.
-type faultyStore struct {
-	dedup.Store
-	down   atomic.Bool
-	claims atomic.Int32 // refused
-}
-
-var errStoreDown = errors.New("store unreachable (injected)")
-
-func (s *faultyStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	if s.down.Load() {
-		s.claims.Add(1)
-		return dedup.Claim{}, errStoreDown
-	}
-	return s.Store.Claim(ctx, req)
-}
-
-func (s *faultyStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	if s.down.Load() {
-		s.claims.Add(1)
-		return nil, errStoreDown
-	}
-	return s.Store.ClaimBatch(ctx, reqs)
 }
 
 // While the store refuses every claim, nothing is handled and nothing
@@ -199,11 +175,11 @@ func TestStoreOutageAcksNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 5*time.Second)
-	store := &faultyStore{Store: dedup.NewMemoryStore()}
-	store.down.Store(true)
-	rec := newRecorder()
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
+	store.SetDown(true)
+	rec := adaptertest.NewEffects()
 	w := wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	ids := []string{"a", "b", "c", "d", "e"}
@@ -211,20 +187,20 @@ func TestStoreOutageAcksNothing(t *testing.T) {
 		e.publish(t, id, id, nil)
 	}
 	stop := start(t, cons, w)
-	waitFor(t, deadline, "claims refused twice", func() bool { return store.claims.Load() >= 2 })
+	adaptertest.WaitFor(t, deadline, "claims refused twice", func() bool { return store.Refused() >= 2 })
 	info, err := cons.Info(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.AckFloor.Stream != 0 || rec.applied() != 0 {
-		t.Errorf("during the outage: ack floor %d, %d applied; want nothing", info.AckFloor.Stream, rec.applied())
+	if info.AckFloor.Stream != 0 || rec.Applied() != 0 {
+		t.Errorf("during the outage: ack floor %d, %d applied; want nothing", info.AckFloor.Stream, rec.Applied())
 	}
 	if w.Stats().LastFailure.IsZero() {
 		t.Error("the wrapper's stats show no failure")
 	}
-	store.down.Store(false)
-	waitFor(t, deadline, "all applied", func() bool { return rec.applied() == len(ids) })
+	store.SetDown(false)
+	adaptertest.WaitFor(t, deadline, "all applied", func() bool { return rec.Applied() == len(ids) })
 	stop()
-	rec.assertOnce(t, ids)
+	rec.AssertOnce(t, ids)
 	assertAllAcked(t, cons)
 }

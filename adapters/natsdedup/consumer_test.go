@@ -12,6 +12,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/natsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 )
 
 // Three copies of each of five events, each copy published with the same
@@ -24,10 +25,10 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 200*time.Millisecond)
 			cons := e.consumer(t, 5*time.Second)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			w := wrap(t, sc.open(t), rec, func(ctx context.Context, m jetstream.Msg) error {
 				time.Sleep(50 * time.Millisecond) // let copies overlap
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			})
 			const events, copies = 5, 3
@@ -41,11 +42,11 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 				}
 			}
 			stop := start(t, cons, w)
-			waitFor(t, deadline, "every copy settled", func() bool {
-				return rec.outcomes(dedup.OutcomeProcessed) == events && rec.outcomes(dedup.OutcomeDuplicate) == events*(copies-1)
+			adaptertest.WaitFor(t, deadline, "every copy settled", func() bool {
+				return rec.Outcomes(dedup.OutcomeProcessed) == events && rec.Outcomes(dedup.OutcomeDuplicate) == events*(copies-1)
 			})
 			stop()
-			rec.assertOnce(t, ids)
+			rec.AssertOnce(t, ids)
 			assertAllAcked(t, cons)
 		})
 	}
@@ -61,9 +62,9 @@ func TestRedeliveryIsDuplicate(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 0)
 			cons := e.consumer(t, 2*time.Second)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			w := wrap(t, sc.open(t), rec, func(ctx context.Context, m jetstream.Msg) error {
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			})
 			e.publish(t, "evt-1", "once", nil)
@@ -81,9 +82,9 @@ func TestRedeliveryIsDuplicate(t *testing.T) {
 			} // and no ack: it comes back after AckWait
 
 			stop := start(t, cons, w)
-			waitFor(t, deadline, "the redelivery seen as a duplicate", func() bool { return rec.outcomes(dedup.OutcomeDuplicate) == 1 })
+			adaptertest.WaitFor(t, deadline, "the redelivery seen as a duplicate", func() bool { return rec.Outcomes(dedup.OutcomeDuplicate) == 1 })
 			stop()
-			rec.assertOnce(t, []string{"evt-1"})
+			rec.AssertOnce(t, []string{"evt-1"})
 			assertAllAcked(t, cons)
 		})
 	}
@@ -98,21 +99,21 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 0)
 			cons := e.consumer(t, 5*time.Second)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			scope := uniqueScope()
 			sink, err := natsdedup.NewSink(e.js)
 			if err != nil {
 				t.Fatal(err)
 			}
 			w := wrap(t, sc.open(t), rec, func(ctx context.Context, m jetstream.Msg) error {
-				rec.call(eventID(m))
+				rec.Call(eventID(m))
 				return errBoom
 			}, dedup.WithScope(scope), dedup.WithMaxAttempts(3), dedup.WithSink(sink))
 			e.publish(t, "poison-1", `{"poison":true}`, map[string]string{"tenant": "acme"})
 			stop := start(t, cons, w)
-			waitFor(t, deadline, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
+			adaptertest.WaitFor(t, deadline, "the message dead-lettered", func() bool { return rec.Outcomes(dedup.OutcomeDeadLettered) == 1 })
 			stop()
-			if n := rec.callCount(); n != 3 {
+			if n := rec.CallCount(); n != 3 {
 				t.Errorf("handler ran %d times, want 3", n)
 			}
 			assertAllAcked(t, cons)
@@ -154,17 +155,17 @@ func TestPermanentErrorIsDeadLetteredAtOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 5*time.Second)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	sink := dedup.NewMemorySink()
 	w := wrap(t, dedup.NewMemoryStore(), rec, func(ctx context.Context, m jetstream.Msg) error {
-		rec.call(eventID(m))
+		rec.Call(eventID(m))
 		return dedup.Permanent(errors.New("unknown account"))
 	}, dedup.WithSink(sink), dedup.WithMaxAttempts(5))
 	e.publish(t, "perm-1", "x", nil)
 	stop := start(t, cons, w)
-	waitFor(t, deadline, "the message dead-lettered", func() bool { return len(sink.Letters()) == 1 })
+	adaptertest.WaitFor(t, deadline, "the message dead-lettered", func() bool { return len(sink.Letters()) == 1 })
 	stop()
-	if n := rec.callCount(); n != 1 {
+	if n := rec.CallCount(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
 	if dl := sink.Letters()[0]; dl.Reason != dedup.ReasonPermanent || dl.Attempts != 1 || dl.EventID != "perm-1" {
@@ -180,22 +181,22 @@ func TestFingerprintConflictIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 200*time.Millisecond)
 	cons := e.consumer(t, 5*time.Second)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	sink, err := natsdedup.NewSink(e.js)
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := wrap(t, dedup.NewMemoryStore(), rec, func(ctx context.Context, m jetstream.Msg) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	}, dedup.WithSink(sink))
 	e.publish(t, "order-7", `{"amount":10}`, nil)
 	stop := start(t, cons, w)
-	waitFor(t, deadline, "the first processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 1 })
+	adaptertest.WaitFor(t, deadline, "the first processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == 1 })
 	e.publishAgain(t, "order-7", `{"amount":99}`)
-	waitFor(t, deadline, "the second found in conflict", func() bool { return rec.outcomes(dedup.OutcomeConflict) == 1 })
+	adaptertest.WaitFor(t, deadline, "the second found in conflict", func() bool { return rec.Outcomes(dedup.OutcomeConflict) == 1 })
 	stop()
-	rec.assertOnce(t, []string{"order-7"})
+	rec.AssertOnce(t, []string{"order-7"})
 	letters := e.letters(t)
 	if len(letters) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(letters))
@@ -215,19 +216,19 @@ func TestMissingIDIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 5*time.Second)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	sink := dedup.NewMemorySink()
 	w := wrap(t, dedup.NewMemoryStore(), rec, func(ctx context.Context, m jetstream.Msg) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	}, dedup.WithSink(sink))
 	e.publish(t, "a", "a", nil)
 	e.publish(t, "", "no id", nil)
 	e.publish(t, "b", "b", nil)
 	stop := start(t, cons, w)
-	waitFor(t, deadline, "all settled", func() bool { return rec.deliveries() == 3 })
+	adaptertest.WaitFor(t, deadline, "all settled", func() bool { return rec.Results() == 3 })
 	stop()
-	rec.assertOnce(t, []string{"a", "b"})
+	rec.AssertOnce(t, []string{"a", "b"})
 	letters := sink.Letters()
 	if len(letters) != 1 || letters[0].Reason != dedup.ReasonInvalidID || string(letters[0].Payload) != "no id" {
 		t.Errorf("letters %+v, want the message without ID, reason invalid-id", letters)
@@ -242,18 +243,18 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 2*time.Second)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), rec, func(ctx context.Context, m jetstream.Msg) error {
 		time.Sleep(5 * time.Second)
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	e.publish(t, "slow-1", "slow", nil)
 	stop := start(t, cons, w)
-	waitFor(t, deadline, "the slow message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 1 })
+	adaptertest.WaitFor(t, deadline, "the slow message processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == 1 })
 	stop()
-	rec.assertOnce(t, []string{"slow-1"})
-	if n := rec.deliveries(); n != 1 {
+	rec.AssertOnce(t, []string{"slow-1"})
+	if n := rec.Results(); n != 1 {
 		t.Errorf("%d deliveries, want 1 (the message was delivered again while held)", n)
 	}
 	info, err := cons.Info(context.Background())
@@ -277,11 +278,11 @@ func TestShutdownLosesNothing(t *testing.T) {
 			e := newEnv(t, 0)
 			cons := e.consumer(t, 5*time.Second)
 			store := sc.open(t)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			scope := dedup.WithScope(uniqueScope())
 			h := func(ctx context.Context, m jetstream.Msg) error {
 				time.Sleep(20 * time.Millisecond)
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			}
 			const events = 150
@@ -293,15 +294,15 @@ func TestShutdownLosesNothing(t *testing.T) {
 			}
 			opts := []natsdedup.Opt{natsdedup.WithWorkers(20), natsdedup.WithBatchSize(10)}
 			stop := start(t, cons, wrap(t, store, rec, h, scope), opts...)
-			waitFor(t, deadline, "a third applied", func() bool { return rec.applied() >= events/3 })
+			adaptertest.WaitFor(t, deadline, "a third applied", func() bool { return rec.Applied() >= events/3 })
 			stop()
-			first := rec.applied()
+			first := rec.Applied()
 
 			stop = start(t, cons, wrap(t, store, rec, h, scope), opts...)
-			waitFor(t, deadline, "all applied", func() bool { return rec.applied() == events })
+			adaptertest.WaitFor(t, deadline, "all applied", func() bool { return rec.Applied() == events })
 			stop()
 			t.Logf("first consumer applied %d of %d", first, events)
-			rec.assertOnce(t, ids)
+			rec.AssertOnce(t, ids)
 			assertAllAcked(t, cons)
 		})
 	}
@@ -312,7 +313,7 @@ func TestShutdownLosesNothing(t *testing.T) {
 func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
-	w := wrap(t, dedup.NewMemoryStore(), newRecorder(), func(context.Context, jetstream.Msg) error { return nil })
+	w := wrap(t, dedup.NewMemoryStore(), adaptertest.NewEffects(), func(context.Context, jetstream.Msg) error { return nil })
 	ackAll, err := e.stream.CreateConsumer(context.Background(), jetstream.ConsumerConfig{Durable: "all_" + token(), AckPolicy: jetstream.AckAllPolicy})
 	if err != nil {
 		t.Fatal(err)
@@ -354,7 +355,7 @@ func TestShutdownTimeoutGivesBackAtOnce(t *testing.T) {
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 30*time.Second)
 	store := dedup.NewMemoryStore()
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	scope := dedup.WithScope(uniqueScope())
 	started := make(chan struct{}, 1)
 	stuck := wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
@@ -373,14 +374,14 @@ func TestShutdownTimeoutGivesBackAtOnce(t *testing.T) {
 	stoppedAt := time.Now()
 
 	stop = start(t, cons, wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	}, scope))
-	waitFor(t, deadline, "the message applied by the next consumer", func() bool { return rec.applied() == 1 })
+	adaptertest.WaitFor(t, deadline, "the message applied by the next consumer", func() bool { return rec.Applied() == 1 })
 	if d := time.Since(stoppedAt); d > 20*time.Second {
 		t.Errorf("redelivered after %v: the message was left to its AckWait instead of naked", d)
 	}
 	stop()
-	rec.assertOnce(t, []string{"evt-1"})
+	rec.AssertOnce(t, []string{"evt-1"})
 	assertAllAcked(t, cons)
 }

@@ -14,41 +14,8 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/natsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 )
-
-// refusingStore refuses as many claims as it is told to.
-type refusingStore struct {
-	dedup.Store
-	refuse atomic.Int32
-}
-
-var errRefused = errors.New("claim refused (injected)")
-
-func (s *refusingStore) refused() bool {
-	for {
-		n := s.refuse.Load()
-		if n <= 0 {
-			return false
-		}
-		if s.refuse.CompareAndSwap(n, n-1) {
-			return true
-		}
-	}
-}
-
-func (s *refusingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	if s.refused() {
-		return dedup.Claim{}, errRefused
-	}
-	return s.Store.Claim(ctx, req)
-}
-
-func (s *refusingStore) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	if s.refused() {
-		return nil, errRefused
-	}
-	return s.Store.ClaimBatch(ctx, reqs)
-}
 
 // naks keeps the nak delays (retry_in) the consumer logs for messages not
 // acknowledged.
@@ -83,13 +50,13 @@ func TestOnlyASettledMessageEndsAFailureRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 5*time.Second)
-	store := &refusingStore{Store: dedup.NewMemoryStore()}
-	rec := newRecorder()
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
+	rec := adaptertest.NewEffects()
 	var calls atomic.Int32
 	applied := make(chan string, 2)
 	w := wrap(t, store, rec, func(_ context.Context, m jetstream.Msg) error {
 		if eventID(m) == "a" && calls.Add(1) == 1 {
-			store.refuse.Store(1) // the retry's claim fails
+			store.RefuseNext(1) // the retry's claim fails
 			return errors.New("transient")
 		}
 		applied <- eventID(m)
@@ -98,7 +65,7 @@ func TestOnlyASettledMessageEndsAFailureRun(t *testing.T) {
 	logs := &naks{}
 	stop := start(t, cons, w, natsdedup.WithLogger(slog.New(logs)))
 	for _, id := range []string{"a", "b"} {
-		store.refuse.Store(1) // the first claim fails
+		store.RefuseNext(1) // the first claim fails
 		e.publish(t, id, id, nil)
 		select {
 		case got := <-applied:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/natsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 )
 
 // While the store keeps failing, Health reports an outage once the
@@ -19,15 +20,15 @@ func TestOutageStopsRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cons := e.consumer(t, 5*time.Second)
-	store := &faultyStore{Store: dedup.NewMemoryStore()}
-	store.down.Store(true)
-	rec := newRecorder()
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
+	store.SetDown(true)
+	rec := adaptertest.NewEffects()
 	w := wrap(t, store, rec, func(ctx context.Context, m jetstream.Msg) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	}, dedup.WithOutageThreshold(500*time.Millisecond))
 	e.publish(t, "a", "a", nil)
-	c, err := natsdedup.NewConsumer(cons, w, natsdedup.WithFetchWait(time.Second), natsdedup.WithLogger(testLogger(t)),
+	c, err := natsdedup.NewConsumer(cons, w, natsdedup.WithFetchWait(time.Second), natsdedup.WithLogger(adaptertest.Logger(t)),
 		natsdedup.WithMaxOutage(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,7 @@ func TestOutageStopsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.AckFloor.Stream != 0 || rec.applied() != 0 {
-		t.Errorf("ack floor %d, %d applied; want nothing", info.AckFloor.Stream, rec.applied())
+	if info.AckFloor.Stream != 0 || rec.Applied() != 0 {
+		t.Errorf("ack floor %d, %d applied; want nothing", info.AckFloor.Stream, rec.Applied())
 	}
 }

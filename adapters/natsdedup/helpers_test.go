@@ -5,9 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"flag"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/natsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -165,92 +164,6 @@ func assertAllAcked(t *testing.T, c jetstream.Consumer) {
 	t.Errorf("consumer %s: %d pending, %d awaiting acknowledgement", info.Name, info.NumPending, info.NumAckPending)
 }
 
-// recorder keeps a handler's effects and the wrapper's results.
-type recorder struct {
-	mu      sync.Mutex
-	effects map[string]int
-	calls   []string
-	results []dedup.Result
-}
-
-func newRecorder() *recorder { return &recorder{effects: make(map[string]int)} }
-
-func (r *recorder) call(id string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, id)
-}
-
-func (r *recorder) effect(id string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.effects[id]++
-}
-
-func (r *recorder) observe(_ context.Context, res dedup.Result) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.results = append(r.results, res)
-}
-
-func (r *recorder) outcomes(o dedup.Outcome) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, res := range r.results {
-		if res.Outcome == o {
-			n++
-		}
-	}
-	return n
-}
-
-func (r *recorder) deliveries() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.results)
-}
-
-// applied returns how many events have had at least one effect.
-func (r *recorder) applied() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.effects)
-}
-
-func (r *recorder) callCount() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.calls)
-}
-
-// assertOnce fails t unless each of ids had exactly one effect.
-func (r *recorder) assertOnce(t *testing.T, ids []string) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, id := range ids {
-		if n := r.effects[id]; n != 1 {
-			t.Errorf("%s: %d effects, want 1", id, n)
-		}
-	}
-	if len(r.effects) != len(ids) {
-		t.Errorf("%d events had an effect, want %d", len(r.effects), len(ids))
-	}
-}
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	until := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(until) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // eventID reads a message's event ID the way the consumer does.
 func eventID(m jetstream.Msg) string {
 	id, _ := natsdedup.Messages().EventID(m)
@@ -260,14 +173,14 @@ func eventID(m jetstream.Msg) string {
 func uniqueScope() string { return "nats-test-" + token() }
 
 // wrap returns a wrapper over store with test defaults (unique scope,
-// memory sink, no backoff, the recorder observing); opts come after them.
-func wrap(t *testing.T, store dedup.Store, rec *recorder, h dedup.Handler[jetstream.Msg], opts ...dedup.Opt) *dedup.Wrapper[jetstream.Msg] {
+// memory sink, no backoff, rec observing); opts come after them.
+func wrap(t *testing.T, store dedup.Store, rec *adaptertest.Effects, h dedup.Handler[jetstream.Msg], opts ...dedup.Opt) *dedup.Wrapper[jetstream.Msg] {
 	t.Helper()
 	base := []dedup.Opt{
 		dedup.WithScope(uniqueScope()),
 		dedup.WithSink(dedup.NewMemorySink()),
 		dedup.WithBackoff(func(int) time.Duration { return 0 }),
-		dedup.WithObserver(rec.observe),
+		dedup.WithObserver(rec.Observe),
 	}
 	w, err := dedup.Wrap(store, natsdedup.Messages(), h, append(base, opts...)...)
 	if err != nil {
@@ -280,42 +193,15 @@ func wrap(t *testing.T, store dedup.Store, rec *recorder, h dedup.Handler[jetstr
 // ends); stop waits for Run to return nil.
 func start(t *testing.T, cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg], opts ...natsdedup.Opt) (stop func()) {
 	t.Helper()
-	base := []natsdedup.Opt{natsdedup.WithFetchWait(time.Second), natsdedup.WithLogger(testLogger(t))}
+	base := []natsdedup.Opt{natsdedup.WithFetchWait(time.Second), natsdedup.WithLogger(adaptertest.Logger(t))}
 	c, err := natsdedup.NewConsumer(cons, w, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(deadline):
-				t.Error("Run did not return within a minute of cancellation")
-			}
-		})
-	}
+	run := adaptertest.Start(t, c.Run)
+	stop = func() { run.StopClean(t) }
 	t.Cleanup(stop)
 	return stop
-}
-
-// testLogger logs warnings and errors to t.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 var errBoom = errors.New("cannot handle this")

@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -46,18 +47,18 @@ func TestAnswerBeforeRequestWrittenLosesNoReceive(t *testing.T) {
 	}
 	var mu sync.Mutex
 	receiveCounts := make(map[string]string)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(_ context.Context, m types.Message) error {
 		mu.Lock()
 		receiveCounts[eventID(m)] = m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]
 		mu.Unlock()
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	late := &lateWriteCheck{}
 	stop := start(t, late.client(c), url, w)
-	waitFor(t, 60*time.Second, "every message handled on its first delivery", func() bool {
-		return rec.outcomes(dedup.OutcomeProcessed) == n
+	adaptertest.WaitFor(t, 60*time.Second, "every message handled on its first delivery", func() bool {
+		return rec.Outcomes(dedup.OutcomeProcessed) == n
 	})
 	stop()
 	if late.held.Load() == 0 {
@@ -70,7 +71,7 @@ func TestAnswerBeforeRequestWrittenLosesNoReceive(t *testing.T) {
 		if got := receiveCounts[id]; got != "1" {
 			t.Errorf("%s handled at ApproximateReceiveCount %q, want 1: a receive's answer was lost", id, got)
 		}
-		if got := rec.effectsOf(id); got != 1 {
+		if got := rec.Count(id); got != 1 {
 			t.Errorf("%s applied %d times, want 1", id, got)
 		}
 	}

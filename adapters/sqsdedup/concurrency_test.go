@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/deduptest"
 )
 
@@ -34,7 +35,7 @@ func TestConsumersRaceOnFailingEvent(t *testing.T) {
 	url := queue(t, c)
 	store, sink := dedup.NewMemoryStore(), dedup.NewMemorySink()
 	var starts atomic.Int32
-	w := wrap(t, store, url, newRecorder(), func(ctx context.Context, m types.Message) error {
+	w := wrap(t, store, url, adaptertest.NewEffects(), func(ctx context.Context, m types.Message) error {
 		starts.Add(1)
 		time.Sleep(5 * time.Millisecond)
 		return errors.New("downstream refused")

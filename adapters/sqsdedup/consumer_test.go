@@ -18,6 +18,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/awsfault"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
@@ -31,10 +32,10 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 			t.Parallel()
 			c := client(t)
 			url := queue(t, c)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			w := wrap(t, sc.open(t), url, rec, func(ctx context.Context, m types.Message) error {
 				time.Sleep(50 * time.Millisecond) // let copies overlap
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			})
 			const events, copies = 5, 3
@@ -42,12 +43,12 @@ func TestDuplicatesHaveOneEffect(t *testing.T) {
 				send(t, c, url, fmt.Sprintf("evt-%d", i%events), fmt.Sprintf("body %d", i%events), nil)
 			}
 			stop := start(t, c, url, w)
-			waitFor(t, 20*time.Second, "every copy settled", func() bool {
-				return rec.outcomes(dedup.OutcomeProcessed) == events && rec.outcomes(dedup.OutcomeDuplicate) == events*(copies-1)
+			adaptertest.WaitFor(t, 20*time.Second, "every copy settled", func() bool {
+				return rec.Outcomes(dedup.OutcomeProcessed) == events && rec.Outcomes(dedup.OutcomeDuplicate) == events*(copies-1)
 			})
 			stop()
 			for i := range events {
-				if n := rec.effectsOf(fmt.Sprintf("evt-%d", i)); n != 1 {
+				if n := rec.Count(fmt.Sprintf("evt-%d", i)); n != 1 {
 					t.Errorf("evt-%d: %d effects, want 1", i, n)
 				}
 			}
@@ -62,23 +63,20 @@ func TestHeartbeatKeepsSlowMessage(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	url := queue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		time.Sleep(5 * time.Second)
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	send(t, c, url, "slow-1", "slow", nil)
 	stop := start(t, c, url, w, sqsdedup.WithPollers(2))
-	waitFor(t, 15*time.Second, "the slow message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 1 })
+	adaptertest.WaitFor(t, 15*time.Second, "the slow message processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == 1 })
 	stop()
-	rec.mu.Lock()
-	results := len(rec.results)
-	rec.mu.Unlock()
-	if results != 1 {
+	if results := rec.Results(); results != 1 {
 		t.Errorf("%d deliveries, want 1 (the message was delivered again while held)", results)
 	}
-	if n := rec.effectsOf("slow-1"); n != 1 {
+	if n := rec.Count("slow-1"); n != 1 {
 		t.Errorf("%d effects, want 1", n)
 	}
 	assertDrained(t, c, url)
@@ -97,27 +95,27 @@ func TestRedeliveryAfterStopBeforeDelete(t *testing.T) {
 			c1 := client(t, noDelete.APIOption)
 			url := queue(t, c1)
 			store := sc.open(t)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			scope := dedup.WithScope(uniqueScope())
 			h := func(ctx context.Context, m types.Message) error {
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			}
 			send(t, c1, url, "evt-1", "once", nil)
 
 			stop := start(t, c1, url, wrap(t, store, url, rec, h, scope))
-			waitFor(t, 10*time.Second, "processed and a delete tried", func() bool {
-				return rec.outcomes(dedup.OutcomeProcessed) == 1 && noDelete.Hits() > 0
+			adaptertest.WaitFor(t, 10*time.Second, "processed and a delete tried", func() bool {
+				return rec.Outcomes(dedup.OutcomeProcessed) == 1 && noDelete.Hits() > 0
 			})
 			stop()
 
 			c2 := client(t)
 			stop = start(t, c2, url, wrap(t, store, url, rec, h, scope))
-			waitFor(t, 10*time.Second, "the redelivery seen as a duplicate", func() bool {
-				return rec.outcomes(dedup.OutcomeDuplicate) == 1
+			adaptertest.WaitFor(t, 10*time.Second, "the redelivery seen as a duplicate", func() bool {
+				return rec.Outcomes(dedup.OutcomeDuplicate) == 1
 			})
 			stop()
-			if n := rec.effectsOf("evt-1"); n != 1 {
+			if n := rec.Count("evt-1"); n != 1 {
 				t.Errorf("%d effects, want 1", n)
 			}
 			assertDrained(t, c2, url)
@@ -135,17 +133,17 @@ func TestPoisonMessageIsDeadLettered(t *testing.T) {
 			c := client(t)
 			url := queue(t, c)
 			dlq := queue(t, c)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			scope := uniqueScope()
 			w := wrap(t, sc.open(t), url, rec, func(ctx context.Context, m types.Message) error {
-				rec.call(eventID(m))
+				rec.Call(eventID(m))
 				return errors.New("cannot handle this")
 			}, dedup.WithScope(scope), dedup.WithMaxAttempts(3), dedup.WithSink(newSink(t, c, dlq)))
 			send(t, c, url, "poison-1", `{"poison":true}`, map[string]types.MessageAttributeValue{"tenant": stringAttr("acme")})
 			stop := start(t, c, url, w)
-			waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
+			adaptertest.WaitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.Outcomes(dedup.OutcomeDeadLettered) == 1 })
 			stop()
-			if n := len(rec.callList()); n != 3 {
+			if n := len(rec.CallOrder()); n != 3 {
 				t.Errorf("handler ran %d times, want 3", n)
 			}
 
@@ -191,10 +189,10 @@ func TestReceiveCountCountsAsAttempts(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	url := queue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	sink := dedup.NewMemorySink()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
-		rec.call(eventID(m))
+		rec.Call(eventID(m))
 		return errors.New("still failing")
 	}, dedup.WithMaxAttempts(4), dedup.WithSink(sink))
 	send(t, c, url, "counted-1", "x", nil)
@@ -210,9 +208,9 @@ func TestReceiveCountCountsAsAttempts(t *testing.T) {
 		}
 	}
 	stop := start(t, c, url, w)
-	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
+	adaptertest.WaitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.Outcomes(dedup.OutcomeDeadLettered) == 1 })
 	stop()
-	if n := len(rec.callList()); n != 1 {
+	if n := len(rec.CallOrder()); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
 	}
 	if letters := sink.Letters(); len(letters) != 1 || letters[0].Attempts != 4 {
@@ -229,18 +227,18 @@ func TestMissingReceiveCountFallsBackToStore(t *testing.T) {
 	t.Parallel()
 	c := client(t, stripReceiveCount)
 	url := queue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	sink := dedup.NewMemorySink()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
-		rec.call(eventID(m))
+		rec.Call(eventID(m))
 		return errors.New("still failing")
 	}, dedup.WithMaxAttempts(3), dedup.WithSink(sink))
 	send(t, c, url, "uncounted-1", "x", nil)
 	logs := &testenv.Logs{}
 	stop := start(t, c, url, w, sqsdedup.WithLogger(slog.New(logs)))
-	waitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
+	adaptertest.WaitFor(t, 20*time.Second, "the message dead-lettered", func() bool { return rec.Outcomes(dedup.OutcomeDeadLettered) == 1 })
 	stop()
-	if n := len(rec.callList()); n != 3 {
+	if n := len(rec.CallOrder()); n != 3 {
 		t.Errorf("handler ran %d times, want 3", n)
 	}
 	if letters := sink.Letters(); len(letters) != 1 || letters[0].Attempts != 3 {
@@ -276,21 +274,21 @@ func TestFailingDeadLetterKeepsOriginal(t *testing.T) {
 	c := client(t)
 	url := queue(t, c)
 	dlq := queue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
-		rec.call(eventID(m))
+		rec.Call(eventID(m))
 		return dedup.Permanent(errors.New("malformed order"))
 	}, dedup.WithSink(newSink(t, client(t, noSend.APIOption), dlq)))
 	send(t, c, url, "bad-1", "x", nil)
 	noSend.On()
 	stop := start(t, c, url, w)
-	waitFor(t, 10*time.Second, "a dead letter refused", func() bool { return noSend.Hits() > 0 })
+	adaptertest.WaitFor(t, 10*time.Second, "a dead letter refused", func() bool { return noSend.Hits() > 0 })
 	if msgs := receive(t, c, dlq, 0); len(msgs) != 0 {
 		t.Fatalf("DLQ holds %d messages, want 0", len(msgs))
 	}
 	noSend.Off()
 	// The message comes back only if it was not deleted.
-	waitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.outcomes(dedup.OutcomeDeadLettered) == 1 })
+	adaptertest.WaitFor(t, 10*time.Second, "the message dead-lettered", func() bool { return rec.Outcomes(dedup.OutcomeDeadLettered) == 1 })
 	stop()
 	letters := receive(t, c, dlq, time.Second)
 	if len(letters) != 1 {
@@ -321,9 +319,9 @@ func TestFailedDeletesAreRetried(t *testing.T) {
 			t.Parallel()
 			c := client(t, tc.fault)
 			url := queue(t, c)
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			})
 			for i := range 3 {
@@ -331,15 +329,13 @@ func TestFailedDeletesAreRetried(t *testing.T) {
 			}
 			tc.on(2)
 			stop := start(t, c, url, w, sqsdedup.WithDeleteInterval(300*time.Millisecond))
-			waitFor(t, 10*time.Second, "all processed and the faults used", func() bool {
-				return rec.outcomes(dedup.OutcomeProcessed) == 3 && tc.hits() == 2
+			adaptertest.WaitFor(t, 10*time.Second, "all processed and the faults used", func() bool {
+				return rec.Outcomes(dedup.OutcomeProcessed) == 3 && tc.hits() == 2
 			})
 			assertDrained(t, c, url)
 			stop()
-			rec.mu.Lock()
-			defer rec.mu.Unlock()
-			if len(rec.results) != 3 {
-				t.Errorf("%d deliveries, want 3: a message whose delete failed came back", len(rec.results))
+			if n := rec.Results(); n != 3 {
+				t.Errorf("%d deliveries, want 3: a message whose delete failed came back", n)
 			}
 		})
 	}
@@ -352,16 +348,16 @@ func TestFIFOOrder(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	url := fifoQueue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	failedOnce := false
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		id := eventID(m)
-		rec.call(id)
+		rec.Call(id)
 		if id == "A2" && !failedOnce {
 			failedOnce = true
 			return errors.New("first try fails")
 		}
-		rec.effect(id)
+		rec.Apply(id)
 		return nil
 	}, dedup.WithBackoff(func(int) time.Duration { return time.Second }))
 	var want = map[string][]string{"A": nil, "B": nil}
@@ -379,10 +375,10 @@ func TestFIFOOrder(t *testing.T) {
 		}
 	}
 	stop := start(t, c, url, w)
-	waitFor(t, 20*time.Second, "all processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 8 })
+	adaptertest.WaitFor(t, 20*time.Second, "all processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == 8 })
 	stop()
 	got := map[string][]string{}
-	for _, id := range rec.callList() {
+	for _, id := range rec.CallOrder() {
 		got[id[:1]] = append(got[id[:1]], id)
 	}
 	wantA := []string{"A1", "A2", "A2", "A3", "A4"}
@@ -398,12 +394,12 @@ func TestShutdownFinishesWorkAndLeaksNothing(t *testing.T) {
 	defer goleak.VerifyNone(t, append(ignoreHTTP, goleak.IgnoreCurrent())...)
 	c := client(t)
 	url := queue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	started := make(chan struct{}, 1)
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		started <- struct{}{}
 		time.Sleep(time.Second)
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	send(t, c, url, "shutdown-1", "x", nil)
@@ -418,8 +414,8 @@ func TestShutdownFinishesWorkAndLeaksNothing(t *testing.T) {
 	if d := time.Since(begin); d > 5*time.Second {
 		t.Errorf("Run took %v to return", d)
 	}
-	if rec.outcomes(dedup.OutcomeProcessed) != 1 || rec.effectsOf("shutdown-1") != 1 {
-		t.Errorf("the running handler did not finish: %d processed", rec.outcomes(dedup.OutcomeProcessed))
+	if rec.Outcomes(dedup.OutcomeProcessed) != 1 || rec.Count("shutdown-1") != 1 {
+		t.Errorf("the running handler did not finish: %d processed", rec.Outcomes(dedup.OutcomeProcessed))
 	}
 	assertDrained(t, c, url)
 }
@@ -431,26 +427,26 @@ func TestShutdownTimeoutGivesMessageBack(t *testing.T) {
 
 	c := client(t)
 	url := testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "30"})
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	store := dedup.NewMemoryStore()
 	scope := dedup.WithScope(uniqueScope())
 	slow := wrap(t, store, url, rec, func(ctx context.Context, m types.Message) error {
-		rec.call(eventID(m))
+		rec.Call(eventID(m))
 		<-ctx.Done()
 		return ctx.Err()
 	}, scope)
 	send(t, c, url, "stuck-1", "x", nil)
 	stop := start(t, c, url, slow, sqsdedup.WithShutdownTimeout(200*time.Millisecond))
-	waitFor(t, 10*time.Second, "the handler started", func() bool { return len(rec.callList()) == 1 })
+	adaptertest.WaitFor(t, 10*time.Second, "the handler started", func() bool { return len(rec.CallOrder()) == 1 })
 	stop()
 
 	fast := wrap(t, store, url, rec, func(ctx context.Context, m types.Message) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	}, scope)
 	stop = start(t, c, url, fast)
 	// Well before the queue's 30 s visibility timeout.
-	waitFor(t, 5*time.Second, "the message handled again", func() bool { return rec.effectsOf("stuck-1") == 1 })
+	adaptertest.WaitFor(t, 5*time.Second, "the message handled again", func() bool { return rec.Count("stuck-1") == 1 })
 	stop()
 }
 
@@ -459,7 +455,7 @@ func TestShutdownTimeoutGivesMessageBack(t *testing.T) {
 func TestNewConsumerRejectsBadConfig(t *testing.T) {
 	c := sqs.New(sqs.Options{Region: "us-east-1"})
 	const url = "https://sqs.us-east-1.amazonaws.com/123456789012/orders"
-	w := wrap(t, dedup.NewMemoryStore(), url, newRecorder(), func(context.Context, types.Message) error { return nil })
+	w := wrap(t, dedup.NewMemoryStore(), url, adaptertest.NewEffects(), func(context.Context, types.Message) error { return nil })
 	for _, tc := range []struct {
 		client *sqs.Client
 		url    string
@@ -493,7 +489,7 @@ func TestNewConsumerRejectsBadConfig(t *testing.T) {
 func TestRunFailsForMissingQueue(t *testing.T) {
 	c := testenv.SQS(t)
 	url := queue(t, c) + "-missing"
-	w := wrap(t, dedup.NewMemoryStore(), url, newRecorder(), func(context.Context, types.Message) error { return nil })
+	w := wrap(t, dedup.NewMemoryStore(), url, adaptertest.NewEffects(), func(context.Context, types.Message) error { return nil })
 	consumer, err := sqsdedup.NewConsumer(c, url, w)
 	if err != nil {
 		t.Fatal(err)
@@ -514,12 +510,12 @@ func TestInFlightCopyComesBack(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	url := queue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	started, release := make(chan struct{}, 1), make(chan struct{})
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		started <- struct{}{}
 		<-release
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	send(t, c, url, "evt-1", "x", nil)
@@ -530,13 +526,13 @@ func TestInFlightCopyComesBack(t *testing.T) {
 		t.Fatal("the first copy never started")
 	}
 	send(t, c, url, "evt-1", "x", nil)
-	waitFor(t, 10*time.Second, "the copy seen in flight twice", func() bool { return rec.outcomes(dedup.OutcomeInFlight) >= 2 })
+	adaptertest.WaitFor(t, 10*time.Second, "the copy seen in flight twice", func() bool { return rec.Outcomes(dedup.OutcomeInFlight) >= 2 })
 	close(release)
-	waitFor(t, 10*time.Second, "both copies settled", func() bool {
-		return rec.outcomes(dedup.OutcomeProcessed) == 1 && rec.outcomes(dedup.OutcomeDuplicate) == 1
+	adaptertest.WaitFor(t, 10*time.Second, "both copies settled", func() bool {
+		return rec.Outcomes(dedup.OutcomeProcessed) == 1 && rec.Outcomes(dedup.OutcomeDuplicate) == 1
 	})
 	stop()
-	if n := rec.effectsOf("evt-1"); n != 1 {
+	if n := rec.Count("evt-1"); n != 1 {
 		t.Errorf("%d effects, want 1", n)
 	}
 	assertDrained(t, c, url)
@@ -551,9 +547,9 @@ func TestHeartbeatLeavesDeletedMessagesAlone(t *testing.T) {
 	// visibility timeout run meanwhile.
 	c := client(t, slowResponse("DeleteMessageBatch", 1500*time.Millisecond))
 	url := queue(t, c)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	for i := range 3 {
@@ -561,7 +557,7 @@ func TestHeartbeatLeavesDeletedMessagesAlone(t *testing.T) {
 	}
 	var logs logBuffer
 	stop := start(t, c, url, w, sqsdedup.WithLogger(logs.logger()))
-	waitFor(t, 10*time.Second, "all processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 3 })
+	adaptertest.WaitFor(t, 10*time.Second, "all processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == 3 })
 	assertDrained(t, c, url)
 	stop()
 	if strings.Contains(logs.String(), "visibility") {
@@ -574,7 +570,7 @@ func TestHeartbeatLeavesDeletedMessagesAlone(t *testing.T) {
 func TestRunStoppedBeforeStart(t *testing.T) {
 	c := testenv.SQS(t)
 	url := queue(t, c)
-	w := wrap(t, dedup.NewMemoryStore(), url, newRecorder(), func(context.Context, types.Message) error { return nil })
+	w := wrap(t, dedup.NewMemoryStore(), url, adaptertest.NewEffects(), func(context.Context, types.Message) error { return nil })
 	consumer, err := sqsdedup.NewConsumer(c, url, w)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -50,9 +51,9 @@ func visibleIDs(t *testing.T, url string) []string {
 func TestGroupHeldBackBehindFailure(t *testing.T) {
 	t.Parallel()
 	url, msgs := groupOfThree(t)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
-		rec.call(eventID(m))
+		rec.Call(eventID(m))
 		if eventID(m) == "m2" {
 			return errors.New("fails")
 		}
@@ -63,7 +64,7 @@ func TestGroupHeldBackBehindFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	sqsdedup.HandleGroup(consumer, context.Background(), 30*time.Second, msgs)
-	if got := rec.callList(); !slices.Equal(got, []string{"m1", "m2"}) {
+	if got := rec.CallOrder(); !slices.Equal(got, []string{"m1", "m2"}) {
 		t.Errorf("handler calls %v, want [m1 m2]", got)
 	}
 	// m1 is deleted, m2 waits for its backoff, m3 is back.
@@ -77,10 +78,10 @@ func TestGroupHeldBackBehindFailure(t *testing.T) {
 func TestGroupGivenBackAtShutdown(t *testing.T) {
 	t.Parallel()
 	url, msgs := groupOfThree(t)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	stop, cancel := context.WithCancel(context.Background())
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
-		rec.call(eventID(m))
+		rec.Call(eventID(m))
 		cancel() // shutdown begins while m1 runs
 		return nil
 	})
@@ -89,13 +90,13 @@ func TestGroupGivenBackAtShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	sqsdedup.HandleGroup(consumer, stop, 30*time.Second, msgs)
-	if got := rec.callList(); !slices.Equal(got, []string{"m1"}) {
+	if got := rec.CallOrder(); !slices.Equal(got, []string{"m1"}) {
 		t.Errorf("handler calls %v, want [m1]", got)
 	}
 	if got := visibleIDs(t, url); !slices.Equal(got, []string{"m2", "m3"}) {
 		t.Errorf("visible after shutdown: %v, want [m2 m3]", got)
 	}
-	if rec.outcomes(dedup.OutcomeProcessed) != 1 {
-		t.Errorf("m1 not processed: %+v", rec.results)
+	if rec.Outcomes(dedup.OutcomeProcessed) != 1 {
+		t.Errorf("m1 not processed: %d processed, calls %v", rec.Outcomes(dedup.OutcomeProcessed), rec.CallOrder())
 	}
 }

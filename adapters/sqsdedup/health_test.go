@@ -13,6 +13,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/awsfault"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
@@ -54,10 +55,10 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	c := client(t)
 	url := testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "1"})
 	store, fault := failingStore(t)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	logs := &testenv.Logs{}
 	w := wrap(t, store, url, rec, func(ctx context.Context, m types.Message) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	}, dedup.WithLogger(slog.New(logs)), dedup.WithOutageThreshold(time.Second))
 	for _, id := range []string{"o-1", "o-2", "o-3"} {
@@ -83,7 +84,7 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	}()
 
 	const notAcked = "message not acknowledged"
-	waitFor(t, 30*time.Second, "an outage reminded at ERROR and many failures", func() bool {
+	adaptertest.WaitFor(t, 30*time.Second, "an outage reminded at ERROR and many failures", func() bool {
 		return logs.Count(slog.LevelError, "dedup: store or dead-letter sink still failing") >= 1 &&
 			logs.Count(slog.LevelWarn, notAcked)+logs.Count(slog.LevelDebug, notAcked) >= 9
 	})
@@ -102,12 +103,12 @@ func TestOutageIsLoggedAndReported(t *testing.T) {
 	if st.FailingSince.IsZero() || !st.LastSuccess.IsZero() || !errors.Is(st.LastError, errInjected) {
 		t.Errorf("Stats during the outage: %+v", st)
 	}
-	if n := rec.effectsOf("o-1") + rec.effectsOf("o-2") + rec.effectsOf("o-3"); n != 0 {
+	if n := rec.Count("o-1") + rec.Count("o-2") + rec.Count("o-3"); n != 0 {
 		t.Errorf("%d effects with the store down", n)
 	}
 
 	fault.Off()
-	waitFor(t, 30*time.Second, "every message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == 3 })
+	adaptertest.WaitFor(t, 30*time.Second, "every message processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == 3 })
 	if err := consumer.Health(); err != nil {
 		t.Errorf("Health after the outage: %v, want nil", err)
 	}
@@ -127,12 +128,12 @@ func TestMaxOutageStopsRun(t *testing.T) {
 	c := client(t)
 	url := testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "1"})
 	store, fault := failingStore(t)
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, store, url, rec, func(ctx context.Context, m types.Message) error { return nil })
 	send(t, c, url, "m-1", "x", nil)
 	fault.On()
 	consumer, err := sqsdedup.NewConsumer(c, url, w, sqsdedup.WithWaitTime(time.Second),
-		sqsdedup.WithMaxOutage(2*time.Second), sqsdedup.WithLogger(testLogger(t)))
+		sqsdedup.WithMaxOutage(2*time.Second), sqsdedup.WithLogger(adaptertest.Logger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

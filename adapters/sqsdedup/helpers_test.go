@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/internal/sqsbody"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
@@ -129,70 +130,6 @@ func assertDrained(t *testing.T, c *sqs.Client, url string) {
 	t.Errorf("%s still holds messages: %v", url, counts)
 }
 
-// recorder keeps a handler's effects and the wrapper's results.
-type recorder struct {
-	mu      sync.Mutex
-	effects map[string]int
-	calls   []string
-	results []dedup.Result
-}
-
-func newRecorder() *recorder { return &recorder{effects: make(map[string]int)} }
-
-func (r *recorder) call(id string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, id)
-}
-
-func (r *recorder) effect(id string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.effects[id]++
-}
-
-func (r *recorder) observe(_ context.Context, res dedup.Result) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.results = append(r.results, res)
-}
-
-func (r *recorder) outcomes(o dedup.Outcome) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, res := range r.results {
-		if res.Outcome == o {
-			n++
-		}
-	}
-	return n
-}
-
-func (r *recorder) effectsOf(id string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.effects[id]
-}
-
-func (r *recorder) callList() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.calls...)
-}
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // eventID reads a message's event ID the way the consumer does.
 func eventID(m types.Message) string {
 	id, _ := sqsdedup.Messages("").EventID(m)
@@ -201,14 +138,14 @@ func eventID(m types.Message) string {
 
 // wrap returns a wrapper over store for url's messages with test defaults
 // (unique scope, memory sink, 2 s lease, no backoff); opts come after them.
-func wrap(t *testing.T, store dedup.Store, url string, rec *recorder, h dedup.Handler[types.Message], opts ...dedup.Opt) *dedup.Wrapper[types.Message] {
+func wrap(t *testing.T, store dedup.Store, url string, rec *adaptertest.Effects, h dedup.Handler[types.Message], opts ...dedup.Opt) *dedup.Wrapper[types.Message] {
 	t.Helper()
 	base := []dedup.Opt{
 		dedup.WithScope(uniqueScope()),
 		dedup.WithSink(dedup.NewMemorySink()),
 		dedup.WithLease(2 * time.Second),
 		dedup.WithBackoff(func(int) time.Duration { return 0 }),
-		dedup.WithObserver(rec.observe),
+		dedup.WithObserver(rec.Observe),
 	}
 	w, err := dedup.Wrap(store, sqsdedup.Messages(url), h, append(base, opts...)...)
 	if err != nil {
@@ -221,38 +158,16 @@ func wrap(t *testing.T, store dedup.Store, url string, rec *recorder, h dedup.Ha
 // test ends); stop waits for Run to return nil.
 func start(t *testing.T, c *sqs.Client, url string, w *dedup.Wrapper[types.Message], opts ...sqsdedup.Opt) (stop func()) {
 	t.Helper()
-	base := []sqsdedup.Opt{sqsdedup.WithWaitTime(time.Second), sqsdedup.WithInFlightDelay(time.Second), sqsdedup.WithLogger(testLogger(t))}
+	base := []sqsdedup.Opt{sqsdedup.WithWaitTime(time.Second), sqsdedup.WithInFlightDelay(time.Second), sqsdedup.WithLogger(adaptertest.Logger(t))}
 	consumer, err := sqsdedup.NewConsumer(c, url, w, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- consumer.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("Run did not return within 30 s of cancellation")
-			}
-		})
-	}
+	run := adaptertest.Start(t, consumer.Run)
+	stop = func() { run.StopClean(t) }
 	t.Cleanup(stop)
 	return stop
 }
-
-// testLogger logs warnings and errors to t.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct{ t *testing.T }
 
 // logBuffer keeps what a logger writes, for tests that check the logs.
 type logBuffer struct {
@@ -275,11 +190,6 @@ func (b *logBuffer) String() string {
 // logger returns a logger of warnings and errors to b.
 func (b *logBuffer) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 func deleteMessage(t *testing.T, c *sqs.Client, url string, m types.Message) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 )
 
 func record(arn, id, eventID, group string) events.SQSMessage {
@@ -26,16 +27,16 @@ func record(arn, id, eventID, group string) events.SQSMessage {
 }
 
 // lambdaWrapper fails the events named in failing and records calls.
-func lambdaWrapper(t *testing.T, rec *recorder, failing ...string) *dedup.Wrapper[events.SQSMessage] {
+func lambdaWrapper(t *testing.T, rec *adaptertest.Effects, failing ...string) *dedup.Wrapper[events.SQSMessage] {
 	t.Helper()
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), sqsdedup.LambdaMessages(),
 		func(ctx context.Context, m events.SQSMessage) error {
 			id := *m.MessageAttributes["event-id"].StringValue
-			rec.call(id)
+			rec.Call(id)
 			if slices.Contains(failing, id) {
 				return errors.New("fails")
 			}
-			rec.effect(id)
+			rec.Apply(id)
 			return nil
 		}, dedup.WithScope(uniqueScope()), dedup.WithSink(dedup.NewMemorySink()))
 	if err != nil {
@@ -55,7 +56,7 @@ func failedIDs(resp events.SQSEventResponse) []string {
 // Only records that did not settle are reported; a duplicate settles.
 func TestLambdaReportsOnlyUnsettledRecords(t *testing.T) {
 	const arn = "arn:aws:sqs:us-east-1:000000000000:orders"
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	h := sqsdedup.LambdaHandler(lambdaWrapper(t, rec, "e2"))
 	resp, err := h(context.Background(), events.SQSEvent{Records: []events.SQSMessage{
 		record(arn, "m1", "e1", ""), record(arn, "m2", "e2", ""),
@@ -67,8 +68,8 @@ func TestLambdaReportsOnlyUnsettledRecords(t *testing.T) {
 	if got := failedIDs(resp); !slices.Equal(got, []string{"m2"}) {
 		t.Errorf("batch item failures %v, want [m2]", got)
 	}
-	if rec.effectsOf("e1") != 1 || rec.effectsOf("e3") != 1 {
-		t.Errorf("effects %v", rec.effects)
+	if rec.Count("e1") != 1 || rec.Count("e3") != 1 {
+		t.Errorf("effects %v", rec.Counts())
 	}
 }
 
@@ -76,7 +77,7 @@ func TestLambdaReportsOnlyUnsettledRecords(t *testing.T) {
 // other groups go on.
 func TestLambdaFIFOHoldsBackGroup(t *testing.T) {
 	const arn = "arn:aws:sqs:us-east-1:000000000000:orders.fifo"
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	h := sqsdedup.LambdaHandler(lambdaWrapper(t, rec, "a2"))
 	resp, err := h(context.Background(), events.SQSEvent{Records: []events.SQSMessage{
 		record(arn, "m1", "a1", "A"), record(arn, "m2", "b1", "B"), record(arn, "m3", "a2", "A"),
@@ -88,7 +89,7 @@ func TestLambdaFIFOHoldsBackGroup(t *testing.T) {
 	if got := failedIDs(resp); !slices.Equal(got, []string{"m3", "m5"}) {
 		t.Errorf("batch item failures %v, want [m3 m5]", got)
 	}
-	if got := rec.callList(); !slices.Equal(got, []string{"a1", "a2", "b1", "b2"}) {
+	if got := rec.CallOrder(); !slices.Equal(got, []string{"a1", "a2", "b1", "b2"}) {
 		t.Errorf("handler calls %v, want [a1 a2 b1 b2]", got)
 	}
 }
@@ -97,7 +98,7 @@ func TestLambdaFIFOHoldsBackGroup(t *testing.T) {
 // record, so that all come back.
 func TestLambdaCancelledFailsAll(t *testing.T) {
 	const arn = "arn:aws:sqs:us-east-1:000000000000:orders"
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	h := sqsdedup.LambdaHandler(lambdaWrapper(t, rec))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -105,8 +106,8 @@ func TestLambdaCancelledFailsAll(t *testing.T) {
 	if got := failedIDs(resp); !slices.Equal(got, []string{"m1", "m2"}) {
 		t.Errorf("batch item failures %v, want [m1 m2]", got)
 	}
-	if len(rec.callList()) != 0 {
-		t.Errorf("handler ran: %v", rec.callList())
+	if len(rec.CallOrder()) != 0 {
+		t.Errorf("handler ran: %v", rec.CallOrder())
 	}
 }
 

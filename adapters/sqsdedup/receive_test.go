@@ -14,6 +14,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
 	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
@@ -60,7 +61,7 @@ func TestReceiveClaimedAndCompletedTogether(t *testing.T) {
 				send(t, c, url, "r-"+strconv.Itoa(i), "x", nil)
 			}
 			store := &callCounter{Store: sc.open(t)}
-			rec := newRecorder()
+			rec := adaptertest.NewEffects()
 			var started sync.WaitGroup
 			started.Add(n)
 			allStarted := make(chan struct{})
@@ -74,7 +75,7 @@ func TestReceiveClaimedAndCompletedTogether(t *testing.T) {
 				case <-allStarted: // every handler of the receive runs at once
 				case <-time.After(20 * time.Second):
 				}
-				rec.effect(eventID(m))
+				rec.Apply(eventID(m))
 				return nil
 			},
 				// Successes wait for one another at most a third of the lease
@@ -82,7 +83,7 @@ func TestReceiveClaimedAndCompletedTogether(t *testing.T) {
 				// at once on a loaded machine are still written together.
 				dedup.WithLease(time.Minute), dedup.WithBatchCompletion(time.Minute))
 			stop := start(t, c, url, w)
-			waitFor(t, 30*time.Second, "every message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == n })
+			adaptertest.WaitFor(t, 30*time.Second, "every message processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == n })
 			stop()
 			select {
 			case <-allStarted:
@@ -90,7 +91,7 @@ func TestReceiveClaimedAndCompletedTogether(t *testing.T) {
 				t.Fatal("the handlers of one receive did not run at the same time")
 			}
 			for i := range n {
-				if got := rec.effectsOf("r-" + strconv.Itoa(i)); got != 1 {
+				if got := rec.Count("r-" + strconv.Itoa(i)); got != 1 {
 					t.Errorf("r-%d applied %d times, want 1", i, got)
 				}
 			}
@@ -143,19 +144,19 @@ func TestBacklogReceivesClaimedTogether(t *testing.T) {
 		send(t, c, url, "backlog-"+strconv.Itoa(i), "x", nil)
 	}
 	store := &claimSizes{Store: dedup.NewMemoryStore()}
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	w := wrap(t, store, url, rec, func(_ context.Context, m types.Message) error {
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	})
 	stop := start(t, c, url, w, sqsdedup.WithWorkers(80))
-	waitFor(t, 30*time.Second, "every message processed", func() bool { return rec.outcomes(dedup.OutcomeProcessed) == n })
+	adaptertest.WaitFor(t, 30*time.Second, "every message processed", func() bool { return rec.Outcomes(dedup.OutcomeProcessed) == n })
 	stop()
 	if got := store.largest(); got <= 10 {
 		t.Errorf("largest batch claim held %d keys, want more than one receive's 10", got)
 	}
 	for i := range n {
-		if got := rec.effectsOf("backlog-" + strconv.Itoa(i)); got != 1 {
+		if got := rec.Count("backlog-" + strconv.Itoa(i)); got != 1 {
 			t.Errorf("backlog-%d applied %d times, want 1", i, got)
 		}
 	}
@@ -191,17 +192,17 @@ func TestInFlightCopyOfThisConsumerIsADuplicateAtOnce(t *testing.T) {
 	c := client(t, changes.APIOption)
 	// No heartbeat (a third of the timeout) comes within the test.
 	url := testenv.SQSQueue(t, c, map[string]string{"VisibilityTimeout": "300"})
-	rec := newRecorder()
+	rec := adaptertest.NewEffects()
 	started, release := make(chan struct{}, 1), make(chan struct{})
 	var once sync.Once
 	var inFlight atomic.Int32
 	w := wrap(t, dedup.NewMemoryStore(), url, rec, func(ctx context.Context, m types.Message) error {
 		started <- struct{}{}
 		<-release
-		rec.effect(eventID(m))
+		rec.Apply(eventID(m))
 		return nil
 	}, dedup.WithObserver(func(ctx context.Context, res dedup.Result) {
-		rec.observe(ctx, res)
+		rec.Observe(ctx, res)
 		if res.Outcome == dedup.OutcomeInFlight {
 			inFlight.Add(1)
 			once.Do(func() { close(release) })
@@ -216,8 +217,8 @@ func TestInFlightCopyOfThisConsumerIsADuplicateAtOnce(t *testing.T) {
 		t.Fatal("the first copy never started")
 	}
 	send(t, c, url, "copied", "x", nil)
-	waitFor(t, 60*time.Second, "both copies settled", func() bool {
-		return rec.outcomes(dedup.OutcomeProcessed) == 1 && rec.outcomes(dedup.OutcomeDuplicate) == 1
+	adaptertest.WaitFor(t, 60*time.Second, "both copies settled", func() bool {
+		return rec.Outcomes(dedup.OutcomeProcessed) == 1 && rec.Outcomes(dedup.OutcomeDuplicate) == 1
 	})
 	stop()
 	if got := inFlight.Load(); got != 1 {
@@ -226,7 +227,7 @@ func TestInFlightCopyOfThisConsumerIsADuplicateAtOnce(t *testing.T) {
 	if got := changes.n.Load(); got != 0 {
 		t.Errorf("%d ChangeMessageVisibilityBatch calls, want none: the copy was given back", got)
 	}
-	if got := rec.effectsOf("copied"); got != 1 {
+	if got := rec.Count("copied"); got != 1 {
 		t.Errorf("%d effects, want 1", got)
 	}
 	assertDrained(t, c, url)
