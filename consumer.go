@@ -152,6 +152,10 @@ type Wrapper[M any] struct {
 	batches    sync.Pool // of *batch[M], for HandleBatch to reuse
 	health     *outage.Tracker
 	tel        *telemetry // nil: no spans, no metrics
+	// detached is set for a [Front]'s attempts: their caller leaving ends
+	// neither the claim's heartbeat nor the settling writes, as the work
+	// runs on whether anyone waits for its answer or not.
+	detached bool
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -170,21 +174,33 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 }
 
 func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], error) {
+	cfg := configure(opts)
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
+		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
+	}
+	return newEngine(store, msgs, cfg)
+}
+
+func configure(opts []Opt) config {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
+	return cfg
+}
+
+// newEngine returns the engine under a Wrapper or a [Front], from a valid
+// cfg: its store (timed when metered), telemetry, outage tracker and
+// heartbeats.
+func newEngine[M any](store Store, msgs Messages[M], cfg config) (*Wrapper[M], error) {
 	if nilcheck.IsNil(store) {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
 	if _, ok := store.(BatchCompleter); cfg.batchWaitSet && cfg.batchWait > 0 && !ok {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: the store (%T) cannot complete a batch in one write", ErrConfig, store)
-	}
-	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
-		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
 	}
 	tel, err := newTelemetry(&cfg)
 	if err != nil {
@@ -238,6 +254,11 @@ type delivery[M any] struct {
 	owner    string
 	attempts int
 	locator  uint64
+	// result is stored with the attempt's success (a front end's answer);
+	// standalone says that it stands without the attempt's effects when
+	// they cannot commit (a refusal, see [Attempt.Refuse]).
+	result     []byte
+	standalone bool
 
 	span trace.Span  // nil unless the wrapper traces
 	call *callConfig // what the transport said of the call; nil for Handle
