@@ -351,7 +351,7 @@ func (w *Wrapper[M]) process(ctx context.Context, d *delivery[M]) (Result, error
 	if d.bad != "" {
 		return w.parkBad(ctx, d)
 	}
-	c, att, err := w.claimer.claim(ctx, d)
+	c, att, err := w.claimer.claim(ctx, d.request(w.cfg.ttl))
 	if err != nil {
 		return Result{Key: d.key}, err
 	}

@@ -36,10 +36,10 @@ type attempt[M any] interface {
 	end(ctx context.Context, d *delivery[M])
 }
 
-// claimer claims one delivery's key for an attempt of its own: the store's
-// Claim, or the inbox's transaction.
+// claimer claims one delivery's key, as req asks, for an attempt of its
+// own: the store's Claim, or the inbox's transaction.
 type claimer[M any] interface {
-	claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error)
+	claim(ctx context.Context, req ClaimRequest) (Claim, attempt[M], error)
 }
 
 // unrepeatable marks a settling write's error that trying again cannot mend.
@@ -58,9 +58,9 @@ func (e sharedFate) Unwrap() error { return e.error }
 // extended while the handler runs, and fenced writes on its owner token.
 type storeAttempt[M any] struct{ w *Wrapper[M] }
 
-func (s storeAttempt[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error) {
+func (s storeAttempt[M]) claim(ctx context.Context, req ClaimRequest) (Claim, attempt[M], error) {
 	// A store's error names its package, operation and key already.
-	c, err := s.w.store.Claim(ctx, d.request(s.w.cfg.ttl))
+	c, err := s.w.store.Claim(ctx, req)
 	return c, s, err
 }
 

@@ -70,24 +70,30 @@ type inbox[M any] struct {
 	handler TxHandler[M]
 }
 
-func (in *inbox[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error) {
-	return in.claimWith(ctx, d, nil)
+func (in *inbox[M]) claim(ctx context.Context, req ClaimRequest) (Claim, attempt[M], error) {
+	return in.claimRequest(ctx, req, nil)
 }
 
 // claimWith claims d's key in a transaction of its own for an attempt whose
 // handler, when verdict is set, already failed with it and does not run
-// again. A claim that waited on the key's row for longer than the
-// database's lock_timeout finds it in flight.
+// again.
 func (in *inbox[M]) claimWith(ctx context.Context, d *delivery[M], verdict error) (Claim, attempt[M], error) {
+	return in.claimRequest(ctx, d.request(in.w.cfg.ttl), verdict)
+}
+
+// claimRequest claims req's key as claimWith does. A claim that waited on
+// the key's row for longer than the database's lock_timeout finds it in
+// flight.
+func (in *inbox[M]) claimRequest(ctx context.Context, req ClaimRequest, verdict error) (Claim, attempt[M], error) {
 	tx, err := in.db.Begin(ctx)
 	if err != nil {
-		return Claim{}, nil, fmt.Errorf("dedup: inbox begin %s: %w", d.key, err)
+		return Claim{}, nil, fmt.Errorf("dedup: inbox begin %s: %w", req.Key, err)
 	}
-	c, err := in.store.claimInTx(ctx, tx, d.request(in.w.cfg.ttl))
+	c, err := in.store.claimInTx(ctx, tx, req)
 	if err != nil || c.Status != ClaimAcquired {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if err != nil && lockTimedOut(err) {
-			return Claim{Status: ClaimInFlight, Record: Record{Key: d.key, Status: StatusProcessing}}, nil, nil
+			return Claim{Status: ClaimInFlight, Record: Record{Key: req.Key, Status: StatusProcessing}}, nil, nil
 		}
 		return c, nil, err
 	}

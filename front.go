@@ -57,7 +57,7 @@ func newFront[M any](store Store, opts []Opt) (*Front[M], error) {
 func (f *Front[M]) Claim(ctx context.Context, key Key, fingerprint string) (Claim, *Attempt[M], error) {
 	w := f.w
 	d := delivery[M]{key: key, fp: fingerprint, leaseTime: w.leaseFor(ctx, 0)}
-	c, att, err := w.claimer.claim(ctx, &d)
+	c, att, err := w.claimer.claim(ctx, d.request(w.cfg.ttl)) // d stays on the stack unless acquired
 	if err != nil {
 		w.observeOutcome(ctx, err)
 		return c, nil, err
@@ -71,7 +71,8 @@ func (f *Front[M]) Claim(ctx context.Context, key Key, fingerprint string) (Clai
 		return c, nil, nil
 	}
 	if att != nil {
-		att.end(ctx, &d)
+		d.att = att
+		(&Attempt[M]{w: w, d: d}).End(ctx) // a copy: d stays on the stack
 	}
 	return c, nil, fmt.Errorf("dedup: claim %s: unknown claim status %v", key, c.Status)
 }
