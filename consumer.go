@@ -254,11 +254,9 @@ type delivery[M any] struct {
 	owner    string
 	attempts int
 	locator  uint64
-	// result is stored with the attempt's success (a front end's answer);
-	// standalone says that it stands without the attempt's effects when
-	// they cannot commit (a refusal, see [Attempt.Refuse]).
-	result     []byte
-	standalone bool
+	// result is what a front end's success stores (see [Attempt]); nil
+	// for a consumer's.
+	result *frontResult
 
 	span trace.Span  // nil unless the wrapper traces
 	call *callConfig // what the transport said of the call; nil for Handle

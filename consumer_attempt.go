@@ -25,9 +25,9 @@ type attempt[M any] interface {
 	// returns an error matching ErrLeaseLost.
 	hold(ctx context.Context, d *delivery[M]) error
 	// complete records the attempt's success, with d.result, its effects
-	// committed (or, when d.standalone and they cannot commit, undone);
-	// retried says that an earlier try may have been applied, its answer
-	// lost.
+	// committed (or, when d.result stands alone and they cannot commit,
+	// undone); retried says that an earlier try may have been applied, its
+	// answer lost.
 	complete(ctx context.Context, d *delivery[M], retried bool) error
 	// fail records the attempt's failure, the handler's effects undone where
 	// the attempt can, and returns the attempts recorded.
@@ -98,7 +98,7 @@ func (s storeAttempt[M]) hold(ctx context.Context, d *delivery[M]) error {
 }
 
 func (s storeAttempt[M]) complete(ctx context.Context, d *delivery[M], retried bool) error {
-	return completeFenced(ctx, s.w.store, d.key, d.owner, d.result, s.w.cfg.ttl, retried)
+	return completeFenced(ctx, s.w.store, d.key, d.owner, d.result.bytes(), s.w.cfg.ttl, retried)
 }
 
 // fail returns the claim's attempt count: the write is fenced on the claim,

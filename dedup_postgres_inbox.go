@@ -130,18 +130,18 @@ func (a *txAttempt[M]) hold(context.Context, *delivery[M]) error { return nil }
 // complete commits the attempt's transaction, with d.result written on its
 // record first when there is one. A transaction a failed statement aborted
 // cannot commit the handler's writes: it is rolled back, nothing recorded,
-// unless d.result stands without them (d.standalone), which is then
-// recorded alone, the writes rolled back to the claim.
+// unless d.result stands without them, which is then recorded alone, the
+// writes rolled back to the claim.
 func (a *txAttempt[M]) complete(ctx context.Context, d *delivery[M], _ bool) error {
 	tx := a.tx
 	a.tx = nil
 	undo := txStatus(tx) == 'E'
-	if undo && !d.standalone {
+	if undo && (d.result == nil || !d.result.standalone) {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return unrepeatable{sharedFate{fmt.Errorf("dedup: inbox commit %s: %w: %w", d.key, ErrTxAborted, pgx.ErrTxCommitRollback)}}
 	}
-	if d.result != nil || undo {
-		if err := a.in.store.resultInTx(ctx, tx, d.key, d.owner, d.result, undo); err != nil {
+	if d.result != nil {
+		if err := a.in.store.resultInTx(ctx, tx, d.key, d.owner, d.result.data, undo); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return unrepeatable{sharedFate{err}}
 		}

@@ -87,8 +87,26 @@ func (f *Front[M]) Health() error { return f.w.Health() }
 // Fail records its outcome, and End, deferred after the claim, lets go of
 // what the attempt still holds. An Attempt is used by one goroutine, once.
 type Attempt[M any] struct {
-	w *Wrapper[M]
-	d delivery[M]
+	w      *Wrapper[M]
+	d      delivery[M]
+	result frontResult
+}
+
+// frontResult is what a front end's success stores: data, and whether it
+// stands without the attempt's effects when they cannot commit (a refusal,
+// see [Attempt.Refuse]). A delivery points to its attempt's, so that a
+// consumer's delivery carries one word for it.
+type frontResult struct {
+	data       []byte
+	standalone bool
+}
+
+// bytes returns r's data; nil for none.
+func (r *frontResult) bytes() []byte {
+	if r == nil {
+		return nil
+	}
+	return r.data
 }
 
 // Run runs the Front's handler on msg while the claim is held: a store
@@ -122,7 +140,8 @@ func (a *Attempt[M]) Refuse(ctx context.Context, result []byte) error {
 }
 
 func (a *Attempt[M]) complete(ctx context.Context, result []byte, standalone bool) error {
-	a.d.result, a.d.standalone = result, standalone
+	a.result = frontResult{data: result, standalone: standalone}
+	a.d.result = &a.result
 	ctx, cancel := settling(ctx, outcomeLeases*a.d.leaseTime)
 	defer cancel()
 	return a.observed(a.w.complete(ctx, &a.d))
