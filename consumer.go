@@ -98,6 +98,10 @@ type Wrapper[M any] struct {
 	batches    sync.Pool // of *batch[M], for HandleBatch to reuse
 	health     *outage.Tracker
 	tel        *telemetry // nil: no spans, no metrics
+	// detached is set for a [Front]'s attempts: their caller leaving ends
+	// neither the claim's heartbeat nor the settling writes, as the work
+	// runs on whether anyone waits for its answer or not.
+	detached bool
 }
 
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
@@ -119,13 +123,28 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 }
 
 func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], error) {
+	cfg := configure(opts)
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
+		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
+	}
+	return newEngine(store, msgs, cfg)
+}
+
+func configure(opts []Opt) config {
 	cfg := defaultConfig()
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
+	return cfg
+}
+
+// newEngine returns the engine under a Wrapper or a [Front], from a valid
+// cfg: its store (timed when metered), telemetry, outage tracker and
+// heartbeats.
+func newEngine[M any](store Store, msgs Messages[M], cfg config) (*Wrapper[M], error) {
 	if nilcheck.IsNil(store) {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
 	}
@@ -133,9 +152,6 @@ func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], 
 	bc, _ := store.(deduptype.BatchCompleter)
 	if cfg.batchWaitSet && cfg.batchWait > 0 && bc == nil {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: the store (%T) cannot complete a batch in one write", ErrConfig, store)
-	}
-	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
-		return nil, fmt.Errorf("%w: Messages needs EventID, Payload and DeadLetter", ErrConfig)
 	}
 	tel, err := newTelemetry(&cfg)
 	if err != nil {
@@ -190,6 +206,9 @@ type delivery[M any] struct {
 	owner    string
 	attempts int
 	locator  uint64
+	// result is what a front end's success stores (see [Attempt]); nil
+	// for a consumer's.
+	result *frontResult
 
 	span trace.Span  // nil unless the wrapper traces
 	call *callConfig // what the transport said of the call; nil for Handle
@@ -282,7 +301,7 @@ func (w *Wrapper[M]) process(ctx context.Context, d *delivery[M]) (Result, error
 	if d.bad != "" {
 		return w.parkBad(ctx, d)
 	}
-	c, att, err := w.claimer.claim(ctx, d)
+	c, att, err := w.claimer.claim(ctx, d.request(w.cfg.ttl))
 	if err != nil {
 		return Result{Key: d.key}, err
 	}

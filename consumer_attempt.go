@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // attempt is one acquired claim on its way to an outcome. Each way of
@@ -26,8 +24,10 @@ type attempt[M any] interface {
 	// hold makes sure the claim is still d's, for as long as a lease, or
 	// returns an error matching ErrLeaseLost.
 	hold(ctx context.Context, d *delivery[M]) error
-	// complete records the attempt's success; retried says that an earlier
-	// try may have been applied, its answer lost.
+	// complete records the attempt's success, with d.result, its effects
+	// committed (or, when d.result stands alone and they cannot commit,
+	// undone); retried says that an earlier try may have been applied, its
+	// answer lost.
 	complete(ctx context.Context, d *delivery[M], retried bool) error
 	// fail records the attempt's failure, the handler's effects undone where
 	// the attempt can, and returns the attempts recorded.
@@ -36,10 +36,10 @@ type attempt[M any] interface {
 	end(ctx context.Context, d *delivery[M])
 }
 
-// claimer claims one delivery's key for an attempt of its own: the store's
-// Claim, or the inbox's transaction.
+// claimer claims one delivery's key, as req asks, for an attempt of its
+// own: the store's Claim, or the inbox's transaction.
 type claimer[M any] interface {
-	claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error)
+	claim(ctx context.Context, req ClaimRequest) (Claim, attempt[M], error)
 }
 
 // unrepeatable marks a settling write's error that trying again cannot mend.
@@ -58,9 +58,9 @@ func (e sharedFate) Unwrap() error { return e.error }
 // extended while the handler runs, and fenced writes on its owner token.
 type storeAttempt[M any] struct{ w *Wrapper[M] }
 
-func (s storeAttempt[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error) {
+func (s storeAttempt[M]) claim(ctx context.Context, req ClaimRequest) (Claim, attempt[M], error) {
 	// A store's error names its package, operation and key already.
-	c, err := s.w.store.Claim(ctx, d.request(s.w.cfg.ttl))
+	c, err := s.w.store.Claim(ctx, req)
 	return c, s, err
 }
 
@@ -68,7 +68,7 @@ func (s storeAttempt[M]) claim(ctx context.Context, d *delivery[M]) (Claim, atte
 func (s storeAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	hb := s.w.heartbeats.Get().(*heartbeat)
-	hb.start(hctx, cancel, d.key, d.owner, d.leaseTime)
+	hb.start(s.w.holding(hctx), cancel, d.key, d.owner, d.leaseTime)
 	defer func() {
 		hb.stop()
 		s.w.heartbeats.Put(hb)
@@ -78,13 +78,27 @@ func (s storeAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 	return s.w.handler(hctx, d.msg)
 }
 
+// holding returns the context a claim is held in while its handler runs in
+// ctx: ctx itself, which the transport cancels once it may give the message
+// to another consumer; for a front end's attempt, ctx without its
+// cancellation, as the front end's caller leaving gives the work to nobody
+// else: the claim is held until the handler returns, whether anyone waits
+// for its answer or not, so that a retry never runs beside it. The
+// heartbeat's stop ends an extension in progress either way.
+func (w *Wrapper[M]) holding(ctx context.Context) context.Context {
+	if w.detached {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
+}
+
 // hold renews the lease: a refusal means another worker took the key over.
 func (s storeAttempt[M]) hold(ctx context.Context, d *delivery[M]) error {
 	return s.w.store.Extend(ctx, d.key, d.owner, d.leaseTime)
 }
 
 func (s storeAttempt[M]) complete(ctx context.Context, d *delivery[M], retried bool) error {
-	return completeFenced(ctx, s.w.store, d.key, d.owner, nil, s.w.cfg.ttl, retried)
+	return completeFenced(ctx, s.w.store, d.key, d.owner, d.result.bytes(), s.w.cfg.ttl, retried)
 }
 
 // fail returns the claim's attempt count: the write is fenced on the claim,
@@ -94,6 +108,37 @@ func (s storeAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, re
 }
 
 func (s storeAttempt[M]) end(context.Context, *delivery[M]) {}
+
+// completeFenced completes the claim of key by owner; a refusal after an
+// earlier try (retried) counts as done when that try landed.
+func completeFenced(ctx context.Context, store Store, key Key, owner string, result []byte, ttl time.Duration, retried bool) error {
+	err := store.Complete(ctx, key, owner, result, ttl)
+	if retried && errors.Is(err, ErrLeaseLost) && landed(ctx, store, key, owner) {
+		return nil // an earlier try was applied but its answer lost
+	}
+	return err
+}
+
+// failFenced records a failure of the claim of key by owner, as
+// completeFenced completes it.
+func failFenced(ctx context.Context, store Store, key Key, owner string, f Failure, retried bool) error {
+	err := store.Fail(ctx, key, owner, f)
+	if retried && errors.Is(err, ErrLeaseLost) && landed(ctx, store, key, owner) {
+		return nil
+	}
+	return err
+}
+
+// landed reports whether the record of key was settled by owner: still its
+// token, no longer processing. Only owner settles its own claim, and a
+// takeover replaces the token.
+func landed(ctx context.Context, store Store, key Key, owner string) bool {
+	if owner == "" {
+		return false
+	}
+	rec, err := store.Get(ctx, key)
+	return err == nil && rec.Owner == owner && rec.Status != StatusProcessing
+}
 
 // settle carries one claimed delivery through its attempt: it answers a
 // claim that was not acquired, parks an event whose attempts are exhausted,
@@ -143,10 +188,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 	sctx, cancel := settleContext(ctx)
 	defer cancel()
 	if err == nil {
-		err := w.retryHeld(sctx, outcomeLeases*d.leaseTime, func(ctx context.Context, retried bool) error {
-			return att.complete(ctx, d, retried)
-		})
-		if err != nil {
+		if err := w.complete(sctx, d); err != nil {
 			return res, w.settleError("complete", d.key, err, true)
 		}
 		res.Outcome = OutcomeProcessed
@@ -234,6 +276,14 @@ func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, 
 	return Result{Outcome: OutcomeDeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: reason, Err: cause}, nil
 }
 
+// complete records d's success, trying again for up to outcomeLeases
+// leases.
+func (w *Wrapper[M]) complete(ctx context.Context, d *delivery[M]) error {
+	return w.retryHeld(ctx, outcomeLeases*d.leaseTime, func(ctx context.Context, retried bool) error {
+		return d.att.complete(ctx, d, retried)
+	})
+}
+
 // fail records a failed attempt, trying again while the claim holds.
 func (w *Wrapper[M]) fail(ctx context.Context, d *delivery[M], f Failure) (int, error) {
 	var attempts int
@@ -261,19 +311,14 @@ const (
 // revoked, the SQS consumer shutting down).
 const outcomeLeases = 10
 
-// retryHeld is the package's retryHeld, each failed try fed to w's outage
-// tracker, so that Health reports an outage that a long retry sits out.
-func (w *Wrapper[M]) retryHeld(ctx context.Context, bound time.Duration, write func(ctx context.Context, retried bool) error) error {
-	return retryHeld(ctx, w.cfg.logger, w.health, bound, write)
-}
-
 // retryHeld makes write, a write that records the outcome of attempts that
 // ran, trying it again after an error while ctx lasts, for up to bound: a
 // failure for a blip of the store would leave the effect to be redone. An
 // ErrLeaseLost or an unrepeatable error ends it. retried tells write
-// whether an earlier try may have been applied. Each failed try is recorded
-// in health, unless it is nil.
-func retryHeld(ctx context.Context, logger *slog.Logger, health *outage.Tracker, bound time.Duration, write func(ctx context.Context, retried bool) error) error {
+// whether an earlier try may have been applied. Each failed try is fed to
+// w's outage tracker, so that Health reports an outage that a long retry
+// sits out.
+func (w *Wrapper[M]) retryHeld(ctx context.Context, bound time.Duration, write func(ctx context.Context, retried bool) error) error {
 	var deadline time.Time // from the first failure: a write that succeeds reads no clock
 	wait := settleRetryMin
 	for tries := 1; ; tries++ {
@@ -290,11 +335,9 @@ func retryHeld(ctx context.Context, logger *slog.Logger, health *outage.Tracker,
 		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return err
 		}
-		if health != nil {
-			health.Failure(err)
-		}
+		w.health.Failure(err)
 		if tries == 1 {
-			logger.Warn("dedup: outcome not recorded; retrying it while the delivery is held",
+			w.cfg.logger.Warn("dedup: outcome not recorded; retrying it while the delivery is held",
 				slog.Duration("for_up_to", time.Until(deadline).Round(time.Millisecond)), slog.Any("error", err))
 		}
 		t := time.NewTimer(wait)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TxHandler handles one message inside the PostgreSQL transaction that also
@@ -49,7 +50,7 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 	if w.cfg.batchWaitSet && w.cfg.batchWait > 0 {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: WrapTx records each event in its handler's transaction", ErrConfig)
 	}
-	in := &inbox[M]{w: w, store: store, handler: h}
+	in := &inbox[M]{w: w, store: store, db: store.pool, handler: h}
 	w.claimer, w.runner = in, in.newChunk
 	if w.cfg.txPerEvent {
 		w.runner = newEachRunner[M]
@@ -61,29 +62,49 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 // own, which stays open, holding the record's row, until the attempt is
 // committed or its failure recorded in it.
 type inbox[M any] struct {
-	w       *Wrapper[M]
-	store   *PostgresStore
+	w     *Wrapper[M]
+	store *PostgresStore
+	// db begins the attempts' transactions: the store's pool, or the
+	// database a front end was given (NewTxFront).
+	db      TxBeginner
 	handler TxHandler[M]
 }
 
-func (in *inbox[M]) claim(ctx context.Context, d *delivery[M]) (Claim, attempt[M], error) {
-	return in.claimWith(ctx, d, nil)
+func (in *inbox[M]) claim(ctx context.Context, req ClaimRequest) (Claim, attempt[M], error) {
+	return in.claimRequest(ctx, req, nil)
 }
 
 // claimWith claims d's key in a transaction of its own for an attempt whose
 // handler, when verdict is set, already failed with it and does not run
 // again.
 func (in *inbox[M]) claimWith(ctx context.Context, d *delivery[M], verdict error) (Claim, attempt[M], error) {
-	tx, err := in.store.pool.Begin(ctx)
+	return in.claimRequest(ctx, d.request(in.w.cfg.ttl), verdict)
+}
+
+// claimRequest claims req's key as claimWith does. A claim that waited on
+// the key's row for longer than the database's lock_timeout finds it in
+// flight.
+func (in *inbox[M]) claimRequest(ctx context.Context, req ClaimRequest, verdict error) (Claim, attempt[M], error) {
+	tx, err := in.db.Begin(ctx)
 	if err != nil {
-		return Claim{}, nil, fmt.Errorf("dedup: inbox begin %s: %w", d.key, err)
+		return Claim{}, nil, fmt.Errorf("dedup: inbox begin %s: %w", req.Key, err)
 	}
-	c, err := in.store.claimInTx(ctx, tx, d.request(in.w.cfg.ttl))
+	c, err := in.store.claimInTx(ctx, tx, req)
 	if err != nil || c.Status != ClaimAcquired {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if err != nil && lockTimedOut(err) {
+			return Claim{Status: ClaimInFlight, Record: Record{Key: req.Key, Status: StatusProcessing}}, nil, nil
+		}
 		return c, nil, err
 	}
 	return c, &txAttempt[M]{in: in, tx: tx, verdict: verdict}, nil
+}
+
+// lockTimedOut reports whether err is PostgreSQL's lock_not_available: a
+// lock_timeout ran out while another transaction held the row.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // txAttempt is an attempt of the inbox in a transaction of its own. Its row
@@ -106,9 +127,25 @@ func (a *txAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 
 func (a *txAttempt[M]) hold(context.Context, *delivery[M]) error { return nil }
 
+// complete commits the attempt's transaction, with d.result written on its
+// record first when there is one. A transaction a failed statement aborted
+// cannot commit the handler's writes: it is rolled back, nothing recorded,
+// unless d.result stands without them, which is then recorded alone, the
+// writes rolled back to the claim.
 func (a *txAttempt[M]) complete(ctx context.Context, d *delivery[M], _ bool) error {
 	tx := a.tx
 	a.tx = nil
+	undo := txStatus(tx) == 'E'
+	if undo && (d.result == nil || !d.result.standalone) {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return unrepeatable{sharedFate{fmt.Errorf("dedup: inbox commit %s: %w: %w", d.key, ErrTxAborted, pgx.ErrTxCommitRollback)}}
+	}
+	if d.result != nil {
+		if err := a.in.store.resultInTx(ctx, tx, d.key, d.owner, d.result.data, undo); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return unrepeatable{sharedFate{err}}
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		if errors.Is(err, pgx.ErrTxClosed) {
 			err = fmt.Errorf("the TxHandler committed or rolled back the transaction itself; it must do neither: %w", err)

@@ -6,67 +6,60 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dedupkit/dedup/internal/inmodule"
+	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
-func init() {
-	inmodule.ClaimTx = (*PostgresStore).claimTx
-	inmodule.CompleteTx = (*PostgresStore).completeTx
-	inmodule.RollbackToClaimTx = (*PostgresStore).rollbackToClaimTx
+// TxBeginner begins transactions; *pgxpool.Pool is one.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// claimTx claims req.Key inside the caller's transaction tx, for idemhttp's
-// transactional mode (through internal/inmodule). The record is written as
-// succeeded at once, as in the transactional inbox ([WrapTx]): it commits or
-// vanishes with whatever else tx writes. A concurrent claimTx or Claim of
-// the same key waits on the record's row until tx ends, then sees a
-// duplicate (commit) or acquires the key (rollback). req.Lease is unused:
-// the transaction's row lock is the lease.
+// NewTxFront returns a Front whose attempts are the transactional inbox's
+// (see [WrapTx]): each claim begins a transaction on db, which must reach
+// the database of store's table, and records the key in it as succeeded;
+// [Attempt.Run] runs h with that transaction; [Attempt.Complete] writes the
+// result on the record in it and commits, so that h's writes and the
+// result commit together; [Attempt.Fail] rolls h's writes back to the
+// claim and records the failure. The transaction's row lock is the claim's
+// lease: a concurrent claim of the key waits for it to end, and one that
+// waits past the database's lock_timeout finds the key in flight.
 //
-// Only an acquired claim belongs to tx; the caller then runs its work in tx,
-// may store a result with completeTx, and commits. An acquired claim is
-// followed by a savepoint, taken in the same round trip, which
-// rollbackToClaimTx returns to.
-func (s *PostgresStore) claimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (Claim, error) {
-	if tx == nil {
-		return Claim{}, fmt.Errorf("%w: postgres claim in tx: nil transaction", ErrConfig)
+// Each attempt holds one of db's connections from its claim until it ends.
+func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts ...Opt) (*Front[M], error) {
+	if store == nil || nilcheck.IsNil(db) {
+		return nil, fmt.Errorf("%w: NewTxFront: nil store or database", ErrConfig)
 	}
-	return s.claimInTx(ctx, tx, req)
+	if h == nil {
+		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
+	}
+	f, err := newFront[M](store, opts)
+	if err != nil {
+		return nil, err
+	}
+	f.w.claimer = &inbox[M]{w: f.w, store: store, db: db, handler: h}
+	return f, nil
 }
 
-// completeTx stores result on the record that a claimTx in the same tx
-// acquired with owner token owner (Claim.Record.Owner); the record keeps the
-// retention its claim gave it. It returns ErrLeaseLost when tx holds no such
-// record.
-func (s *PostgresStore) completeTx(ctx context.Context, tx pgx.Tx, key Key, owner string, result []byte) error {
-	if tx == nil {
-		return fmt.Errorf("%w: postgres complete in tx: nil transaction", ErrConfig)
-	}
-	if err := key.Validate(); err != nil {
-		return fmt.Errorf("dedup: postgres complete in tx: %w", err)
+// resultInTx stores result on the record of key that a claim in tx acquired
+// with owner token owner, after rolling tx back to the claim's savepoint
+// when undo is set (a failed statement aborted tx: what it wrote since
+// cannot commit). The record keeps the retention its claim gave it. It
+// returns ErrLeaseLost when tx holds no such record.
+func (s *PostgresStore) resultInTx(ctx context.Context, tx pgx.Tx, key Key, owner string, result []byte, undo bool) error {
+	if undo {
+		// A statement of its own: one batched with the update would be
+		// prepared first, which an aborted transaction refuses.
+		if _, err := tx.Exec(ctx, s.sql.rollbackToSavepoint); err != nil {
+			return s.opError("rollback to the claim "+key.String(), err)
+		}
 	}
 	tag, err := tx.Exec(ctx, `UPDATE `+s.table+` SET result = $4, updated_at = now()
-WHERE scope = $1 AND event_id = $2 AND owner = $3 AND status = 'SUCCEEDED'`,
-		key.Scope, key.EventID, owner, result)
-	if err != nil {
+WHERE scope = $1 AND event_id = $2 AND owner = $3 AND status = 'SUCCEEDED'`, key.Scope, key.EventID, owner, result)
+	switch {
+	case err != nil:
 		return s.opError("complete in tx "+key.String(), err)
-	}
-	if tag.RowsAffected() == 0 {
+	case tag.RowsAffected() == 0:
 		return fmt.Errorf("dedup: postgres complete in tx %s: %w", key, ErrLeaseLost)
-	}
-	return nil
-}
-
-// rollbackToClaimTx undoes what tx wrote after a claimTx in it acquired its
-// claim, keeping the claim, and ends the aborted state a failed statement
-// leaves tx in: the caller may then store a result with completeTx and
-// commit. Savepoints taken after the claim go with what they held.
-func (s *PostgresStore) rollbackToClaimTx(ctx context.Context, tx pgx.Tx) error {
-	if tx == nil {
-		return fmt.Errorf("%w: postgres rollback to claim in tx: nil transaction", ErrConfig)
-	}
-	if _, err := tx.Exec(ctx, s.sql.rollbackToSavepoint); err != nil {
-		return s.opError("rollback to claim in tx", err)
 	}
 	return nil
 }

@@ -79,9 +79,17 @@ func (c *config) validate() error {
 	if kerr := (*KeyError)(nil); errors.As(Key{Scope: c.scope, EventID: "-"}.Validate(), &kerr) {
 		return fmt.Errorf("%w: WithScope(%q): %s", ErrConfig, c.scope, kerr.Reason)
 	}
-	switch {
-	case nilcheck.IsNil(c.sink):
+	if nilcheck.IsNil(c.sink) {
 		return fmt.Errorf("%w: a dead-letter sink is required (WithSink)", ErrConfig)
+	}
+	return c.validateEngine()
+}
+
+// validateEngine checks what every engine needs, a [Front]'s too: a front
+// end names its keys whole and never dead-letters, so it needs neither
+// scope nor sink.
+func (c *config) validateEngine() error {
+	switch {
 	case c.maxAttempts < 1:
 		return fmt.Errorf("%w: WithMaxAttempts(%d): must be at least 1", ErrConfig, c.maxAttempts)
 	case c.lease < 0:

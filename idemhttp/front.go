@@ -10,11 +10,27 @@ import (
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
-// front is what both modes share: reading a request into a claim, and
-// answering every claim but an acquired one.
+// front is what both modes share: reading a request into a claim,
+// answering every claim but an acquired one, and settling an acquired one
+// on the core's attempt (attempt.go).
 type front struct {
-	cfg config
-	tel *httpTelemetry // nil: no spans, no metrics
+	cfg  config
+	tel  *httpTelemetry          // nil: no spans, no metrics
+	core *dedup.Front[*exchange] // claims keys and holds them: the mode's
+}
+
+// Health returns nil, or an error matching [dedup.ErrOutage] while the
+// store has kept failing to claim keys or to record answers for
+// [WithOutageThreshold] or longer: a readiness probe can serve it.
+func (f *front) Health() error { return f.core.Health() }
+
+// coreOpts are the options of the core's Front, from the middleware's.
+func (f *front) coreOpts() []dedup.Opt {
+	opts := []dedup.Opt{dedup.WithLease(f.cfg.lease), dedup.WithTTL(f.cfg.ttl), dedup.WithLogger(f.cfg.logger)}
+	if f.cfg.outageThreshold > 0 {
+		opts = append(opts, dedup.WithOutageThreshold(f.cfg.outageThreshold))
+	}
+	return opts
 }
 
 func newFront(opts []Opt) (front, error) {
@@ -39,10 +55,6 @@ func newFront(opts []Opt) (front, error) {
 type prepared struct {
 	key         dedup.Key
 	fingerprint string
-}
-
-func (p *prepared) claimRequest(cfg config) dedup.ClaimRequest {
-	return dedup.ClaimRequest{Key: p.key, Fingerprint: p.fingerprint, Lease: cfg.lease, TTL: cfg.ttl}
 }
 
 // prepare reads the key, the caller and the body of r. It answers w itself

@@ -67,6 +67,9 @@ type config struct {
 	jsonFP         dedup.FingerprintFunc
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
+
+	// outageThreshold is the core's WithOutageThreshold; 0: its default.
+	outageThreshold time.Duration
 }
 
 func defaultConfig() config {
@@ -115,6 +118,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: idemhttp: lease and TTL must be positive, Retry-After not negative", dedup.ErrConfig)
 	case c.waitInFlight < 0:
 		return fmt.Errorf("%w: idemhttp: WithWaitInFlight(%v): must not be negative", dedup.ErrConfig, c.waitInFlight)
+	case c.outageThreshold < 0:
+		return fmt.Errorf("%w: idemhttp: WithOutageThreshold(%v): must not be negative", dedup.ErrConfig, c.outageThreshold)
 	case c.conflictStatus != http.StatusUnprocessableEntity && c.conflictStatus != http.StatusConflict:
 		return fmt.Errorf("%w: idemhttp: WithConflictStatus(%d): must be 422 or 409", dedup.ErrConfig, c.conflictStatus)
 	}
@@ -203,6 +208,13 @@ func WithRetryAfter(d time.Duration) Opt { return optFunc(func(c *config) { c.re
 // draft answers 409. A [TxMiddleware] waits on the key's row lock already;
 // this option does not apply to it.
 func WithWaitInFlight(d time.Duration) Opt { return optFunc(func(c *config) { c.waitInFlight = d }) }
+
+// WithOutageThreshold sets how long the store must keep failing to claim
+// keys or record answers before Health reports an outage (default 30 s, as
+// [dedup.WithOutageThreshold]).
+func WithOutageThreshold(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.outageThreshold = d })
+}
 
 // WithInFlightAccepted answers a request whose key is still in flight with
 // 202 Accepted and a Location the client can poll, given by location,

@@ -8,7 +8,6 @@ import (
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/nilcheck"
@@ -33,20 +32,7 @@ var ErrTxOwned = dedup.ErrTxOwned
 
 // TxBeginner begins transactions; *pgxpool.Pool is one. It must reach the
 // database of the store's table.
-type TxBeginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// lockNotAvailable is PostgreSQL's SQLSTATE for a lock_timeout that ran out.
-const lockNotAvailable = "55P03"
-
-// aborted reports whether a statement that failed has aborted tx, so that
-// only a rollback (to a savepoint) can follow. It reads the status of the
-// connection's last ReadyForQuery: no round trip.
-func aborted(tx pgx.Tx) bool {
-	conn := tx.Conn()
-	return conn != nil && conn.PgConn().TxStatus() == 'E'
-}
+type TxBeginner = dedup.TxBeginner
 
 // TxMiddleware is the transactional mode on PostgreSQL: for each request
 // with a key it begins a transaction, claims the key in it, runs the handler
@@ -73,8 +59,7 @@ func aborted(tx pgx.Tx) bool {
 // 500 transaction-aborted problem, the key left retryable.
 type TxMiddleware struct {
 	front
-	store *dedup.PostgresStore
-	db    TxBeginner
+	db TxBeginner // for requests without a key
 }
 
 // NewTx returns a TxMiddleware over store, beginning its transactions on db.
@@ -96,7 +81,10 @@ func NewTx(store *dedup.PostgresStore, db TxBeginner, opts ...Opt) (*TxMiddlewar
 	if err != nil {
 		return nil, err
 	}
-	return &TxMiddleware{front: f, store: store, db: db}, nil
+	if f.core, err = dedup.NewTxFront(store, db, serveTx, f.coreOpts()...); err != nil {
+		return nil, err
+	}
+	return &TxMiddleware{front: f, db: db}, nil
 }
 
 // Wrap returns h as an http.Handler behind the middleware. A request that
@@ -112,48 +100,39 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 		if !ok {
 			return
 		}
-		m.serveTx(w, r, h, p)
+		if p == nil {
+			m.serveKeyless(w, r, h)
+			return
+		}
+		c, att, err := m.core.Claim(r.Context(), p.key, p.fingerprint)
+		switch {
+		case err != nil:
+			m.storeError(w, p, "claim", err)
+		case att == nil:
+			m.answerClaim(w, r, p, c)
+		default:
+			m.attempt(w, p, att, &exchange{r: r, rec: newRecorder(w, m.cfg.maxSnapshot, false), txh: h})
+		}
 	}))
 }
 
-func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandlerFunc, p *prepared) {
+// serveKeyless serves a request without a key in a plain transaction,
+// committed when it answers 2xx or 3xx.
+func (m *TxMiddleware) serveKeyless(w http.ResponseWriter, r *http.Request, h TxHandlerFunc) {
 	ctx := r.Context()
 	tx, err := m.db.Begin(ctx)
 	if err != nil {
-		m.storeError(w, p, "begin", err)
+		m.storeError(w, nil, "begin", err)
 		return
 	}
 	// Rolling back after a commit is a no-op; this covers every early return.
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
-
-	var owner string
-	if p != nil {
-		c, err := claimTx(m.store, ctx, tx, p.claimRequest(m.cfg))
-		var pgErr *pgconn.PgError
-		switch {
-		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
-			// The pool's lock_timeout ran out while the first request held
-			// the key: it is in flight.
-			c.Status = dedup.ClaimInFlight
-		case err != nil:
-			m.storeError(w, p, "claim", err)
-			return
-		}
-		if c.Status != dedup.ClaimAcquired {
-			_ = tx.Rollback(ctx)
-			m.answerClaim(w, r, p, c)
-			return
-		}
-		owner = c.Record.Owner
-	}
 	htx := &txguard.Tx{Tx: tx, Owned: ErrTxOwned}
 	rec := newRecorder(w, m.cfg.maxSnapshot, false)
 	h(rec, r, htx) // a panic goes on up, the transaction rolled back by the deferred Rollback
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.lease)
-	defer cancel()
+	ended := endedCause(ctx)
 	switch {
 	case rec.over:
-		_ = tx.Rollback(sctx)
 		m.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
 			slog.Int("limit", m.cfg.maxSnapshot))
 		m.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
@@ -161,57 +140,28 @@ func (m *TxMiddleware) serveTx(w http.ResponseWriter, r *http.Request, h TxHandl
 				"every retry of it will get this answer until the limit is raised", m.cfg.maxSnapshot), 0)
 		return
 	case htx.Ended():
-		_ = tx.Rollback(sctx)
-		m.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back, not stored",
-			slog.String("key", keyName(p)))
+		m.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back",
+			slog.String("key", keyName(nil)))
 		m.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
 			"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
 		return
 	}
-	ended := endedCause(ctx)
-	store := p != nil && m.storable(ended, rec)
-	commit := store || (p == nil && rec.status < 400 && (rec.wrote || ended == nil))
-	if commit && aborted(tx) {
-		// A statement of the handler failed: none of its writes can
-		// commit. A final 4xx stands without them; a success does not.
-		if !store || rec.status < 400 || rollbackToClaimTx(m.store, sctx, tx) != nil {
-			_ = tx.Rollback(sctx)
-			m.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back, not stored",
-				slog.String("key", keyName(p)), slog.Int("status", rec.status))
+	if rec.status < 400 && (rec.wrote || ended == nil) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.lease)
+		defer cancel()
+		err := tx.Commit(sctx)
+		switch {
+		case errors.Is(err, pgx.ErrTxCommitRollback):
+			// A statement of the handler failed: none of its writes committed.
+			m.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back",
+				slog.String("key", keyName(nil)), slog.Int("status", rec.status))
 			m.cfg.writeProblem(w, ProblemTxAborted, http.StatusInternalServerError,
-				"a statement of the handler failed, so the operation was not applied; retry with the same key", 0)
+				"a statement of the handler failed, so the operation was not applied", 0)
+			return
+		case err != nil:
+			m.storeError(w, nil, "commit", err)
 			return
 		}
 	}
-	if !store {
-		if commit {
-			if err := tx.Commit(sctx); err != nil {
-				m.storeError(w, p, "commit", err)
-				return
-			}
-		}
-		_ = tx.Rollback(sctx)
-		m.answer(ended, w, rec)
-		return
-	}
-	snap, err := encodeSnapshot(rec.status, rec.header, m.cfg.storedHeaders, rec.body.Bytes())
-	if err != nil {
-		_ = tx.Rollback(sctx)
-		m.cfg.logger.Warn("idemhttp: response's headers could not be replayed; transaction rolled back",
-			slog.String("key", p.key.String()), slog.Any("error", err))
-		m.cfg.writeProblem(w, ProblemUnstorable, http.StatusInternalServerError,
-			"the answer's headers cannot be stored for replay, so the operation was not applied", 0)
-		return
-	}
-	if err := completeTx(m.store, sctx, tx, p.key, owner, snap); err != nil {
-		m.storeError(w, p, "complete", err)
-		return
-	}
-	if err := tx.Commit(sctx); err != nil {
-		// Either nothing committed (a retry runs afresh) or the commit's
-		// answer was lost (a retry replays): retrying is right both ways.
-		m.storeError(w, p, "commit", err)
-		return
-	}
-	rec.flush()
+	m.answer(ended, w, rec)
 }

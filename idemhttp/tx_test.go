@@ -11,14 +11,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/idemhttp"
-	"github.com/dedupkit/dedup/internal/inmodule"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -178,63 +176,6 @@ func TestTxRetryingClient(t *testing.T) {
 	}
 	if n := countRows(t, pool, charges); n != 1 {
 		t.Errorf("%d rows, want 1", n)
-	}
-}
-
-// The PostgreSQL store's claims in a caller's transaction, as the
-// middleware reaches them.
-var (
-	claimTx           = inmodule.ClaimTx.(func(*dedup.PostgresStore, context.Context, pgx.Tx, dedup.ClaimRequest) (dedup.Claim, error))
-	completeTx        = inmodule.CompleteTx.(func(*dedup.PostgresStore, context.Context, pgx.Tx, dedup.Key, string, []byte) error)
-	rollbackToClaimTx = inmodule.RollbackToClaimTx.(func(*dedup.PostgresStore, context.Context, pgx.Tx) error)
-)
-
-func TestClaimTxHooks(t *testing.T) {
-	store, pool := postgresStore(t)
-	ctx := context.Background()
-	if _, err := claimTx(store, ctx, nil, dedup.ClaimRequest{}); err == nil {
-		t.Error("ClaimTx(nil tx) succeeded")
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	key := dedup.Key{Scope: "s", EventID: newKey()}
-	c, err := claimTx(store, ctx, tx, dedup.ClaimRequest{Key: key, Fingerprint: "f", TTL: time.Hour})
-	if err != nil || c.Status != dedup.ClaimAcquired {
-		t.Fatalf("claim: %v %v", c.Status, err)
-	}
-	if err := completeTx(store, ctx, tx, key, "another owner", []byte("r")); err == nil {
-		t.Error("CompleteTx with another owner succeeded")
-	}
-	// A write, then a failed statement: rolling back to the claim undoes
-	// the write and the aborted state, and keeps the claim.
-	charges := chargesTable(t, pool)
-	if _, err := tx.Exec(ctx, "INSERT INTO "+charges+" (amount) VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "INSERT INTO "+charges+" (amount) VALUES (NULL)"); err == nil {
-		t.Fatal("NULL amount inserted")
-	}
-	if err := rollbackToClaimTx(store, ctx, tx); err != nil {
-		t.Fatal(err)
-	}
-	if err := rollbackToClaimTx(store, ctx, nil); !errors.Is(err, dedup.ErrConfig) {
-		t.Errorf("RollbackToClaimTx(nil tx): %v, want ErrConfig", err)
-	}
-	if err := completeTx(store, ctx, tx, key, c.Record.Owner, []byte("r")); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := store.Get(ctx, key)
-	if err != nil || rec.Status != dedup.StatusSucceeded || string(rec.Result) != "r" {
-		t.Errorf("record %+v %v", rec, err)
-	}
-	if n := countRows(t, pool, charges); n != 0 {
-		t.Errorf("%d rows after rolling back to the claim, want 0", n)
 	}
 }
 
