@@ -26,7 +26,7 @@ import (
 
 // notSettled is what a partition worker logs each time it retries a record
 // whose outcome could not be made durable.
-const notSettled = "record not settled; retrying it in place"
+const notSettled = "kafkadedup: record not settled"
 
 // notRecorded is what the wrapper logs when a write recording an attempt's
 // outcome failed and is tried again while the delivery is held: an outage
