@@ -136,30 +136,6 @@ type Features struct {
 	IgnoreGoroutines []string
 }
 
-// Skips maps a case's name to why an adapter cannot run it; see [WithSkips].
-type Skips map[string]string
-
-// Opt changes how [Run] runs.
-type Opt interface{ apply(*options) }
-
-type optFunc func(*options)
-
-func (f optFunc) apply(o *options) { f(o) }
-
-type options struct{ skips Skips }
-
-// WithSkips skips the named cases with their reasons: for an emulator that
-// lacks a feature of the real service, or an adapter bug awaiting its fix.
-// A case the suite does not have is an error, so that a renamed case is
-// not silently run.
-func WithSkips(s Skips) Opt {
-	return optFunc(func(o *options) {
-		for k, v := range s {
-			o.skips[k] = v
-		}
-	})
-}
-
 // testCase is one case of the suite.
 type testCase struct {
 	name string
@@ -187,35 +163,15 @@ var cases = []testCase{
 // alone, since it counts goroutines; the others then run in parallel. Run
 // must not be called from a parallel test, and returns once every case has
 // finished.
-func Run(t *testing.T, f Features, newHarness func(t *testing.T) Harness, opts ...Opt) {
+func Run(t *testing.T, f Features, newHarness func(t *testing.T) Harness) {
 	t.Helper()
-	o := options{skips: Skips{}}
-	for _, opt := range opts {
-		opt.apply(&o)
-	}
-	known := map[string]bool{"Shutdown": true}
-	for _, c := range cases {
-		known[c.name] = true
-	}
-	for name := range o.skips {
-		if !known[name] {
-			t.Fatalf("adaptertest: skip of %q, which is no case of the suite", name)
-		}
-	}
-	skipped := func(t *testing.T, name string) {
-		if reason := o.skips[name]; reason != "" {
-			t.Skip(reason)
-		}
-	}
 	t.Run("adaptertest", func(t *testing.T) {
 		t.Run("Shutdown", func(t *testing.T) {
-			skipped(t, "Shutdown")
 			testShutdown(t, f, newHarness(t))
 		})
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
-				skipped(t, c.name)
 				if c.skip != nil {
 					if reason := c.skip(f); reason != "" {
 						t.Skip(reason)

@@ -16,7 +16,6 @@ import (
 	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/dedupkit/dedup/internal/amqpconn"
 	"github.com/dedupkit/dedup/internal/consumeropt"
-	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // Consumer consumes one RabbitMQ queue with manual acknowledgements and runs
@@ -92,11 +91,10 @@ func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt
 // the queue.
 func (c *Consumer) Run(ctx context.Context) error {
 	r := &runner{Consumer: c, held: make(map[*time.Timer]amqp.Delivery)}
-	r.Run = adapterkit.Start(ctx, adapterkit.Config{
+	r.Run = adapterkit.Start(ctx, c.w, adapterkit.Config{
 		Name: "amqpdedup: " + c.queue, Log: c.log,
 		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage,
 		InFlightDelay: c.cfg.InFlightDelay, Backoff: c.cfg.errorBackoff,
-		Health: c.w.Health, Stats: func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
 	})
 	ctx = r.Ctx
 	var sessions []*session

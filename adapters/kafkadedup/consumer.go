@@ -13,7 +13,6 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/adapterkit"
-	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -217,32 +216,25 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 
-	ctx, giveUp := context.WithCancelCause(ctx)
-	defer giveUp(nil)
-	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, parts: make(map[topicPartition]*partition),
-		outage: adapterkit.NewOutage(c.w.Health, func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
-			c.cfg.maxOutage, func(err error) { giveUp(err) })}
+	g := adapterkit.NewGuard(ctx, c.w, c.cfg.maxOutage)
+	s := &session{cfg: &c.cfg, w: c.w, log: c.cfg.logger, parts: make(map[topicPartition]*partition), guard: g}
 	cl, err := kgo.NewClient(append(slices.Clip(c.cfg.clientOpts), runOpts(s)...)...)
 	if err != nil {
-		return fmt.Errorf("kafkadedup: new client: %w", err)
+		return g.End(fmt.Errorf("kafkadedup: new client: %w", err))
 	}
 	// Workers, started by the poll loop below, read these; the rebalance
 	// callbacks, which may run earlier, do not.
 	s.cl = cl
 	s.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
-	s.base = context.WithoutCancel(ctx)
+	s.base = context.WithoutCancel(g.Ctx)
 
 	var watch sync.WaitGroup
-	wctx, stopWatch := context.WithCancel(ctx)
+	wctx, stopWatch := context.WithCancel(g.Ctx)
 	watch.Go(func() { s.watchTopics(wctx, &c.missing) })
-	s.poll(ctx)
+	s.poll(g.Ctx)
 	stopWatch()
 	watch.Wait()
-	err = s.shutdown()
-	if cause := context.Cause(ctx); errors.Is(cause, ErrOutage) {
-		return errors.Join(cause, err)
-	}
-	return err
+	return g.End(s.shutdown())
 }
 
 // session is the state of one Run.
@@ -254,9 +246,9 @@ type session struct {
 	group string
 	base  context.Context // parent of the handlers' contexts
 
-	// outage is told of each batch with a record not settled, and stops Run
-	// once failures have lasted longer than WithMaxOutage.
-	outage *adapterkit.Outage
+	// guard stops Run once failures have lasted longer than WithMaxOutage;
+	// each partition's Policy checks its outage.
+	guard *adapterkit.Guard
 
 	mu    sync.Mutex
 	parts map[topicPartition]*partition

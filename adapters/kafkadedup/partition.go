@@ -48,7 +48,7 @@ func newPartition(s *session, tp topicPartition) *partition {
 		s:      s,
 		tp:     tp,
 		log:    s.log.With(slog.String("group", s.group), slog.String("topic", tp.topic), slog.Int("partition", int(tp.partition))),
-		policy: &adapterkit.Policy{InFlightDelay: adapterkit.Unbounded, Backoff: s.cfg.errBackoff, Outage: s.outage},
+		policy: s.guard.NewPolicy(adapterkit.Unbounded, s.cfg.errBackoff),
 		wake:   make(chan struct{}, 1),
 		quit:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -151,13 +151,17 @@ func (p *partition) run() {
 // before trying it again.
 func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, d adapterkit.Decision) {
 	next := 0 // the first record not settled
+	held := false
 	marked, markedAt := 0, time.Now()
-	_, claim := adapterkit.InOrder(p.policy.Batch(p.quit), recs, func(rs []*kgo.Record, yield func(int, dedup.Result, error) bool) error {
+	adapterkit.InOrder(p.policy.Batch(p.quit), recs, func(rs []*kgo.Record, yield func(int, dedup.Result, error) bool) error {
 		return p.s.w.HandleBatch(p.ctx, rs, yield, dedup.CallStop(p.quit), dedup.CallGroup(p.s.group))
 	}, func(i int, res dedup.Result, rd adapterkit.Decision) {
+		if held {
+			return // behind the first not settled: not run, it waits in place too
+		}
 		if !rd.Settled() {
-			d = rd
-			if rd.Err == nil {
+			held, d = true, rd
+			if rd.Err == nil && !p.stopping() {
 				p.log.Debug("kafkadedup: record not settled yet; waiting in place", slog.Int64("offset", recs[i].Offset),
 					slog.String("outcome", res.Outcome.String()), slog.Duration("retry_after", rd.Delay))
 			}
@@ -174,9 +178,6 @@ func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, d adapterki
 	})
 	if next > marked {
 		p.s.cl.MarkCommitRecords(recs[next-1])
-	}
-	if claim != nil {
-		d = *claim
 	}
 	return recs[next:], d
 }

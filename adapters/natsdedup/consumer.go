@@ -15,7 +15,6 @@ import (
 	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/heartbeat"
-	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/slots"
 )
 
@@ -108,11 +107,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	r.Run = adapterkit.Start(ctx, adapterkit.Config{
+	r.Run = adapterkit.Start(ctx, c.w, adapterkit.Config{
 		Name: "natsdedup", Log: c.log,
 		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage,
 		InFlightDelay: c.cfg.InFlightDelay, Backoff: dedup.ExponentialBackoff(time.Second, maxFailureDelay),
-		Health: c.w.Health, Stats: func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
 	})
 	r.Serve(r.hb.Run)
 	if err := r.poll(r.Ctx); err != nil {

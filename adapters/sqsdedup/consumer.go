@@ -18,7 +18,6 @@ import (
 	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/group"
 	"github.com/dedupkit/dedup/internal/heartbeat"
-	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/slots"
 	"github.com/dedupkit/dedup/internal/sqsbody"
 )
@@ -161,10 +160,9 @@ func (c *Consumer) start(ctx context.Context, vis time.Duration) *runner {
 	r := &runner{Consumer: c, vis: vis, slots: slots.New(c.cfg.workers), batches: newBatches()}
 	// An error leaves the message to come back when its visibility timeout
 	// runs out (no Backoff: the timeout is the delay).
-	r.Run = adapterkit.Start(ctx, adapterkit.Config{
+	r.Run = adapterkit.Start(ctx, c.w, adapterkit.Config{
 		Name: "sqsdedup: " + c.url, Log: c.log,
 		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage, InFlightDelay: c.cfg.InFlightDelay,
-		Health: c.w.Health, Stats: func() outage.Snapshot { return outage.Snapshot(c.w.Stats()) },
 	})
 	// The store lease defaults to the visibility timeout (dedup.CallLease),
 	// unless the wrapper sets dedup.WithLease.
@@ -331,11 +329,6 @@ func groups(msgs []types.Message) [][]types.Message {
 // other batches were being handled are looked at again once those are
 // settled (see batches).
 func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
-	if stop.Err() != nil {
-		r.giveBack(0, msgs...)
-		r.release(len(msgs))
-		return
-	}
 	defer r.release(len(msgs))
 	b := r.batches.start()
 	defer r.batches.end(b)
@@ -356,9 +349,11 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 	// the longest a message in flight waits before it is looked at again.
 	r.batches.waitOthers(stop, b, r.cfg.InFlightDelay)
 	if stop.Err() != nil {
+		var now []types.Message
 		for i, m := range again {
-			r.act(m, inFlight[i], decide.Decide(inFlight[i], nil))
+			r.act(m, inFlight[i], decide.Decide(inFlight[i], nil), &now)
 		}
+		r.giveBack(0, now...)
 		return
 	}
 	b = r.batches.start()
@@ -369,45 +364,40 @@ func (r *runner) handleReceive(stop context.Context, msgs []types.Message) {
 // handleConcurrent runs msgs through HandleConcurrent and acts on each
 // outcome, except those that hold takes over.
 func (r *runner) handleConcurrent(decide *adapterkit.Batch, msgs []types.Message, hold func(types.Message, dedup.Result) bool) {
+	var now []types.Message
 	adapterkit.Concurrent(decide, msgs, func(ms []types.Message, yield func(int, dedup.Result, error)) error {
 		return r.w.HandleConcurrent(r.Work, ms, yield, dedup.CallLease(r.vis))
 	}, func(i int, res dedup.Result, d adapterkit.Decision) {
 		if d.Err == nil && hold != nil && hold(msgs[i], res) {
 			return
 		}
-		r.act(msgs[i], res, d)
+		r.act(msgs[i], res, d, &now)
 	})
+	r.giveBack(0, now...)
 }
 
 // handleGroup handles one FIFO group's messages in order, stopping at the
 // first that does not settle; the rest are given back at once.
 func (r *runner) handleGroup(stop context.Context, msgs []types.Message) {
-	next := 0
-	var claim *adapterkit.Decision
-	if stop.Err() == nil {
-		next, claim = adapterkit.InOrder(r.Policy.Batch(stop.Done()), msgs, func(ms []types.Message, yield func(int, dedup.Result, error) bool) error {
-			return r.w.HandleBatch(r.Work, ms, yield, dedup.CallStop(stop.Done()), dedup.CallLease(r.vis))
-		}, func(i int, res dedup.Result, d adapterkit.Decision) {
-			r.act(msgs[i], res, d)
-			r.release(1)
-		})
-	}
-	rest := msgs[next:]
-	if len(rest) == 0 {
-		return
-	}
-	if claim != nil { // the group's claim failed: none ran
-		for _, m := range rest {
-			r.act(m, dedup.Result{}, *claim)
+	var now []types.Message
+	adapterkit.InOrder(r.Policy.Batch(stop.Done()), msgs, func(ms []types.Message, yield func(int, dedup.Result, error) bool) error {
+		return r.w.HandleBatch(r.Work, ms, yield, dedup.CallStop(stop.Done()), dedup.CallLease(r.vis))
+	}, func(i int, res dedup.Result, d adapterkit.Decision) {
+		n := len(now)
+		r.act(msgs[i], res, d, &now)
+		if len(now) == n {
+			r.release(1) // the others once given back
 		}
-	} else {
-		r.giveBack(0, rest...)
-	}
-	r.release(len(rest))
+	})
+	r.giveBack(0, now...)
+	r.release(len(now))
 }
 
-// act does what d decided for m.
-func (r *runner) act(m types.Message, res dedup.Result, d adapterkit.Decision) {
+// act does what d decided for m. A message to give back at once is added
+// to now instead, for the caller to give back with the others of its batch
+// (giveBack): at shutdown, or behind a FIFO group's message not settled,
+// that is one visibility call per ten messages, not one per message.
+func (r *runner) act(m types.Message, res dedup.Result, d adapterkit.Decision, now *[]types.Message) {
 	if d.Settled() { // Ack and Park alike: the letter is durable
 		r.del.add(m)
 		return
@@ -416,15 +406,21 @@ func (r *runner) act(m types.Message, res dedup.Result, d adapterkit.Decision) {
 		d.LogFailure(r.Work, r.log, "sqsdedup: message not acknowledged; it will come back",
 			slog.String("message_id", aws.ToString(m.MessageId)), slog.String("key", res.Key.String()))
 	}
-	if d.Action == adapterkit.Lapse {
+	switch {
+	case d.Action == adapterkit.Lapse:
 		r.hb.Remove(m) // back when its visibility timeout runs out
-		return
+	case d.Delay <= 0:
+		*now = append(*now, m)
+	default:
+		r.giveBack(d.Delay, m)
 	}
-	r.giveBack(d.Delay, m)
 }
 
 // giveBack stops holding msgs and makes them visible again after d.
 func (r *runner) giveBack(d time.Duration, msgs ...types.Message) {
+	if len(msgs) == 0 {
+		return
+	}
 	r.hb.Remove(msgs...)
 	for _, batch := range chunks(msgs) {
 		if lost := r.retryBatch(r.BG, "visibility change", batch, 3, r.visibilityCall(d)); len(lost) > 0 {

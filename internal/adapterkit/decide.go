@@ -2,13 +2,17 @@
 // sqsdedup, kafkadedup) share of a Consumer: the one mapping of the
 // wrapper's answer for a delivery to a broker action ([Batch.Decide]), the
 // one count of failures in a row and check of an outage ([Policy],
-// [Outage.Failed]), the handling of a batch whose claim failed
-// ([Concurrent], [InOrder]), and the run skeleton ([Start], [Run.Stop]).
+// [Outage.Failed]), the handling of a batch whose claim failed or that
+// Run will not run ([Concurrent], [InOrder]), the give-up on an outage
+// longer than its bound ([Guard]), and the run skeleton ([Start],
+// [Run.Stop]).
 // An adapter keeps only what its broker's API differs in: how it acts on a
 // [Decision], how it polls, what it holds.
 //
-// It needs of the root package only the types a broker action is decided
-// from (Result, Outcome); everything else of the wrapper comes in as
+// Like every internal package it does not import the root package: a
+// broker action is decided from deduptype's Result and Outcome, a Run
+// reads the wrapper's outage tracker through [Wrapper] (which
+// *dedup.Wrapper satisfies), and the wrapper's handling comes in as
 // function values.
 package adapterkit
 

@@ -2,12 +2,10 @@ package adapterkit
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/dedupkit/dedup/internal/outage"
 	"github.com/dedupkit/dedup/internal/shutdown"
 )
 
@@ -25,18 +23,15 @@ type Config struct {
 	// InFlightDelay and Backoff are the Policy's.
 	InFlightDelay time.Duration
 	Backoff       func(failures int) time.Duration
-	// Health and Stats are the wrapper's.
-	Health func() error
-	Stats  func() outage.Snapshot
 }
 
 // Run is the skeleton of one Run of a Consumer that hands batches of
 // deliveries to handlers: Start it, poll until Ctx is done, handing each
 // batch to Dispatch, then Stop it.
 type Run struct {
-	// Ctx is done once the caller's context is, or once the Run gives up
-	// (GiveUp): poll until then.
-	Ctx context.Context
+	// Guard holds Ctx, done once the caller's context is, or once the Run
+	// gives up (GiveUp): poll until then.
+	*Guard
 	// Work is the handlers' context: it outlives Ctx until the shutdown
 	// timeout, so that running handlers can finish.
 	Work context.Context
@@ -49,45 +44,24 @@ type Run struct {
 	Policy *Policy
 
 	cfg        Config
-	giveUp     context.CancelCauseFunc
 	cancelWork context.CancelFunc
 	stopBG     context.CancelFunc
 	stopLog    func() bool
 	handlers   sync.WaitGroup
 	services   sync.WaitGroup
-
-	mu     sync.Mutex
-	gaveUp error // the first error GiveUp was given
 }
 
-// Start returns a Run under ctx.
-func Start(ctx context.Context, c Config) *Run {
-	r := &Run{cfg: c}
-	r.Ctx, r.giveUp = context.WithCancelCause(ctx)
+// Start returns a Run under ctx of deliveries going through w.
+func Start[S Stats](ctx context.Context, w Wrapper[S], c Config) *Run {
+	r := &Run{cfg: c, Guard: NewGuard(ctx, w, c.MaxOutage)}
 	r.Work, r.cancelWork = context.WithCancel(context.WithoutCancel(ctx))
 	r.BG, r.stopBG = context.WithCancel(context.WithoutCancel(ctx))
-	r.Policy = &Policy{InFlightDelay: c.InFlightDelay, Backoff: c.Backoff,
-		Outage: NewOutage(c.Health, c.Stats, c.MaxOutage, r.GiveUp)}
+	r.Policy = r.NewPolicy(c.InFlightDelay, c.Backoff)
 	r.stopLog = context.AfterFunc(r.Ctx, func() {
 		c.Log.Info(c.Name + ": stopping: waiting for running handlers")
 	})
 	return r
 }
-
-// GiveUp stops the Run, which then returns err (an outage lasting longer
-// than WithMaxOutage, a connection closed for good) unless it gave up with
-// another error first.
-func (r *Run) GiveUp(err error) {
-	r.mu.Lock()
-	if r.gaveUp == nil {
-		r.gaveUp = err
-	}
-	r.mu.Unlock()
-	r.giveUp(err)
-}
-
-// Stopping returns what is closed once the Run is stopping.
-func (r *Run) Stopping() <-chan struct{} { return r.Ctx.Done() }
 
 // Batch starts the decisions of one batch of deliveries, stopping with the
 // Run.
@@ -118,8 +92,5 @@ func (r *Run) Stop(drained func()) error {
 	r.services.Wait()
 	r.cancelWork()
 	r.stopLog()
-	r.giveUp(nil)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return errors.Join(r.gaveUp, err)
+	return r.End(err)
 }
