@@ -2,8 +2,8 @@ package dedup
 
 import (
 	"context"
+	"slices"
 	"sync"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -89,25 +89,26 @@ func (w *Wrapper[M]) newBatch(ctx context.Context, msgs []M, call *callConfig, r
 		b = &batch[M]{w: w}
 	}
 	n := len(msgs)
-	b.outcomes, b.compErrs, b.pending = grow(b.outcomes, n), grow(b.compErrs, n), b.pending[:0]
+	b.outcomes, b.pending = grow(b.outcomes, n), b.pending[:0]
 	w.prepareBatch(ctx, msgs, call, &b.prepared)
+	b.ctx = ctx
 	b.done, b.r = w.newCompleter(b), runner(b)
 	return b
 }
 
-// releaseBatch keeps b's slices for a later call, once nothing of the call
-// it served can be reached from them.
+// releaseBatch stops b's completer and keeps b's slices for a later call,
+// once nothing of the call it served can be reached from them.
 func (w *Wrapper[M]) releaseBatch(b *batch[M]) {
+	b.done.stop()
 	if cap(b.ds) > maxPooledBatch {
 		return
 	}
 	clear(b.ds[:cap(b.ds)])
 	clear(b.outcomes[:cap(b.outcomes)])
-	clear(b.compErrs[:cap(b.compErrs)])
 	clear(b.keys)
 	clear(b.reqs[:cap(b.reqs)])
 	b.queue.reset()
-	b.r, b.done, b.apart, b.yield, b.stop, b.atOnce = nil, nil, nil, nil, nil, false
+	b.ctx, b.r, b.done, b.apart, b.yield, b.stop, b.atOnce = nil, nil, nil, nil, nil, nil, false
 	w.batches.Put(b)
 }
 
@@ -137,9 +138,11 @@ type batchRunner[M any] interface {
 	// to yield: carryOn, or redo.
 	close(ctx context.Context) next
 	// abandon gives back what the open segment holds from delivery i on,
-	// for the batch to stop there, having given yield what is durable. It
-	// returns false when the segment cannot stop before its end.
-	abandon(ctx context.Context, i int) bool
+	// for the batch to stop there; the loop then gives yield what is
+	// durable. It returns the delivery from which the segment's results
+	// stand no more (i, or its beginning when it was rolled back), and
+	// false when the segment cannot stop before its end.
+	abandon(ctx context.Context, i int) (from int, ok bool)
 }
 
 // next is what the batch's loop does after a step of a segment.
@@ -153,7 +156,9 @@ const (
 
 // batch is the progress of one HandleBatch or HandleConcurrent.
 type batch[M any] struct {
-	w    *Wrapper[M]
+	w *Wrapper[M]
+	// ctx is the call's, for the writes of its completer's timer.
+	ctx  context.Context
 	r    batchRunner[M]
 	done completer[M]
 	prepared[M]
@@ -163,10 +168,8 @@ type batch[M any] struct {
 	// apart marks the deliveries a runner took out of its segments: each
 	// runs in a segment of its own, on the claimer's path. nil: none.
 	apart []bool
-	// outcomes are the results of the deliveries run so far; compErrs, by
-	// delivery, the errors of the completions written together.
+	// outcomes are the results of the deliveries run so far.
 	outcomes []pendingResult
-	compErrs []error
 	yield    func(i int, res Result, err error) bool
 	stop     <-chan struct{} // CallStop's; nil: none
 	// pending are the deliveries whose outcomes are not yet given to
@@ -197,6 +200,7 @@ func (b *batch[M]) run(ctx context.Context) error {
 			if from > 0 {
 				b.r.abandon(ctx, from) // gives back a claim set aside for the next segment
 			}
+			b.flush(ctx)
 			return nil
 		}
 		to, err := b.r.open(ctx, from)
@@ -220,6 +224,7 @@ func (b *batch[M]) run(ctx context.Context) error {
 		}
 		switch step {
 		case stopBatch:
+			b.flush(ctx) // what is durable, up to where the batch stopped
 			return nil
 		case redo:
 			b.pending = b.pending[:mark]
@@ -238,8 +243,11 @@ func (b *batch[M]) run(ctx context.Context) error {
 // after the other, giving yield what it may have on the way.
 func (b *batch[M]) settleInOrder(ctx context.Context, from, to int) next {
 	for i := from; i < to; i++ {
-		if i > from && b.stopping(ctx) && b.r.abandon(ctx, i) {
-			return stopBatch
+		if i > from && b.stopping(ctx) {
+			if kept, ok := b.r.abandon(ctx, i); ok {
+				b.dropFrom(kept)
+				return stopBatch
+			}
 		}
 		p, step := b.result(ctx, i)
 		if step == redo {
@@ -256,32 +264,14 @@ func (b *batch[M]) settleInOrder(ctx context.Context, from, to int) next {
 }
 
 // settleAtOnce settles the deliveries [from, to) of the open segment at
-// the same time, each in a goroutine of its own, writing the successes its
-// completer queued meanwhile every period; then the later copies, from
+// the same time, each in a goroutine of its own (the completer writes the
+// successes queued meanwhile as they are due); then the later copies, from
 // their first copies' outcomes.
 func (b *batch[M]) settleAtOnce(ctx context.Context, from, to int) {
 	var wg sync.WaitGroup
 	for i := from; i < to; i++ {
 		if b.claims(i) || b.ds[i].bad != "" {
 			wg.Go(func() { b.outcomes[i], _ = b.result(ctx, i) })
-		}
-	}
-	if every := b.done.period(b.ds[from].leaseTime); every > 0 {
-		ran := make(chan struct{})
-		go func() {
-			wg.Wait()
-			close(ran)
-		}()
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-	wait:
-		for {
-			select {
-			case <-ran:
-				break wait
-			case <-tick.C:
-				b.complete(ctx)
-			}
 		}
 	}
 	wg.Wait()
@@ -291,6 +281,12 @@ func (b *batch[M]) settleAtOnce(ctx context.Context, from, to int) {
 		}
 		b.pending = append(b.pending, i)
 	}
+}
+
+// dropFrom takes the results of the deliveries from i on out of those
+// pending: their segment gave them back.
+func (b *batch[M]) dropFrom(i int) {
+	b.pending = slices.DeleteFunc(b.pending, func(j int) bool { return j >= i })
 }
 
 // failFrom gives err, a failed claim, as the result of each delivery from
@@ -425,14 +421,6 @@ func copyResult(first Result) Result {
 	return first
 }
 
-// complete writes the successes the batch's completer queued, recording
-// each one's error at its delivery.
-func (b *batch[M]) complete(ctx context.Context) {
-	sctx, cancel := settleContext(ctx)
-	b.done.flush(sctx, b.compErrs)
-	cancel()
-}
-
 // settled gives the results so far to yield when p cannot wait for the
 // successes queued before it (it is not settled) or they are due; it
 // returns false when yield asked to stop.
@@ -446,7 +434,7 @@ func (b *batch[M]) settled(ctx context.Context, p pendingResult) bool {
 // flush writes the successes queued, then gives the pending results to
 // yield; it returns false when yield asked to stop.
 func (b *batch[M]) flush(ctx context.Context) bool {
-	b.complete(ctx)
+	b.done.flush(ctx)
 	return b.give(ctx)
 }
 
@@ -473,7 +461,7 @@ func (b *batch[M]) give(ctx context.Context) bool {
 		if p.on < 0 {
 			continue
 		}
-		if cerr := b.compErrs[p.on]; cerr != nil {
+		if cerr := b.done.err(p.on); cerr != nil {
 			p.res.Outcome = 0
 			p.err = w.settleError("complete", p.res.Key, cerr, !p.dup)
 		}
@@ -516,4 +504,4 @@ func (r eachRunner[M]) settled(ctx context.Context, p pendingResult) bool { retu
 
 func (r eachRunner[M]) close(context.Context) next { return carryOn }
 
-func (r eachRunner[M]) abandon(context.Context, int) bool { return true }
+func (r eachRunner[M]) abandon(_ context.Context, i int) (int, bool) { return i, true }

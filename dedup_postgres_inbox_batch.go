@@ -200,13 +200,17 @@ func (r *inboxChunk[M]) close(ctx context.Context) next {
 
 // abandon stops the segment only when ctx is done, which its handlers'
 // writes will not outlive: the transaction is rolled back and its events
-// come back. A transport's stop signal lets the segment finish.
-func (r *inboxChunk[M]) abandon(ctx context.Context, _ int) bool {
+// come back, from the segment's beginning. A transport's stop signal lets
+// the segment finish.
+func (r *inboxChunk[M]) abandon(ctx context.Context, i int) (int, bool) {
 	if ctx.Err() == nil {
-		return false
+		return 0, false
+	}
+	if r.tx == nil {
+		return i, true
 	}
 	r.rollback(ctx)
-	return true
+	return r.from, true
 }
 
 // runApart rolls back the segment, whose transaction failed with err, and
