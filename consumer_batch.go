@@ -128,8 +128,10 @@ type batchRunner[M any] interface {
 	// settle settles delivery i of the open segment, one the segment
 	// claims. It returns redo when the segment's results are to be
 	// discarded and the segment opened again from its beginning; the runner
-	// noted what the next run of the segment must do differently. A runner
-	// that may answer redo is not run at once.
+	// noted what the next run of the segment must do differently. It
+	// returns afterClose when the delivery's outcome is to be settled once
+	// the segment closed: the runner is then a [deferringRunner]. A runner
+	// that may answer either is not run at once.
 	settle(ctx context.Context, i int) (pendingResult, next)
 	// settled is told of each result of a segment settled in order; it
 	// returns false when yield asked to stop.
@@ -149,10 +151,21 @@ type batchRunner[M any] interface {
 type next int
 
 const (
-	carryOn   next = iota // go on
-	stopBatch             // yield asked to stop, or the batch cannot go on
-	redo                  // open the segment again; the runner marked what runs apart
+	carryOn    next = iota // go on
+	stopBatch              // yield asked to stop, or the batch cannot go on
+	redo                   // open the segment again; the runner marked what runs apart
+	afterClose             // the delivery is settled once its segment closed
 )
+
+// deferringRunner is a runner whose settle may answer afterClose: the
+// transactional inbox's segment, which commits an event to be dead-lettered
+// as a leased claim, for its letter to follow on the store claim path.
+type deferringRunner interface {
+	// deferred returns the claim that delivery i, left for after its
+	// segment closed, holds now, and its handler's verdict (nil when it
+	// did not run).
+	deferred(i int) (c Claim, verdict error)
+}
 
 // batch is the progress of one HandleBatch or HandleConcurrent.
 type batch[M any] struct {
@@ -189,6 +202,9 @@ type pendingResult struct {
 	// (its own, or its first copy's), or -1.
 	on  int
 	dup bool // a later copy answered from its first
+	// later is set on a result to be settled once its segment closed, and
+	// on its copies.
+	later bool
 }
 
 // run is the one loop that settles a batch, segment by segment. It returns
@@ -221,6 +237,9 @@ func (b *batch[M]) run(ctx context.Context) error {
 		}
 		if step == carryOn {
 			step = b.r.close(ctx)
+		}
+		if step == carryOn {
+			b.settleDeferred(ctx, from, to)
 		}
 		switch step {
 		case stopBatch:
@@ -255,6 +274,9 @@ func (b *batch[M]) settleInOrder(ctx context.Context, from, to int) next {
 		}
 		b.outcomes[i] = p
 		b.pending = append(b.pending, i)
+		if p.later {
+			continue
+		}
 		if !b.r.settled(ctx, p) {
 			b.r.abandon(ctx, i+1)
 			return stopBatch
@@ -289,6 +311,27 @@ func (b *batch[M]) dropFrom(i int) {
 	b.pending = slices.DeleteFunc(b.pending, func(j int) bool { return j >= i })
 }
 
+// settleDeferred settles, once the segment [from, to) closed, the
+// deliveries it left for then: each on the store claim path with its
+// handler's verdict, fenced on the claim its segment committed; then
+// their copies, from their outcomes.
+func (b *batch[M]) settleDeferred(ctx context.Context, from, to int) {
+	for i := from; i < to; i++ {
+		if !b.outcomes[i].later {
+			continue
+		}
+		if !b.claims(i) {
+			b.outcomes[i] = b.copyOf(i)
+			continue
+		}
+		c, verdict := b.r.(deferringRunner).deferred(i)
+		att := verdictAttempt[M]{storeAttempt: storeAttempt[M]{b.w}, verdict: verdict}
+		p := pendingResult{i: i, on: -1}
+		p.res, p.err = b.w.settle(ctx, &b.ds[i], c, att)
+		b.outcomes[i] = p
+	}
+}
+
 // failFrom gives err, a failed claim, as the result of each delivery from
 // from on, for as long as yield asks for more.
 func (b *batch[M]) failFrom(ctx context.Context, from int, err error) {
@@ -303,7 +346,8 @@ func (b *batch[M]) failFrom(ctx context.Context, from int, err error) {
 
 // result settles delivery i: bad input is dead-lettered (once, however
 // often its segment runs), a later copy with the same payload is answered
-// from its first, and the runner settles the rest.
+// from its first, and the runner settles the rest, or leaves it (and its
+// copies) for [batch.settleDeferred], marked later.
 func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	d := &b.ds[i]
 	switch {
@@ -321,6 +365,7 @@ func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	if p.err == nil && p.res.Outcome == OutcomeProcessed {
 		p.on = i
 	}
+	p.later = step == afterClose
 	return p, step
 }
 
@@ -402,7 +447,7 @@ func (b *batch[M]) endSpans() {
 // duplicate of a success waiting to be completed waits for that completion.
 func (b *batch[M]) copyOf(i int) pendingResult {
 	f := b.outcomes[b.first[i]]
-	p := pendingResult{i: i, on: -1, err: f.err, res: copyResult(f.res), dup: true}
+	p := pendingResult{i: i, on: -1, err: f.err, res: copyResult(f.res), dup: true, later: f.later}
 	if p.res.Outcome == OutcomeDuplicate {
 		p.on = f.on
 	}
