@@ -2,8 +2,8 @@ package dedup
 
 import (
 	"context"
+	"slices"
 	"sync"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 )
@@ -89,25 +89,26 @@ func (w *Wrapper[M]) newBatch(ctx context.Context, msgs []M, call *callConfig, r
 		b = &batch[M]{w: w}
 	}
 	n := len(msgs)
-	b.outcomes, b.compErrs, b.pending = grow(b.outcomes, n), grow(b.compErrs, n), b.pending[:0]
+	b.outcomes, b.pending = grow(b.outcomes, n), b.pending[:0]
 	w.prepareBatch(ctx, msgs, call, &b.prepared)
+	b.ctx = ctx
 	b.done, b.r = w.newCompleter(b), runner(b)
 	return b
 }
 
-// releaseBatch keeps b's slices for a later call, once nothing of the call
-// it served can be reached from them.
+// releaseBatch stops b's completer and keeps b's slices for a later call,
+// once nothing of the call it served can be reached from them.
 func (w *Wrapper[M]) releaseBatch(b *batch[M]) {
+	b.done.stop()
 	if cap(b.ds) > maxPooledBatch {
 		return
 	}
 	clear(b.ds[:cap(b.ds)])
 	clear(b.outcomes[:cap(b.outcomes)])
-	clear(b.compErrs[:cap(b.compErrs)])
 	clear(b.keys)
 	clear(b.reqs[:cap(b.reqs)])
 	b.queue.reset()
-	b.r, b.done, b.apart, b.yield, b.stop, b.atOnce = nil, nil, nil, nil, nil, false
+	b.ctx, b.r, b.done, b.apart, b.yield, b.stop, b.atOnce = nil, nil, nil, nil, nil, nil, false
 	w.batches.Put(b)
 }
 
@@ -127,8 +128,10 @@ type batchRunner[M any] interface {
 	// settle settles delivery i of the open segment, one the segment
 	// claims. It returns redo when the segment's results are to be
 	// discarded and the segment opened again from its beginning; the runner
-	// noted what the next run of the segment must do differently. A runner
-	// that may answer redo is not run at once.
+	// noted what the next run of the segment must do differently. It
+	// returns afterClose when the delivery's outcome is to be settled once
+	// the segment closed: the runner is then a [deferringRunner]. A runner
+	// that may answer either is not run at once.
 	settle(ctx context.Context, i int) (pendingResult, next)
 	// settled is told of each result of a segment settled in order; it
 	// returns false when yield asked to stop.
@@ -137,23 +140,38 @@ type batchRunner[M any] interface {
 	// to yield: carryOn, or redo.
 	close(ctx context.Context) next
 	// abandon gives back what the open segment holds from delivery i on,
-	// for the batch to stop there, having given yield what is durable. It
-	// returns false when the segment cannot stop before its end.
-	abandon(ctx context.Context, i int) bool
+	// for the batch to stop there; the loop then gives yield what is
+	// durable. It returns the delivery from which the segment's results
+	// stand no more (i, or its beginning when it was rolled back), and
+	// false when the segment cannot stop before its end.
+	abandon(ctx context.Context, i int) (from int, ok bool)
 }
 
 // next is what the batch's loop does after a step of a segment.
 type next int
 
 const (
-	carryOn   next = iota // go on
-	stopBatch             // yield asked to stop, or the batch cannot go on
-	redo                  // open the segment again; the runner marked what runs apart
+	carryOn    next = iota // go on
+	stopBatch              // yield asked to stop, or the batch cannot go on
+	redo                   // open the segment again; the runner marked what runs apart
+	afterClose             // the delivery is settled once its segment closed
 )
+
+// deferringRunner is a runner whose settle may answer afterClose: the
+// transactional inbox's segment, which commits an event to be dead-lettered
+// as a leased claim, for its letter to follow on the store claim path.
+type deferringRunner interface {
+	// deferred returns the claim that delivery i, left for after its
+	// segment closed, holds now, and its handler's verdict (nil when it
+	// did not run).
+	deferred(i int) (c Claim, verdict error)
+}
 
 // batch is the progress of one HandleBatch or HandleConcurrent.
 type batch[M any] struct {
-	w    *Wrapper[M]
+	w *Wrapper[M]
+	// ctx is the call's, for the writes of its completer's timer.
+	ctx  context.Context
 	r    batchRunner[M]
 	done completer[M]
 	prepared[M]
@@ -163,10 +181,8 @@ type batch[M any] struct {
 	// apart marks the deliveries a runner took out of its segments: each
 	// runs in a segment of its own, on the claimer's path. nil: none.
 	apart []bool
-	// outcomes are the results of the deliveries run so far; compErrs, by
-	// delivery, the errors of the completions written together.
+	// outcomes are the results of the deliveries run so far.
 	outcomes []pendingResult
-	compErrs []error
 	yield    func(i int, res Result, err error) bool
 	stop     <-chan struct{} // CallStop's; nil: none
 	// pending are the deliveries whose outcomes are not yet given to
@@ -186,6 +202,9 @@ type pendingResult struct {
 	// (its own, or its first copy's), or -1.
 	on  int
 	dup bool // a later copy answered from its first
+	// later is set on a result to be settled once its segment closed, and
+	// on its copies.
+	later bool
 }
 
 // run is the one loop that settles a batch, segment by segment. It returns
@@ -197,6 +216,7 @@ func (b *batch[M]) run(ctx context.Context) error {
 			if from > 0 {
 				b.r.abandon(ctx, from) // gives back a claim set aside for the next segment
 			}
+			b.flush(ctx)
 			return nil
 		}
 		to, err := b.r.open(ctx, from)
@@ -218,8 +238,12 @@ func (b *batch[M]) run(ctx context.Context) error {
 		if step == carryOn {
 			step = b.r.close(ctx)
 		}
+		if step == carryOn {
+			b.settleDeferred(ctx, from, to)
+		}
 		switch step {
 		case stopBatch:
+			b.flush(ctx) // what is durable, up to where the batch stopped
 			return nil
 		case redo:
 			b.pending = b.pending[:mark]
@@ -238,8 +262,11 @@ func (b *batch[M]) run(ctx context.Context) error {
 // after the other, giving yield what it may have on the way.
 func (b *batch[M]) settleInOrder(ctx context.Context, from, to int) next {
 	for i := from; i < to; i++ {
-		if i > from && b.stopping(ctx) && b.r.abandon(ctx, i) {
-			return stopBatch
+		if i > from && b.stopping(ctx) {
+			if kept, ok := b.r.abandon(ctx, i); ok {
+				b.dropFrom(kept)
+				return stopBatch
+			}
 		}
 		p, step := b.result(ctx, i)
 		if step == redo {
@@ -247,6 +274,9 @@ func (b *batch[M]) settleInOrder(ctx context.Context, from, to int) next {
 		}
 		b.outcomes[i] = p
 		b.pending = append(b.pending, i)
+		if p.later {
+			continue
+		}
 		if !b.r.settled(ctx, p) {
 			b.r.abandon(ctx, i+1)
 			return stopBatch
@@ -256,8 +286,8 @@ func (b *batch[M]) settleInOrder(ctx context.Context, from, to int) next {
 }
 
 // settleAtOnce settles the deliveries [from, to) of the open segment at
-// the same time, each in a goroutine of its own, writing the successes its
-// completer queued meanwhile every period; then the later copies, from
+// the same time, each in a goroutine of its own (the completer writes the
+// successes queued meanwhile as they are due); then the later copies, from
 // their first copies' outcomes.
 func (b *batch[M]) settleAtOnce(ctx context.Context, from, to int) {
 	var wg sync.WaitGroup
@@ -266,30 +296,39 @@ func (b *batch[M]) settleAtOnce(ctx context.Context, from, to int) {
 			wg.Go(func() { b.outcomes[i], _ = b.result(ctx, i) })
 		}
 	}
-	if every := b.done.period(b.ds[from].leaseTime); every > 0 {
-		ran := make(chan struct{})
-		go func() {
-			wg.Wait()
-			close(ran)
-		}()
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-	wait:
-		for {
-			select {
-			case <-ran:
-				break wait
-			case <-tick.C:
-				b.complete(ctx)
-			}
-		}
-	}
 	wg.Wait()
 	for i := from; i < to; i++ {
 		if !b.claims(i) && b.ds[i].bad == "" {
 			b.outcomes[i], _ = b.result(ctx, i)
 		}
 		b.pending = append(b.pending, i)
+	}
+}
+
+// dropFrom takes the results of the deliveries from i on out of those
+// pending: their segment gave them back.
+func (b *batch[M]) dropFrom(i int) {
+	b.pending = slices.DeleteFunc(b.pending, func(j int) bool { return j >= i })
+}
+
+// settleDeferred settles, once the segment [from, to) closed, the
+// deliveries it left for then: each on the store claim path with its
+// handler's verdict, fenced on the claim its segment committed; then
+// their copies, from their outcomes.
+func (b *batch[M]) settleDeferred(ctx context.Context, from, to int) {
+	for i := from; i < to; i++ {
+		if !b.outcomes[i].later {
+			continue
+		}
+		if !b.claims(i) {
+			b.outcomes[i] = b.copyOf(i)
+			continue
+		}
+		c, verdict := b.r.(deferringRunner).deferred(i)
+		att := verdictAttempt[M]{storeAttempt: storeAttempt[M]{b.w}, verdict: verdict}
+		p := pendingResult{i: i, on: -1}
+		p.res, p.err = b.w.settle(ctx, &b.ds[i], c, att)
+		b.outcomes[i] = p
 	}
 }
 
@@ -307,7 +346,8 @@ func (b *batch[M]) failFrom(ctx context.Context, from int, err error) {
 
 // result settles delivery i: bad input is dead-lettered (once, however
 // often its segment runs), a later copy with the same payload is answered
-// from its first, and the runner settles the rest.
+// from its first, and the runner settles the rest, or leaves it (and its
+// copies) for [batch.settleDeferred], marked later.
 func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	d := &b.ds[i]
 	switch {
@@ -325,6 +365,7 @@ func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	if p.err == nil && p.res.Outcome == OutcomeProcessed {
 		p.on = i
 	}
+	p.later = step == afterClose
 	return p, step
 }
 
@@ -406,7 +447,7 @@ func (b *batch[M]) endSpans() {
 // duplicate of a success waiting to be completed waits for that completion.
 func (b *batch[M]) copyOf(i int) pendingResult {
 	f := b.outcomes[b.first[i]]
-	p := pendingResult{i: i, on: -1, err: f.err, res: copyResult(f.res), dup: true}
+	p := pendingResult{i: i, on: -1, err: f.err, res: copyResult(f.res), dup: true, later: f.later}
 	if p.res.Outcome == OutcomeDuplicate {
 		p.on = f.on
 	}
@@ -425,14 +466,6 @@ func copyResult(first Result) Result {
 	return first
 }
 
-// complete writes the successes the batch's completer queued, recording
-// each one's error at its delivery.
-func (b *batch[M]) complete(ctx context.Context) {
-	sctx, cancel := settleContext(ctx)
-	b.done.flush(sctx, b.compErrs)
-	cancel()
-}
-
 // settled gives the results so far to yield when p cannot wait for the
 // successes queued before it (it is not settled) or they are due; it
 // returns false when yield asked to stop.
@@ -446,7 +479,7 @@ func (b *batch[M]) settled(ctx context.Context, p pendingResult) bool {
 // flush writes the successes queued, then gives the pending results to
 // yield; it returns false when yield asked to stop.
 func (b *batch[M]) flush(ctx context.Context) bool {
-	b.complete(ctx)
+	b.done.flush(ctx)
 	return b.give(ctx)
 }
 
@@ -473,7 +506,7 @@ func (b *batch[M]) give(ctx context.Context) bool {
 		if p.on < 0 {
 			continue
 		}
-		if cerr := b.compErrs[p.on]; cerr != nil {
+		if cerr := b.done.err(p.on); cerr != nil {
 			p.res.Outcome = 0
 			p.err = w.settleError("complete", p.res.Key, cerr, !p.dup)
 		}
@@ -516,4 +549,4 @@ func (r eachRunner[M]) settled(ctx context.Context, p pendingResult) bool { retu
 
 func (r eachRunner[M]) close(context.Context) next { return carryOn }
 
-func (r eachRunner[M]) abandon(context.Context, int) bool { return true }
+func (r eachRunner[M]) abandon(_ context.Context, i int) (int, bool) { return i, true }

@@ -135,10 +135,9 @@ func (r *storeRunner[M]) settled(ctx context.Context, p pendingResult) bool {
 
 func (r *storeRunner[M]) close(context.Context) next { return carryOn }
 
-func (r *storeRunner[M]) abandon(ctx context.Context, i int) bool {
-	r.b.flush(ctx)
+func (r *storeRunner[M]) abandon(ctx context.Context, i int) (int, bool) {
 	r.release(ctx, i)
-	return true
+	return i, true
 }
 
 // release gives back the acquired claims of the open segment's deliveries

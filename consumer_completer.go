@@ -15,20 +15,23 @@ import (
 // gets is chosen once, when the wrapper is built (Wrap; river's JobCompleter
 // is the model): inlineCompleter writes each success as its attempt
 // settles; batchedCompleter ([WithBatchCompletion], on a store that is a
-// [BatchCompleter]) queues them, and the batch writes them together in one
-// call once they are due or it needs them.
+// [BatchCompleter]) queues them and writes them together in one call, when
+// its timer fires (within the wait, and a third of the lease of the first
+// queued) or when the batch needs them sooner. When the completions are
+// written is the completer's alone, whichever loop settles the batch.
 type completer[M any] interface {
 	// attempt returns the attempt that settles delivery i's store claim.
 	attempt(i int) attempt[M]
-	// due reports whether the successes queued must be written now: the
-	// wait of the first is up, or nothing waits (inline).
+	// due reports whether the batch may give its results now: nothing it
+	// queued waits, or the wait of the first is up.
 	due() bool
-	// period is how often a batch whose handlers run at once writes the
-	// successes queued meanwhile, given its lease; 0: nothing is queued.
-	period(lease time.Duration) time.Duration
-	// flush writes the successes queued, recording the error of each at
-	// its delivery in errs.
-	flush(ctx context.Context, errs []error)
+	// flush writes the successes queued, once any write under way ended.
+	flush(ctx context.Context)
+	// err returns the error of delivery i's completion, written by a
+	// flush or the timer.
+	err(i int) error
+	// stop ends the completer's timer, once any write under way ended.
+	stop()
 }
 
 // inlineCompleter completes each success in a write of its own, as its
@@ -37,30 +40,43 @@ type inlineCompleter[M any] struct{ w *Wrapper[M] }
 
 func newInlineCompleter[M any](b *batch[M]) completer[M] { return inlineCompleter[M]{b.w} }
 
-func (c inlineCompleter[M]) attempt(int) attempt[M]           { return storeAttempt[M](c) }
-func (inlineCompleter[M]) due() bool                          { return true }
-func (inlineCompleter[M]) period(time.Duration) time.Duration { return 0 }
-func (inlineCompleter[M]) flush(context.Context, []error)     {}
+func (c inlineCompleter[M]) attempt(int) attempt[M] { return storeAttempt[M](c) }
+func (inlineCompleter[M]) due() bool                { return true }
+func (inlineCompleter[M]) flush(context.Context)    {}
+func (inlineCompleter[M]) err(int) error            { return nil }
+func (inlineCompleter[M]) stop()                    {}
 
 // batchedCompleter queues a batch's successes, to be completed together in
 // one call of the store's BatchCompleter. It is kept with its batch for
-// reuse; queuing is safe for concurrent use, flushing is the batch's loop's.
+// reuse. Queuing is safe for concurrent use; the writes, the timer's and
+// the batch's loop's, follow one another.
 type batchedCompleter[M any] struct {
-	w     *Wrapper[M]
-	atts  []queuedAttempt[M] // by delivery: handed out as pointers, which allocates nothing
-	mu    sync.Mutex
+	w    *Wrapper[M]
+	atts []queuedAttempt[M] // by delivery: handed out as pointers, which allocates nothing
+	// writing is held for the whole of a write, so that a flush returns
+	// only once what was queued before it is written.
+	writing sync.Mutex
+	// timer writes the queue when its first completion's wait is up; it
+	// is started when the queue's first completion is queued.
+	timer *time.Timer
+	mu    sync.Mutex // guards what follows
+	ctx   context.Context
 	queue []deduptype.Completion
 	of    []int     // the delivery of each queued completion
 	dueBy time.Time // when the first queued must be written, at the latest
 	lease time.Duration
-	// spare are the slices of the last flush, for the next queue.
+	errs  []error // by delivery, the error of its completion
+	// spare are the slices of the last write, for the next queue.
 	spare   []deduptype.Completion
 	spareOf []int
 }
 
 func newBatchedCompleter[M any](b *batch[M]) completer[M] {
 	c := &b.queue
-	c.w, c.atts = b.w, grow(c.atts, len(b.outcomes))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.w, c.ctx = b.w, b.ctx
+	c.atts, c.errs = grow(c.atts, len(b.ds)), grow(c.errs, len(b.ds))
 	return c
 }
 
@@ -73,44 +89,92 @@ func (c *batchedCompleter[M]) attempt(i int) attempt[M] {
 func (c *batchedCompleter[M]) due() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.queue) > 0 && !time.Now().Before(c.dueBy)
+	return len(c.queue) == 0 || !time.Now().Before(c.dueBy)
 }
 
+// period is how long the first of the queue waits to be written, given its
+// lease: the wait, and at most a third of the lease, so that a completion
+// is written while its lease holds.
 func (c *batchedCompleter[M]) period(lease time.Duration) time.Duration {
 	return min(c.w.cfg.batchWait, lease/3)
 }
 
-// add queues the success of delivery i, whose claim d holds.
+// add queues the success of delivery i, whose claim d holds; the first of
+// the queue starts the timer.
 func (c *batchedCompleter[M]) add(i int, d *delivery[M]) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.queue) == 0 {
-		c.lease, c.dueBy = d.leaseTime, time.Now().Add(c.period(d.leaseTime))
+		wait := c.period(d.leaseTime)
+		c.lease, c.dueBy = d.leaseTime, time.Now().Add(wait)
+		if c.timer == nil {
+			c.timer = time.AfterFunc(wait, c.fire)
+		} else {
+			c.timer.Reset(wait)
+		}
 	}
 	c.queue = append(c.queue, deduptype.Completion{Key: d.key, Owner: d.owner, TTL: c.w.cfg.ttl, Locator: d.locator})
 	c.of = append(c.of, i)
 }
 
-func (c *batchedCompleter[M]) flush(ctx context.Context, errs []error) {
+// fire is the timer's: it writes the queue, on the batch's context.
+func (c *batchedCompleter[M]) fire() {
 	c.mu.Lock()
-	queue, of, lease := c.queue, c.of, c.lease
+	ctx := c.ctx
+	c.mu.Unlock()
+	if ctx != nil {
+		c.flush(ctx)
+	}
+}
+
+func (c *batchedCompleter[M]) flush(ctx context.Context) {
+	c.writing.Lock()
+	defer c.writing.Unlock()
+	c.mu.Lock()
+	w, queue, of, lease := c.w, c.queue, c.of, c.lease
+	if len(queue) == 0 {
+		c.mu.Unlock()
+		return
+	}
 	c.queue, c.of = c.spare[:0], c.spareOf[:0]
 	c.mu.Unlock()
-	if len(queue) > 0 {
-		for k, cerr := range c.w.completeHeld(ctx, c.w.bc, queue, lease) {
-			errs[of[k]] = cerr
-		}
+	sctx, cancel := settleContext(ctx)
+	errs := w.completeHeld(sctx, w.bc, queue, lease)
+	cancel()
+	c.mu.Lock()
+	for k, cerr := range errs {
+		c.errs[of[k]] = cerr
 	}
 	c.spare, c.spareOf = queue, of
+	c.mu.Unlock()
+}
+
+func (c *batchedCompleter[M]) err(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.errs[i]
+}
+
+func (c *batchedCompleter[M]) stop() {
+	c.writing.Lock()
+	defer c.writing.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
 }
 
 // reset lets go of what the completer's slices reach, for its batch to be
-// kept.
+// kept. A timer that fired late finds nothing to write.
 func (c *batchedCompleter[M]) reset() {
+	c.writing.Lock()
+	defer c.writing.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	clear(c.atts[:cap(c.atts)])
 	clear(c.queue[:cap(c.queue)])
 	clear(c.spare[:cap(c.spare)])
-	c.queue, c.of, c.w = c.queue[:0], c.of[:0], nil
+	clear(c.errs[:cap(c.errs)])
+	c.queue, c.of, c.w, c.ctx = c.queue[:0], c.of[:0], nil, nil
 }
 
 // queuedAttempt is a store claim of a batch whose success is queued in its

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -28,8 +27,9 @@ const maxTxEvents = 256
 // run's writes gone) with its verdict in place of its handler. An event to be
 // dead-lettered has its record turned into a leased claim in progress,
 // committed with the segment; its dead letter and final write then follow
-// on the store claim path, fenced on that claim, so that no letter is sent
-// for an event whose transaction may still roll back. No result is given
+// on the store claim path, fenced on that claim (the batch's loop settles
+// it, see [deferringRunner]), so that no letter is sent for an event whose
+// transaction may still roll back. No result is given
 // to yield before its transaction committed.
 type inboxChunk[M any] struct {
 	in       *inbox[M]
@@ -39,8 +39,6 @@ type inboxChunk[M any] struct {
 	claims   []Claim // by delivery from from, for those the segment claims
 	// verdicts are the errors of the handlers that failed, by delivery.
 	verdicts map[int]error
-	// later are the deliveries of the segment settled once it committed.
-	later []int
 	// cut ends the segment opened again after a rollback right after the
 	// handler that caused it, so that no handler runs more than twice.
 	cut int
@@ -64,7 +62,7 @@ var errLeftToSegment error = unrepeatable{errors.New("dedup: the step is left to
 
 func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
 	b := r.b
-	r.from, r.tx, r.later = from, nil, r.later[:0]
+	r.from, r.tx = from, nil
 	if b.apart != nil && b.apart[from] {
 		r.to = from + 1
 		return r.to, nil
@@ -124,7 +122,7 @@ func (r *inboxChunk[M]) settle(ctx context.Context, i int) (pendingResult, next)
 			r.runApart(ctx, err)
 			return p, redo
 		}
-		r.later = append(r.later, i)
+		return p, afterClose
 	case p.err != nil && txBroken(r.tx):
 		r.runApart(ctx, fmt.Errorf("dedup: inbox batch transaction broken at %s: %w", d.key, p.err))
 		return p, redo
@@ -132,27 +130,12 @@ func (r *inboxChunk[M]) settle(ctx context.Context, i int) (pendingResult, next)
 	return p, carryOn
 }
 
-// settleLater settles, once the segment committed, the events whose
-// records it committed as leased claims: their verdict is recorded on the
-// store claim path, fenced on the claim.
-func (r *inboxChunk[M]) settleLater(ctx context.Context) {
-	if len(r.later) == 0 {
-		return
-	}
-	b, w := r.b, r.b.w
-	for _, i := range r.later {
-		c := r.claims[i-r.from]
-		c.Record.Status = StatusProcessing
-		att := verdictAttempt[M]{storeAttempt: storeAttempt[M]{w}, verdict: r.verdicts[i]}
-		p := pendingResult{i: i, on: -1}
-		p.res, p.err = w.settle(ctx, &b.ds[i], c, att)
-		b.outcomes[i] = p
-	}
-	for _, i := range b.pending {
-		if !slices.Contains(r.later, i) && !b.claims(i) && b.ds[i].bad == "" {
-			b.outcomes[i] = b.copyOf(i)
-		}
-	}
+// deferred returns the claim of delivery i as its segment committed it, a
+// leased claim in progress, and its handler's verdict.
+func (r *inboxChunk[M]) deferred(i int) (Claim, error) {
+	c := r.claims[i-r.from]
+	c.Record.Status = StatusProcessing
+	return c, r.verdicts[i]
 }
 
 // verdictAttempt settles on the store claim path an attempt whose handler
@@ -183,8 +166,8 @@ func (r *inboxChunk[M]) settleApart(ctx context.Context, i int) (Result, error) 
 
 func (r *inboxChunk[M]) settled(context.Context, pendingResult) bool { return true }
 
-// close commits the segment's transaction, then settles the events left
-// for after it; the batch's loop gives the results.
+// close commits the segment's transaction; the batch's loop then settles
+// the events left for after it, and gives the results.
 func (r *inboxChunk[M]) close(ctx context.Context) next {
 	if r.tx != nil {
 		tx := r.tx
@@ -193,20 +176,23 @@ func (r *inboxChunk[M]) close(ctx context.Context) next {
 			r.runApart(ctx, fmt.Errorf("dedup: inbox commit of %d events: %w", r.to-r.from, err))
 			return redo
 		}
-		r.settleLater(ctx)
 	}
 	return carryOn
 }
 
 // abandon stops the segment only when ctx is done, which its handlers'
 // writes will not outlive: the transaction is rolled back and its events
-// come back. A transport's stop signal lets the segment finish.
-func (r *inboxChunk[M]) abandon(ctx context.Context, _ int) bool {
+// come back, from the segment's beginning. A transport's stop signal lets
+// the segment finish.
+func (r *inboxChunk[M]) abandon(ctx context.Context, i int) (int, bool) {
 	if ctx.Err() == nil {
-		return false
+		return 0, false
+	}
+	if r.tx == nil {
+		return i, true
 	}
 	r.rollback(ctx)
-	return true
+	return r.from, true
 }
 
 // runApart rolls back the segment, whose transaction failed with err, and
