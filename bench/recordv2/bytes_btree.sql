@@ -1,0 +1,11 @@
+CREATE TABLE IF NOT EXISTS xb (expires_at timestamptz NOT NULL);
+TRUNCATE xb; DROP INDEX IF EXISTS xb_b; DROP INDEX IF EXISTS xb_r;
+CREATE INDEX xb_b ON xb (expires_at);
+INSERT INTO xb SELECT now() + interval '7 days' + (g / 256) * interval '1 ms' FROM generate_series(1, 1000000) g;
+SELECT 'btree expires_at, one value per 256-row batch', pg_relation_size('xb_b');
+TRUNCATE xb;
+INSERT INTO xb SELECT now() + interval '7 days' + g * interval '1 us' FROM generate_series(1, 1000000) g;
+SELECT 'btree expires_at, a value per row', pg_relation_size('xb_b');
+CREATE INDEX xb_r ON xb USING brin (expires_at);
+SELECT 'brin expires_at (CREATE INDEX on 1M rows)', pg_relation_size('xb_r');
+DROP TABLE xb;
