@@ -3,6 +3,7 @@ package dedup_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -222,4 +223,34 @@ func TestWrapTxRejectsBatchCompletion(t *testing.T) {
 		dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithBatchCompletion(time.Second))
 	require.ErrorIs(t, err, dedup.ErrConfig)
 	require.ErrorContains(t, err, "WithBatchCompletion")
+}
+
+// A failure is recorded in the attempt's own transaction on its first try,
+// even when a failed statement aborted it: the rollback to the claim is
+// sent alone, not prepared in a batch the aborted transaction refuses.
+func TestInboxFailureAfterFailedStatementRecordedFirstTry(t *testing.T) {
+	pool := testenv.Postgres(t)
+	store := newPostgresStore(t, pool)
+	ledger := newLedger(t, pool)
+	logs := &logRecords{}
+	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT 1/0`)
+		return err
+	}, fastOpts(t, dedup.NewMemorySink(), dedup.WithLogger(slog.New(logs)), dedup.WithOutageThreshold(time.Nanosecond))...)
+	require.NoError(t, err)
+	res, err := w.Handle(context.Background(), event{ID: "div", Body: "x"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.OutcomeRetry, res.Outcome)
+	require.Equal(t, 1, res.Attempts)
+	rec, err := store.Get(context.Background(), res.Key)
+	require.NoError(t, err)
+	require.Equal(t, dedup.StatusFailedRetryable, rec.Status)
+	require.Equal(t, 1, rec.Attempts)
+	require.Contains(t, rec.LastError, "division by zero")
+	require.Equal(t, 0, countRows(t, pool, ledger, "div"))
+	require.Empty(t, logs.at(slog.LevelWarn), "no settling write failed")
+	require.NoError(t, w.Health())
 }

@@ -47,10 +47,8 @@ func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts
 // returns ErrLeaseLost when tx holds no such record.
 func (s *PostgresStore) resultInTx(ctx context.Context, tx pgx.Tx, key Key, owner string, result []byte, undo bool) error {
 	if undo {
-		// A statement of its own: one batched with the update would be
-		// prepared first, which an aborted transaction refuses.
-		if _, err := tx.Exec(ctx, s.sql.rollbackToSavepoint); err != nil {
-			return s.opError("rollback to the claim "+key.String(), err)
+		if err := s.rollbackToClaim(ctx, tx, key); err != nil {
+			return err
 		}
 	}
 	tag, err := tx.Exec(ctx, `UPDATE `+s.table+` SET result = $4, updated_at = now()
