@@ -54,6 +54,14 @@ type sharedFate struct{ error }
 
 func (e sharedFate) Unwrap() error { return e.error }
 
+// handlerFault marks an error the handler caused, not the store: it
+// returned nil in a transaction a failed statement aborted, it ended the
+// transaction dedup ends, its writes broke a deferred constraint. The
+// outage tracker does not count it.
+type handlerFault struct{ error }
+
+func (e handlerFault) Unwrap() error { return e.error }
+
 // storeAttempt is an attempt on the store claim path: a claim with a lease,
 // extended while the handler runs, and fenced writes on its owner token.
 type storeAttempt[M any] struct{ w *Wrapper[M] }

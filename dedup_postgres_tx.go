@@ -36,7 +36,7 @@ func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts
 	if err != nil {
 		return nil, err
 	}
-	f.w.claimer = &inbox[M]{w: f.w, store: store, db: db, handler: h}
+	f.w.claimer = &inbox[M]{w: f.w, store: store, db: db, handler: h, front: true}
 	return f, nil
 }
 

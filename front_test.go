@@ -208,15 +208,17 @@ func (b *beginCounter) Begin(ctx context.Context) (pgx.Tx, error) {
 // A transactional front's attempt is the inbox's, begun on the database
 // it was given: a completion writes its result on the record in the
 // attempt's transaction and commits it with the work's rows; after a
-// failed statement, a completion commits nothing (ErrTxAborted) and a
-// refusal is recorded alone, the rows rolled back to the claim; a failure
-// rolls the rows back and leaves the key to be taken over.
+// failed statement, a completion is the work's failure (ErrTxAborted),
+// recorded as one with its rows rolled back, and a refusal is recorded
+// alone, the rows rolled back to the claim; a failure rolls the rows back
+// and leaves the key to be taken over. A failed statement is no outage.
 func TestTxFrontAttempt(t *testing.T) {
 	pool := testenv.Postgres(t)
 	store := newPostgresStore(t, pool)
 	ledger := newLedger(t, pool)
 	db := &beginCounter{TxBeginner: pool}
-	f, err := dedup.NewTxFront(store, db, func(ctx context.Context, tx pgx.Tx, w txWork) error { return w(ctx, tx) })
+	f, err := dedup.NewTxFront(store, db, func(ctx context.Context, tx pgx.Tx, w txWork) error { return w(ctx, tx) },
+		dedup.WithOutageThreshold(time.Nanosecond))
 	require.NoError(t, err)
 	ctx := context.Background()
 	insert := func(id string, failing bool) txWork {
@@ -259,10 +261,12 @@ func TestTxFrontAttempt(t *testing.T) {
 	require.NoError(t, att.Run(ctx, insert(key.EventID, true)))
 	err = att.Complete(ctx, []byte("created"))
 	require.ErrorIs(t, err, dedup.ErrTxAborted)
-	require.ErrorIs(t, err, pgx.ErrTxCommitRollback)
 	require.Equal(t, 0, countRows(t, pool, ledger, key.EventID))
-	_, err = store.Get(ctx, key)
-	require.ErrorIs(t, err, dedup.ErrNotFound, "nothing recorded")
+	rec = record(key)
+	require.Equal(t, dedup.StatusFailedRetryable, rec.Status, "the failure is recorded")
+	require.Equal(t, 1, rec.Attempts)
+	require.Contains(t, rec.LastError, dedup.ErrTxAborted.Error())
+	require.NoError(t, f.Health(), "the work's fault is no outage")
 
 	key = frontKey(t, "failed")
 	att = acquire(t, f, key)
@@ -277,4 +281,5 @@ func TestTxFrontAttempt(t *testing.T) {
 	require.NoError(t, att.Complete(ctx, []byte("created")))
 	require.Equal(t, 1, countRows(t, pool, ledger, key.EventID))
 	require.Equal(t, 2, record(key).Attempts)
+	require.NoError(t, f.Health())
 }
