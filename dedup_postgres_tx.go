@@ -25,6 +25,7 @@ type TxBeginner interface {
 // waits past the database's lock_timeout finds the key in flight.
 //
 // Each attempt holds one of db's connections from its claim until it ends.
+// Its options are those of [NewFront], refused as it refuses them.
 func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts ...Opt) (*Front[M], error) {
 	if store == nil || nilcheck.IsNil(db) {
 		return nil, fmt.Errorf("%w: NewTxFront: nil store or database", ErrConfig)

@@ -22,8 +22,12 @@ type Front[M any] struct{ w *Wrapper[M] }
 // NewFront returns a Front whose attempts claim keys from store with a
 // lease, and run h while the lease is extended. Of the options, WithLease,
 // WithTTL, WithLogger, WithOutageThreshold and the OpenTelemetry providers
-// apply: a front end names its keys whole (no WithScope), never
-// dead-letters (no WithSink) and decides itself whether to try again.
+// apply: a front end names its keys whole and their fingerprints (no
+// WithScope, WithFingerprint), never dead-letters (no WithSink), decides
+// itself whether to try again (no WithMaxAttempts, WithBackoff) and has no
+// deliveries or batches (no WithObserver, WithBatchCompletion,
+// WithTxPerEvent). Any of those is an error matching [ErrConfig] that
+// names it.
 func NewFront[M any](store Store, h Handler[M], opts ...Opt) (*Front[M], error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
@@ -38,7 +42,7 @@ func NewFront[M any](store Store, h Handler[M], opts ...Opt) (*Front[M], error) 
 
 func newFront[M any](store Store, opts []Opt) (*Front[M], error) {
 	cfg := configure(opts)
-	if err := cfg.validateEngine(); err != nil {
+	if err := cfg.validateFront(); err != nil {
 		return nil, err
 	}
 	w, err := newEngine(store, Messages[M]{}, cfg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -282,4 +283,37 @@ func TestTxFrontAttempt(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, ledger, key.EventID))
 	require.Equal(t, 2, record(key).Attempts)
 	require.NoError(t, f.Health())
+}
+
+// An option that only a consumer honours is refused by NewFront and
+// NewTxFront with an error that names it, rather than ignored (or, for
+// WithBatchCompletion on a store that cannot complete a batch, refused for
+// another reason).
+func TestFrontRefusesConsumerOptions(t *testing.T) {
+	store := newPostgresStore(t, testenv.Postgres(t))
+	consumerOnly := map[string]dedup.Opt{
+		"WithScope":           dedup.WithScope("s"),
+		"WithSink":            dedup.WithSink(dedup.NewMemorySink()),
+		"WithMaxAttempts":     dedup.WithMaxAttempts(3),
+		"WithObserver":        dedup.WithObserver(func(context.Context, dedup.Result) {}),
+		"WithBatchCompletion": dedup.WithBatchCompletion(time.Second),
+		"WithFingerprint":     dedup.WithFingerprint(dedup.SHA256Fingerprint()),
+		"WithBackoff":         dedup.WithBackoff(dedup.ExponentialBackoff(time.Millisecond, time.Second)),
+		"WithTxPerEvent":      dedup.WithTxPerEvent(),
+	}
+	noBatches := struct{ dedup.Store }{dedup.NewMemoryStore()} // no BatchCompleter
+	for name, opt := range consumerOnly {
+		t.Run(name, func(t *testing.T) {
+			_, err := dedup.NewFront(noBatches, runWork, dedup.WithLease(time.Second), opt)
+			require.ErrorIs(t, err, dedup.ErrConfig)
+			require.ErrorContains(t, err, name)
+			require.ErrorContains(t, err, "only Wrap and WrapTx")
+			_, err = dedup.NewTxFront(store, testenv.Postgres(t), func(context.Context, pgx.Tx, txWork) error { return nil }, opt)
+			require.ErrorIs(t, err, dedup.ErrConfig)
+			require.ErrorContains(t, err, name)
+		})
+	}
+	_, err := dedup.NewFront(noBatches, runWork, dedup.WithLease(time.Second), dedup.WithTTL(time.Hour),
+		dedup.WithLogger(slog.Default()), dedup.WithOutageThreshold(time.Second))
+	require.NoError(t, err, "the options a front honours")
 }
