@@ -305,7 +305,8 @@ func TestTxHandlerCannotEndItsTx(t *testing.T) {
 // (aborting the transaction) and that then answers a final 422 has that
 // answer stored and replayed, without its writes; one that answers 201 after
 // a failed statement gets a 500 transaction-aborted instead, nothing is
-// applied, and its retry runs afresh.
+// applied, and its retry runs afresh. A request without a key is answered
+// the same way.
 func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
 	var mode atomic.Value // "refuse", "ignore" or "ok"
 	var runs atomic.Int64
@@ -329,7 +330,7 @@ func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		}
-	})
+	}, idemhttp.WithOptionalKey())
 	mode.Store("refuse")
 	key := newKey()
 	first := mustPost(t, url, key, order)
@@ -359,6 +360,18 @@ func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
 	}
 	if n := countRows(t, pool, charges); n != 1 {
 		t.Errorf("%d rows, want 1", n)
+	}
+
+	mode.Store("ignore")
+	if a := mustPost(t, url, "", order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemTxAborted) {
+		t.Errorf("keyless 201 after a failed statement: %d %q, want 500 transaction-aborted", a.status, a.body)
+	}
+	mode.Store("refuse")
+	if a := mustPost(t, url, "", order); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("keyless final 422 after a failed statement: %d %q", a.status, a.body)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows after keyless requests whose statement failed, want 1", n)
 	}
 }
 
