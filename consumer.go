@@ -385,13 +385,30 @@ func orDefault(s, def string) string {
 	return s
 }
 
-// settleContext returns ctx, or when ctx is already done a detached context
-// with a timeout, so that an attempt's outcome is still recorded.
+// settleCtx returns the context of the writes that record an attempt's
+// outcome, so that a handler that finished is recorded: for a consumer, ctx
+// while it lasts (a transport cancels it once it may give the message to
+// another consumer), and once it is done ctx's values without its
+// cancellation, for up to bound (settleTimeout); for a front end's attempt
+// (w.detached), whose caller leaving gives the work to nobody else, always
+// the latter.
+func (w *Wrapper[M]) settleCtx(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
+	return settleWithin(ctx, w.detached, bound)
+}
+
+// settleContext is a consumer's settleCtx bounded by settleTimeout, for the
+// batch's files until they call settleCtx.
 func settleContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() == nil {
+	return settleWithin(ctx, false, settleTimeout)
+}
+
+// settleWithin is settleCtx's rule, detached saying whether ctx's
+// cancellation is dropped even while ctx lasts.
+func settleWithin(ctx context.Context, detached bool, bound time.Duration) (context.Context, context.CancelFunc) {
+	if !detached && ctx.Err() == nil {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	return context.WithTimeout(context.WithoutCancel(ctx), bound)
 }
 
 // capturePanic, deferred by a function running a handler, turns a panic

@@ -54,6 +54,14 @@ type sharedFate struct{ error }
 
 func (e sharedFate) Unwrap() error { return e.error }
 
+// handlerFault marks an error the handler caused, not the store: it
+// returned nil in a transaction a failed statement aborted, it ended the
+// transaction dedup ends, its writes broke a deferred constraint. The
+// outage tracker does not count it.
+type handlerFault struct{ error }
+
+func (e handlerFault) Unwrap() error { return e.error }
+
 // storeAttempt is an attempt on the store claim path: a claim with a lease,
 // extended while the handler runs, and fenced writes on its owner token.
 type storeAttempt[M any] struct{ w *Wrapper[M] }
@@ -112,17 +120,19 @@ func (s storeAttempt[M]) end(context.Context, *delivery[M]) {}
 // completeFenced completes the claim of key by owner; a refusal after an
 // earlier try (retried) counts as done when that try landed.
 func completeFenced(ctx context.Context, store Store, key Key, owner string, result []byte, ttl time.Duration, retried bool) error {
-	err := store.Complete(ctx, key, owner, result, ttl)
-	if retried && errors.Is(err, ErrLeaseLost) && landed(ctx, store, key, owner) {
-		return nil // an earlier try was applied but its answer lost
-	}
-	return err
+	return forgiveLanded(ctx, store, key, owner, retried, store.Complete(ctx, key, owner, result, ttl))
 }
 
 // failFenced records a failure of the claim of key by owner, as
 // completeFenced completes it.
 func failFenced(ctx context.Context, store Store, key Key, owner string, f Failure, retried bool) error {
-	err := store.Fail(ctx, key, owner, f)
+	return forgiveLanded(ctx, store, key, owner, retried, store.Fail(ctx, key, owner, f))
+}
+
+// forgiveLanded returns err, the answer of a settling write of the claim of
+// key by owner, or nil when it is a refusal (ErrLeaseLost) after an earlier
+// try (retried) that landed: that try was applied but its answer lost.
+func forgiveLanded(ctx context.Context, store Store, key Key, owner string, retried bool, err error) error {
 	if retried && errors.Is(err, ErrLeaseLost) && landed(ctx, store, key, owner) {
 		return nil
 	}
@@ -146,22 +156,22 @@ func landed(ctx context.Context, store Store, key Key, owner string) bool {
 // outcome.
 func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att attempt[M]) (Result, error) {
 	res := Result{Key: d.key, Attempts: c.Record.Attempts}
-	switch c.Status {
-	case ClaimDuplicate, ClaimFinal:
-		res.Outcome = OutcomeDuplicate
-		return res, nil
-	case ClaimInFlight:
-		res.Outcome = OutcomeInFlight
-		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, min(d.leaseTime, maxInFlightWait))
-		return res, nil
-	case ClaimConflict:
-		return w.parkConflict(ctx, d, c.Record)
-	case ClaimAcquired:
-	default:
+	switch acquired, err := claimAcquired(d.key, c); {
+	case err != nil:
 		if att != nil {
 			att.end(ctx, d)
 		}
-		return res, fmt.Errorf("dedup: claim %s: unknown claim status %v", d.key, c.Status)
+		return res, err
+	case acquired:
+	case c.Status == ClaimInFlight:
+		res.Outcome = OutcomeInFlight
+		res.RetryAfter = clamp(time.Until(c.Record.LeaseUntil), 100*time.Millisecond, min(d.leaseTime, maxInFlightWait))
+		return res, nil
+	case c.Status == ClaimConflict:
+		return w.parkConflict(ctx, d, c.Record)
+	default: // ClaimDuplicate, ClaimFinal
+		res.Outcome = OutcomeDuplicate
+		return res, nil
 	}
 	d.att, d.owner, d.attempts, d.locator = att, c.Record.Owner, c.Record.Attempts, c.Locator
 	defer att.end(ctx, d)
@@ -176,7 +186,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 			reason = ReasonCrashLoop
 		}
 		cause := errors.New(orDefault(c.Record.LastError, "attempts exhausted without a recorded error"))
-		sctx, cancel := settleContext(ctx)
+		sctx, cancel := w.settleCtx(ctx, settleTimeout)
 		defer cancel()
 		return w.parkFinal(sctx, d, c.Record, reason, cause)
 	}
@@ -185,7 +195,7 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 	if err == nil && ctx.Err() != nil {
 		w.warnNilAfterCancel(d.key)
 	}
-	sctx, cancel := settleContext(ctx)
+	sctx, cancel := w.settleCtx(ctx, settleTimeout)
 	defer cancel()
 	if err == nil {
 		if err := w.complete(sctx, d); err != nil {
@@ -200,6 +210,20 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 		return res, err
 	}
 	return res, serr
+}
+
+// claimAcquired sorts c, the answer to a claim of key: acquired, or a
+// status whose answer is the caller's (ClaimDuplicate, ClaimInFlight,
+// ClaimConflict, ClaimFinal). Any other status is an error, and the caller
+// ends the attempt the claim came with, if any.
+func claimAcquired(key Key, c Claim) (bool, error) {
+	switch c.Status {
+	case ClaimAcquired:
+		return true, nil
+	case ClaimDuplicate, ClaimInFlight, ClaimConflict, ClaimFinal:
+		return false, nil
+	}
+	return false, fmt.Errorf("dedup: claim %s: unknown claim status %v", key, c.Status)
 }
 
 // run runs the handler of a held claim through its attempt, within the

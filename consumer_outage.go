@@ -35,18 +35,27 @@ type Stats struct {
 
 // observeOutcome feeds the outage tracker one delivery's result, and
 // reports whether it was a success, for the caller to stamp once per call
-// (see outage.Tracker.Success). A lease lost to another worker, or a context
-// cancelled by a shutdown, is no failure of the store.
+// (see outage.Tracker.Success). A lease lost to another worker, a context
+// cancelled by a shutdown, or an error the handler caused (handlerFault) is
+// no failure of the store.
 func (w *Wrapper[M]) observeOutcome(ctx context.Context, err error) bool {
 	switch {
 	case err == nil:
 		w.health.Success()
 		return true
-	case errors.Is(err, ErrLeaseLost), ctx.Err() != nil:
+	case errors.Is(err, ErrLeaseLost), ctx.Err() != nil, isHandlerFault(err):
 	default:
 		w.health.Failure(err)
 	}
 	return false
+}
+
+// isHandlerFault reports whether err is marked as the handler's fault. Kept
+// out of observeOutcome so that the target of errors.As escapes to the heap
+// only for an error.
+func isHandlerFault(err error) bool {
+	var fault handlerFault
+	return errors.As(err, &fault)
 }
 
 // Stats returns what w knows of its recent attempts to make deliveries

@@ -543,31 +543,32 @@ func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Fail
 // rolling tx back to its latest savepoint when rollback is set (the failed
 // handler wrote after taking it). It returns the attempts recorded.
 func (s *PostgresStore) failInBatchTx(ctx context.Context, tx pgx.Tx, key Key, f Failure, rollback bool) (int, error) {
+	if rollback {
+		if err := s.rollbackToClaim(ctx, tx, key); err != nil {
+			return 0, err
+		}
+	}
 	status := StatusFailedRetryable
 	if f.Final {
 		status = StatusFailedFinal
 	}
-	var b pgx.Batch
-	if rollback {
-		b.Queue(s.sql.rollbackToSavepoint)
-	}
-	b.Queue(s.sql.failInTx, key.Scope, key.EventID, string(status), f.Error, f.TTL)
-	br := tx.SendBatch(ctx, &b)
-	var err error
-	if rollback {
-		_, err = br.Exec()
-	}
 	var attempts int
-	if err == nil {
-		err = br.QueryRow().Scan(&attempts)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := tx.QueryRow(ctx, s.sql.failInTx, key.Scope, key.EventID, string(status), f.Error, f.TTL).Scan(&attempts); err != nil {
 		return 0, s.opError("record failure "+key.String(), err)
 	}
 	return attempts, nil
+}
+
+// rollbackToClaim rolls tx back to the savepoint claimInTx took after
+// claiming key: the writes since vanish, the record's row stays locked, and
+// a transaction a failed statement aborted can be written in again. It is a
+// statement of its own: one batched with the next would be prepared first,
+// which an aborted transaction refuses (25P02).
+func (s *PostgresStore) rollbackToClaim(ctx context.Context, tx pgx.Tx, key Key) error {
+	if _, err := tx.Exec(ctx, s.sql.rollbackToSavepoint); err != nil {
+		return s.opError("rollback to the claim "+key.String(), err)
+	}
+	return nil
 }
 
 // leaseInTx turns the record of key, which a claim in tx wrote as succeeded,

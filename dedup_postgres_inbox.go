@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,7 +18,9 @@ import (
 // with the record after a success, and after a failure undoes the handler's
 // writes and records the failure. To undo part of its own work, a handler
 // nests a transaction (tx.Begin, a savepoint). A handler that ends tx
-// itself makes Handle return an error that says so.
+// itself makes Handle return an error that says so. A handler that returns
+// nil after a statement of tx failed (which aborts tx) has failed all the
+// same, with an error matching [ErrTxAborted]: its writes cannot commit.
 type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 
 // WrapTx returns a Wrapper running the transactional inbox, the strongest
@@ -68,6 +71,11 @@ type inbox[M any] struct {
 	// database a front end was given (NewTxFront).
 	db      TxBeginner
 	handler TxHandler[M]
+	// front is set for a Front's attempts (NewTxFront): the front end
+	// judges the handler's answer after it ran, so a transaction a failed
+	// statement aborted is judged at completion, by whether the result
+	// stands without its writes (see txAttempt.complete).
+	front bool
 }
 
 func (in *inbox[M]) claim(ctx context.Context, req ClaimRequest) (Claim, attempt[M], error) {
@@ -122,24 +130,48 @@ func (a *txAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 		return a.verdict
 	}
 	defer capturePanic(&err)
-	return a.in.handler(ctx, a.tx, d.msg)
+	if err = a.in.handler(ctx, a.tx, d.msg); err == nil && !a.in.front {
+		err = abortedRun(a.tx)
+	}
+	return err
+}
+
+// errAbortedRun is the failure of a TxHandler that returned nil, or of a
+// front end's that answered a success, after a statement of its
+// transaction failed: its writes cannot commit as if it had succeeded, and
+// are rolled back.
+var errAbortedRun error = handlerFault{fmt.Errorf("%w: the handler returned nil after it; its writes are rolled back", ErrTxAborted)}
+
+// abortedRun is the one rule for a handler's nil in an inbox transaction: a
+// success only while tx can commit. It returns errAbortedRun when a failed
+// statement aborted tx, nil otherwise.
+func abortedRun(tx pgx.Tx) error {
+	if txStatus(tx) == 'E' {
+		return errAbortedRun
+	}
+	return nil
 }
 
 func (a *txAttempt[M]) hold(context.Context, *delivery[M]) error { return nil }
 
 // complete commits the attempt's transaction, with d.result written on its
 // record first when there is one. A transaction a failed statement aborted
-// cannot commit the handler's writes: it is rolled back, nothing recorded,
-// unless d.result stands without them, which is then recorded alone, the
-// writes rolled back to the claim.
+// cannot commit the handler's writes: when d.result stands without them (a
+// front end's refusal) it is recorded alone, the writes rolled back to the
+// claim. A front end's success in such a transaction is the handler's
+// failure, which run finds for a consumer (abortedRun): it is recorded as
+// one, and returned.
 func (a *txAttempt[M]) complete(ctx context.Context, d *delivery[M], _ bool) error {
+	herr := abortedRun(a.tx)
+	if herr != nil && (d.result == nil || !d.result.standalone) {
+		if _, err := a.fail(ctx, d, Failure{Error: herr.Error(), TTL: a.in.w.cfg.ttl}, false); err != nil {
+			return unrepeatable{fmt.Errorf("dedup: inbox complete %s: %w; recording its failure: %w", d.key, ErrTxAborted, err)}
+		}
+		return unrepeatable{fmt.Errorf("dedup: inbox complete %s: %w", d.key, herr)}
+	}
 	tx := a.tx
 	a.tx = nil
-	undo := txStatus(tx) == 'E'
-	if undo && (d.result == nil || !d.result.standalone) {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return unrepeatable{sharedFate{fmt.Errorf("dedup: inbox commit %s: %w: %w", d.key, ErrTxAborted, pgx.ErrTxCommitRollback)}}
-	}
+	undo := herr != nil
 	if d.result != nil {
 		if err := a.in.store.resultInTx(ctx, tx, d.key, d.owner, d.result.data, undo); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -150,10 +182,22 @@ func (a *txAttempt[M]) complete(ctx context.Context, d *delivery[M], _ bool) err
 		if errors.Is(err, pgx.ErrTxClosed) {
 			err = fmt.Errorf("the TxHandler committed or rolled back the transaction itself; it must do neither: %w", err)
 		}
+		err = fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)
+		if commitFaulted(err) {
+			err = handlerFault{err}
+		}
 		// The transaction is gone either way: committing again cannot help.
-		return unrepeatable{sharedFate{fmt.Errorf("dedup: inbox commit %s: %w", d.key, err)}}
+		return unrepeatable{sharedFate{err}}
 	}
 	return nil
+}
+
+// commitFaulted reports whether err, a commit's, was caused by the handler:
+// it ended the transaction itself, or its writes broke a deferred
+// constraint (an integrity_constraint_violation, class 23).
+func commitFaulted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.Is(err, pgx.ErrTxClosed) || errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "23")
 }
 
 // fail records the failure in the attempt's transaction while it holds the

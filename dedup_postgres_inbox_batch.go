@@ -248,16 +248,8 @@ func (a *chunkAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 	if err := a.r.in.handler(ctx, &a.tx, d.msg); err != nil {
 		return err
 	}
-	if txStatus(a.r.tx) == 'E' {
-		// Its writes must not be committed as if it had succeeded.
-		return errTxAborted
-	}
-	return nil
+	return abortedRun(a.r.tx)
 }
-
-// errTxAborted is the failure of a batched inbox handler that returned nil
-// after a statement of its transaction failed.
-var errTxAborted = errors.New("dedup: the TxHandler returned nil after a statement of its transaction failed; its writes are rolled back")
 
 // hold is asked before a dead letter, which is sent once the segment
 // committed the event's record as a leased claim.

@@ -3,6 +3,7 @@ package dedup_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -186,7 +187,8 @@ func TestInbox(t *testing.T) {
 }
 
 // A TxHandler that commits the transaction itself breaks the inbox's
-// contract: Handle says so instead of a bare "tx is closed".
+// contract: Handle says so instead of a bare "tx is closed", and Health
+// does not take it for an outage of the store.
 func TestInboxHandlerMustNotCommit(t *testing.T) {
 	pool := testenv.Postgres(t)
 	store := newPostgresStore(t, pool)
@@ -196,12 +198,13 @@ func TestInboxHandlerMustNotCommit(t *testing.T) {
 			return err
 		}
 		return tx.Commit(ctx)
-	}, fastOpts(t, dedup.NewMemorySink())...)
+	}, fastOpts(t, dedup.NewMemorySink(), dedup.WithOutageThreshold(time.Nanosecond))...)
 	require.NoError(t, err)
 	res, err := w.Handle(context.Background(), event{ID: "c", Body: "x"})
 	require.ErrorIs(t, err, pgx.ErrTxClosed)
 	require.ErrorContains(t, err, "TxHandler committed or rolled back the transaction itself; it must do neither")
 	require.False(t, res.Settled(), "an error is never acknowledged")
+	require.NoError(t, w.Health(), "the handler's fault is no outage")
 	require.Equal(t, 1, countRows(t, pool, ledger, "c"), "the handler's own commit took its write and the record")
 	res, err = w.Handle(context.Background(), event{ID: "c", Body: "x"})
 	require.NoError(t, err)
@@ -222,4 +225,79 @@ func TestWrapTxRejectsBatchCompletion(t *testing.T) {
 		dedup.WithScope("s"), dedup.WithSink(dedup.NewMemorySink()), dedup.WithBatchCompletion(time.Second))
 	require.ErrorIs(t, err, dedup.ErrConfig)
 	require.ErrorContains(t, err, "WithBatchCompletion")
+}
+
+// A TxHandler that returns nil after a statement of its transaction failed
+// has failed: its writes cannot commit. Handle retries it with its attempts
+// counted, then dead-letters it, as HandleBatch does; a handler's fault is
+// no outage of the store.
+func TestInboxNilAfterFailedStatementIsAFailure(t *testing.T) {
+	pool := testenv.Postgres(t)
+	store := newPostgresStore(t, pool)
+	ledger := newLedger(t, pool)
+	sink := dedup.NewMemorySink()
+	logs := &logRecords{}
+	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
+			return err
+		}
+		_, _ = tx.Exec(ctx, `SELECT 1/0`) // its error ignored
+		return nil
+	}, fastOpts(t, sink, dedup.WithMaxAttempts(3), dedup.WithLogger(slog.New(logs)),
+		dedup.WithOutageThreshold(time.Nanosecond))...)
+	require.NoError(t, err)
+	ctx := context.Background()
+	msg := event{ID: "ignored", Body: "x"}
+
+	for attempt := 1; attempt <= 2; attempt++ {
+		res, err := w.Handle(ctx, msg)
+		require.NoError(t, err)
+		require.Equal(t, dedup.OutcomeRetry, res.Outcome)
+		require.ErrorIs(t, res.Err, dedup.ErrTxAborted)
+		require.Equal(t, attempt, res.Attempts)
+		rec, err := store.Get(ctx, res.Key)
+		require.NoError(t, err)
+		require.Equal(t, dedup.StatusFailedRetryable, rec.Status)
+		require.Equal(t, attempt, rec.Attempts, "the attempt is counted")
+	}
+	res, err := w.Handle(ctx, msg)
+	require.NoError(t, err)
+	require.Equal(t, dedup.OutcomeDeadLettered, res.Outcome)
+	require.Len(t, sink.Letters(), 1)
+	require.Equal(t, 3, sink.Letters()[0].Attempts)
+	require.Equal(t, 0, countRows(t, pool, ledger, msg.ID), "no write of an aborted transaction committed")
+	require.NoError(t, w.Health(), "a handler's fault is no outage")
+	for _, m := range logs.at(slog.LevelWarn) {
+		require.NotContains(t, m, "outcome not recorded", "the failure is recorded on its first try")
+	}
+}
+
+// A failure is recorded in the attempt's own transaction on its first try,
+// even when a failed statement aborted it: the rollback to the claim is
+// sent alone, not prepared in a batch the aborted transaction refuses.
+func TestInboxFailureAfterFailedStatementRecordedFirstTry(t *testing.T) {
+	pool := testenv.Postgres(t)
+	store := newPostgresStore(t, pool)
+	ledger := newLedger(t, pool)
+	logs := &logRecords{}
+	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` VALUES ($1, $2)`, e.ID, e.Body); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT 1/0`)
+		return err
+	}, fastOpts(t, dedup.NewMemorySink(), dedup.WithLogger(slog.New(logs)), dedup.WithOutageThreshold(time.Nanosecond))...)
+	require.NoError(t, err)
+	res, err := w.Handle(context.Background(), event{ID: "div", Body: "x"})
+	require.NoError(t, err)
+	require.Equal(t, dedup.OutcomeRetry, res.Outcome)
+	require.Equal(t, 1, res.Attempts)
+	rec, err := store.Get(context.Background(), res.Key)
+	require.NoError(t, err)
+	require.Equal(t, dedup.StatusFailedRetryable, rec.Status)
+	require.Equal(t, 1, rec.Attempts)
+	require.Contains(t, rec.LastError, "division by zero")
+	require.Equal(t, 0, countRows(t, pool, ledger, "div"))
+	require.Empty(t, logs.at(slog.LevelWarn), "no settling write failed")
+	require.NoError(t, w.Health())
 }

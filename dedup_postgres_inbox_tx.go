@@ -8,8 +8,8 @@ import "errors"
 // middleware commits it with the stored response).
 var ErrTxOwned = errors.New("dedup: the handler must neither commit nor roll back its transaction; dedup ends it")
 
-// ErrTxAborted is matched by the error of a transactional attempt's
-// completion when a statement that failed had aborted its transaction: the
-// handler's writes cannot commit, so the transaction was rolled back and
-// nothing recorded (the error matches pgx.ErrTxCommitRollback too).
+// ErrTxAborted is matched by the failure of a transactional handler that
+// succeeded (a TxHandler returning nil, a front end's Complete) after a
+// statement of its transaction failed, which aborted it: its writes cannot
+// commit, so they are rolled back and the attempt is recorded as failed.
 var ErrTxAborted = errors.New("dedup: a failed statement aborted the transaction")

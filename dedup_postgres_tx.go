@@ -25,6 +25,7 @@ type TxBeginner interface {
 // waits past the database's lock_timeout finds the key in flight.
 //
 // Each attempt holds one of db's connections from its claim until it ends.
+// Its options are those of [NewFront], refused as it refuses them.
 func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts ...Opt) (*Front[M], error) {
 	if store == nil || nilcheck.IsNil(db) {
 		return nil, fmt.Errorf("%w: NewTxFront: nil store or database", ErrConfig)
@@ -36,7 +37,7 @@ func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts
 	if err != nil {
 		return nil, err
 	}
-	f.w.claimer = &inbox[M]{w: f.w, store: store, db: db, handler: h}
+	f.w.claimer = &inbox[M]{w: f.w, store: store, db: db, handler: h, front: true}
 	return f, nil
 }
 
@@ -47,10 +48,8 @@ func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts
 // returns ErrLeaseLost when tx holds no such record.
 func (s *PostgresStore) resultInTx(ctx context.Context, tx pgx.Tx, key Key, owner string, result []byte, undo bool) error {
 	if undo {
-		// A statement of its own: one batched with the update would be
-		// prepared first, which an aborted transaction refuses.
-		if _, err := tx.Exec(ctx, s.sql.rollbackToSavepoint); err != nil {
-			return s.opError("rollback to the claim "+key.String(), err)
+		if err := s.rollbackToClaim(ctx, tx, key); err != nil {
+			return err
 		}
 	}
 	tag, err := tx.Exec(ctx, `UPDATE `+s.table+` SET result = $4, updated_at = now()

@@ -3,7 +3,6 @@ package dedup
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // Front runs the attempts of a front end that answers its own caller, such
@@ -23,8 +22,12 @@ type Front[M any] struct{ w *Wrapper[M] }
 // NewFront returns a Front whose attempts claim keys from store with a
 // lease, and run h while the lease is extended. Of the options, WithLease,
 // WithTTL, WithLogger, WithOutageThreshold and the OpenTelemetry providers
-// apply: a front end names its keys whole (no WithScope), never
-// dead-letters (no WithSink) and decides itself whether to try again.
+// apply: a front end names its keys whole and their fingerprints (no
+// WithScope, WithFingerprint), never dead-letters (no WithSink), decides
+// itself whether to try again (no WithMaxAttempts, WithBackoff) and has no
+// deliveries or batches (no WithObserver, WithBatchCompletion,
+// WithTxPerEvent). Any of those is an error matching [ErrConfig] that
+// names it.
 func NewFront[M any](store Store, h Handler[M], opts ...Opt) (*Front[M], error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", ErrConfig)
@@ -39,7 +42,7 @@ func NewFront[M any](store Store, h Handler[M], opts ...Opt) (*Front[M], error) 
 
 func newFront[M any](store Store, opts []Opt) (*Front[M], error) {
 	cfg := configure(opts)
-	if err := cfg.validateEngine(); err != nil {
+	if err := cfg.validateFront(); err != nil {
 		return nil, err
 	}
 	w, err := newEngine(store, Messages[M]{}, cfg)
@@ -62,19 +65,19 @@ func (f *Front[M]) Claim(ctx context.Context, key Key, fingerprint string) (Clai
 		w.observeOutcome(ctx, err)
 		return c, nil, err
 	}
-	switch c.Status {
-	case ClaimAcquired:
+	switch acquired, err := claimAcquired(key, c); {
+	case err != nil:
+		if att != nil {
+			d.att = att
+			(&Attempt[M]{w: w, d: d}).End(ctx) // a copy: d stays on the stack
+		}
+		return c, nil, err
+	case acquired:
 		d.att, d.owner, d.attempts, d.locator = att, c.Record.Owner, c.Record.Attempts, c.Locator
 		return c, &Attempt[M]{w: w, d: d}, nil
-	case ClaimDuplicate, ClaimInFlight, ClaimConflict, ClaimFinal:
-		w.health.Success()
-		return c, nil, nil
 	}
-	if att != nil {
-		d.att = att
-		(&Attempt[M]{w: w, d: d}).End(ctx) // a copy: d stays on the stack
-	}
-	return c, nil, fmt.Errorf("dedup: claim %s: unknown claim status %v", key, c.Status)
+	w.health.Success()
+	return c, nil, nil
 }
 
 // Health returns nil, or an error matching [ErrOutage] while the front's
@@ -142,7 +145,7 @@ func (a *Attempt[M]) Refuse(ctx context.Context, result []byte) error {
 func (a *Attempt[M]) complete(ctx context.Context, result []byte, standalone bool) error {
 	a.result = frontResult{data: result, standalone: standalone}
 	a.d.result = &a.result
-	ctx, cancel := settling(ctx, outcomeLeases*a.d.leaseTime)
+	ctx, cancel := a.w.settleCtx(ctx, outcomeLeases*a.d.leaseTime)
 	defer cancel()
 	return a.observed(a.w.complete(ctx, &a.d))
 }
@@ -153,7 +156,7 @@ func (a *Attempt[M]) complete(ctx context.Context, result []byte, standalone boo
 // the claim and tried again while the lease lasts, ctx's cancellation
 // aside.
 func (a *Attempt[M]) Fail(ctx context.Context, cause error) error {
-	ctx, cancel := settling(ctx, a.d.leaseTime)
+	ctx, cancel := a.w.settleCtx(ctx, a.d.leaseTime)
 	defer cancel()
 	_, err := a.w.fail(ctx, &a.d, Failure{Error: cause.Error(), TTL: a.w.cfg.ttl})
 	return a.observed(err)
@@ -166,15 +169,9 @@ func (a *Attempt[M]) Fail(ctx context.Context, cause error) error {
 func (a *Attempt[M]) End(ctx context.Context) { a.d.att.end(ctx, &a.d) }
 
 // observed feeds the outage tracker the result of a settling write, and
-// returns its error. The caller leaving does not end the write (settling),
+// returns its error. The caller leaving does not end the write (settleCtx),
 // so its context excuses no failure.
 func (a *Attempt[M]) observed(err error) error {
 	a.w.observeOutcome(context.Background(), err)
 	return err
-}
-
-// settling returns the context of a front end's settling write: ctx's
-// values without its cancellation, bounded by bound.
-func settling(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), bound)
 }

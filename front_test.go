@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,15 +209,17 @@ func (b *beginCounter) Begin(ctx context.Context) (pgx.Tx, error) {
 // A transactional front's attempt is the inbox's, begun on the database
 // it was given: a completion writes its result on the record in the
 // attempt's transaction and commits it with the work's rows; after a
-// failed statement, a completion commits nothing (ErrTxAborted) and a
-// refusal is recorded alone, the rows rolled back to the claim; a failure
-// rolls the rows back and leaves the key to be taken over.
+// failed statement, a completion is the work's failure (ErrTxAborted),
+// recorded as one with its rows rolled back, and a refusal is recorded
+// alone, the rows rolled back to the claim; a failure rolls the rows back
+// and leaves the key to be taken over. A failed statement is no outage.
 func TestTxFrontAttempt(t *testing.T) {
 	pool := testenv.Postgres(t)
 	store := newPostgresStore(t, pool)
 	ledger := newLedger(t, pool)
 	db := &beginCounter{TxBeginner: pool}
-	f, err := dedup.NewTxFront(store, db, func(ctx context.Context, tx pgx.Tx, w txWork) error { return w(ctx, tx) })
+	f, err := dedup.NewTxFront(store, db, func(ctx context.Context, tx pgx.Tx, w txWork) error { return w(ctx, tx) },
+		dedup.WithOutageThreshold(time.Nanosecond))
 	require.NoError(t, err)
 	ctx := context.Background()
 	insert := func(id string, failing bool) txWork {
@@ -259,10 +262,12 @@ func TestTxFrontAttempt(t *testing.T) {
 	require.NoError(t, att.Run(ctx, insert(key.EventID, true)))
 	err = att.Complete(ctx, []byte("created"))
 	require.ErrorIs(t, err, dedup.ErrTxAborted)
-	require.ErrorIs(t, err, pgx.ErrTxCommitRollback)
 	require.Equal(t, 0, countRows(t, pool, ledger, key.EventID))
-	_, err = store.Get(ctx, key)
-	require.ErrorIs(t, err, dedup.ErrNotFound, "nothing recorded")
+	rec = record(key)
+	require.Equal(t, dedup.StatusFailedRetryable, rec.Status, "the failure is recorded")
+	require.Equal(t, 1, rec.Attempts)
+	require.Contains(t, rec.LastError, dedup.ErrTxAborted.Error())
+	require.NoError(t, f.Health(), "the work's fault is no outage")
 
 	key = frontKey(t, "failed")
 	att = acquire(t, f, key)
@@ -277,4 +282,38 @@ func TestTxFrontAttempt(t *testing.T) {
 	require.NoError(t, att.Complete(ctx, []byte("created")))
 	require.Equal(t, 1, countRows(t, pool, ledger, key.EventID))
 	require.Equal(t, 2, record(key).Attempts)
+	require.NoError(t, f.Health())
+}
+
+// An option that only a consumer honours is refused by NewFront and
+// NewTxFront with an error that names it, rather than ignored (or, for
+// WithBatchCompletion on a store that cannot complete a batch, refused for
+// another reason).
+func TestFrontRefusesConsumerOptions(t *testing.T) {
+	store := newPostgresStore(t, testenv.Postgres(t))
+	consumerOnly := map[string]dedup.Opt{
+		"WithScope":           dedup.WithScope("s"),
+		"WithSink":            dedup.WithSink(dedup.NewMemorySink()),
+		"WithMaxAttempts":     dedup.WithMaxAttempts(3),
+		"WithObserver":        dedup.WithObserver(func(context.Context, dedup.Result) {}),
+		"WithBatchCompletion": dedup.WithBatchCompletion(time.Second),
+		"WithFingerprint":     dedup.WithFingerprint(dedup.SHA256Fingerprint()),
+		"WithBackoff":         dedup.WithBackoff(dedup.ExponentialBackoff(time.Millisecond, time.Second)),
+		"WithTxPerEvent":      dedup.WithTxPerEvent(),
+	}
+	noBatches := struct{ dedup.Store }{dedup.NewMemoryStore()} // no BatchCompleter
+	for name, opt := range consumerOnly {
+		t.Run(name, func(t *testing.T) {
+			_, err := dedup.NewFront(noBatches, runWork, dedup.WithLease(time.Second), opt)
+			require.ErrorIs(t, err, dedup.ErrConfig)
+			require.ErrorContains(t, err, name)
+			require.ErrorContains(t, err, "only Wrap and WrapTx")
+			_, err = dedup.NewTxFront(store, testenv.Postgres(t), func(context.Context, pgx.Tx, txWork) error { return nil }, opt)
+			require.ErrorIs(t, err, dedup.ErrConfig)
+			require.ErrorContains(t, err, name)
+		})
+	}
+	_, err := dedup.NewFront(noBatches, runWork, dedup.WithLease(time.Second), dedup.WithTTL(time.Hour),
+		dedup.WithLogger(slog.Default()), dedup.WithOutageThreshold(time.Second))
+	require.NoError(t, err, "the options a front honours")
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -56,6 +57,18 @@ type config struct {
 	// tracerProvider and meterProvider are OpenTelemetry's; nil: none.
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
+	// consumerOnly names the options given that only a consumer honours
+	// (consumerOpt), in order, for a Front to refuse.
+	consumerOnly []string
+}
+
+// consumerOpt is an option only a consumer (Wrap, WrapTx) honours: set
+// applies it, and its name is noted for a Front to refuse it.
+func consumerOpt(name string, set func(*config)) Opt {
+	return optFunc(func(c *config) {
+		set(c)
+		c.consumerOnly = append(c.consumerOnly, name)
+	})
 }
 
 func defaultConfig() config {
@@ -85,6 +98,18 @@ func (c *config) validate() error {
 	return c.validateEngine()
 }
 
+// validateFront checks the options of a [Front]: those of every engine,
+// and none that only a consumer honours (a front end names its keys whole
+// and their fingerprints, never dead-letters, decides itself whether to
+// try again and has no batches).
+func (c *config) validateFront() error {
+	if len(c.consumerOnly) > 0 {
+		return fmt.Errorf("%w: %s: a front end's engine cannot honour it (only Wrap and WrapTx do)",
+			ErrConfig, strings.Join(c.consumerOnly, ", "))
+	}
+	return c.validateEngine()
+}
+
 // validateEngine checks what every engine needs, a [Front]'s too: a front
 // end names its keys whole and never dead-letters, so it needs neither
 // scope nor sink.
@@ -110,21 +135,27 @@ func (c *config) validateEngine() error {
 // [Scope] from the consumer group or queue and a handler name. It is
 // required. Give it explicitly: a scope that changes (say, with a refactor)
 // makes every event new again.
-func WithScope(scope string) Opt { return optFunc(func(c *config) { c.scope = scope }) }
+func WithScope(scope string) Opt {
+	return consumerOpt("WithScope", func(c *config) { c.scope = scope })
+}
 
 // WithFingerprint sets how a payload's business meaning is hashed; the
 // default is [SHA256Fingerprint]. See [JSONFingerprint].
 func WithFingerprint(f FingerprintFunc) Opt {
-	return optFunc(func(c *config) { c.fingerprint = f })
+	return consumerOpt("WithFingerprint", func(c *config) { c.fingerprint = f })
 }
 
 // WithMaxAttempts sets how many handler attempts an event gets before it is
 // dead-lettered (default 5).
-func WithMaxAttempts(n int) Opt { return optFunc(func(c *config) { c.maxAttempts = n }) }
+func WithMaxAttempts(n int) Opt {
+	return consumerOpt("WithMaxAttempts", func(c *config) { c.maxAttempts = n })
+}
 
 // WithBackoff sets the wait before a failed event's next attempt (default
 // ExponentialBackoff(200ms, 30s)).
-func WithBackoff(b Backoff) Opt { return optFunc(func(c *config) { c.backoff = b }) }
+func WithBackoff(b Backoff) Opt {
+	return consumerOpt("WithBackoff", func(c *config) { c.backoff = b })
+}
 
 // WithLease sets how long a claim stays exclusive between heartbeats. By
 // default it is the transport's own deadline: the lease a transport adapter
@@ -139,7 +170,7 @@ func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }
 
 // WithSink sets where dead letters go. It is required; the transport
 // adapters provide one for their dead-letter topic or queue.
-func WithSink(s Sink) Opt { return optFunc(func(c *config) { c.sink = s }) }
+func WithSink(s Sink) Opt { return consumerOpt("WithSink", func(c *config) { c.sink = s }) }
 
 // WithLogger sets the logger (default: [slog.Default]). The wrapper logs a
 // dead letter, a lost lease or a handler that returned nil after its
@@ -162,7 +193,7 @@ func WithOutageThreshold(d time.Duration) Opt {
 // WithObserver sets a function called once per delivery with its result,
 // for metrics. It must be quick and safe for concurrent use.
 func WithObserver(f func(context.Context, Result)) Opt {
-	return optFunc(func(c *config) { c.observer = f })
+	return consumerOpt("WithObserver", func(c *config) { c.observer = f })
 }
 
 // WithBatchCompletion sets how long HandleBatch may hold a success back to
@@ -187,7 +218,7 @@ func WithObserver(f func(context.Context, Result)) Opt {
 // repeated effect is not acceptable, use the transactional inbox ([WrapTx]),
 // which has no such window, or WithBatchCompletion(0).
 func WithBatchCompletion(maxWait time.Duration) Opt {
-	return optFunc(func(c *config) { c.batchWait, c.batchWaitSet = maxWait, true })
+	return consumerOpt("WithBatchCompletion", func(c *config) { c.batchWait, c.batchWaitSet = maxWait, true })
 }
 
 // WithTxPerEvent makes HandleBatch of a [WrapTx] wrapper run each event in
@@ -196,7 +227,9 @@ func WithBatchCompletion(maxWait time.Duration) Opt {
 // must not share a transaction (one that takes locks for long), or that must
 // not run again after a later handler's failure rolled the shared
 // transaction back. Wrap ignores it.
-func WithTxPerEvent() Opt { return optFunc(func(c *config) { c.txPerEvent = true }) }
+func WithTxPerEvent() Opt {
+	return consumerOpt("WithTxPerEvent", func(c *config) { c.txPerEvent = true })
+}
 
 // DefaultTable is the table a [PostgresStore] or a [DynamoDBStore] uses
 // unless [WithTable] names another.

@@ -78,18 +78,11 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 				slog.String("key", p.key.String()), slog.Int("limit", f.cfg.maxSnapshot))
 			return
 		}
-		f.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
-			slog.String("key", p.key.String()), slog.Int("limit", f.cfg.maxSnapshot))
-		f.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
-			fmt.Sprintf("the answer is over the %d bytes a stored response may hold (WithMaxSnapshotBytes), so the operation was not applied; "+
-				"every retry of it will get this answer until the limit is raised", f.cfg.maxSnapshot), 0)
+		f.answerOverLimit(w, p)
 		return
 	case x.txEnded:
 		fail("the handler ended its transaction")
-		f.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back, not stored",
-			slog.String("key", p.key.String()))
-		f.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
-			"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
+		f.answerTxEnded(w, p)
 		return
 	case !f.storable(x.ended, rec):
 		fail("status " + strconv.Itoa(rec.status))
@@ -119,11 +112,8 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 	switch {
 	case err == nil:
 		rec.flush()
-	case errors.Is(err, dedup.ErrTxAborted):
-		f.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back, not stored",
-			slog.String("key", p.key.String()), slog.Int("status", rec.status))
-		f.cfg.writeProblem(w, ProblemTxAborted, http.StatusInternalServerError,
-			"a statement of the handler failed, so the operation was not applied; retry with the same key", 0)
+	case errors.Is(err, dedup.ErrTxAborted): // recorded as the attempt's failure
+		f.answerTxAborted(w, p, rec.status)
 	case tx:
 		// Either nothing committed (a retry runs afresh) or the commit's
 		// answer was lost (a retry replays): retrying is right both ways.
@@ -140,6 +130,41 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 			slog.String("key", p.key.String()), slog.Any("error", err))
 		rec.flush()
 	}
+}
+
+// The answers of a transactional request (keyed or not, p nil) whose work
+// could not commit, each logged and answered 500 with its problem.
+
+// answerOverLimit answers a request whose answer is over the snapshot
+// limit: it cannot be sent after the commit, so the work was rolled back.
+func (f *front) answerOverLimit(w http.ResponseWriter, p *prepared) {
+	f.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
+		slog.String("key", keyName(p)), slog.Int("limit", f.cfg.maxSnapshot))
+	f.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
+		fmt.Sprintf("the answer is over the %d bytes a stored response may hold (WithMaxSnapshotBytes), so the operation was not applied; "+
+			"every retry of it will get this answer until the limit is raised", f.cfg.maxSnapshot), 0)
+}
+
+// answerTxEnded answers a request whose handler committed or rolled back
+// the transaction the middleware ends.
+func (f *front) answerTxEnded(w http.ResponseWriter, p *prepared) {
+	f.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back",
+		slog.String("key", keyName(p)))
+	f.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
+		"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
+}
+
+// answerTxAborted answers a request whose handler answered status, a
+// success, after a failed statement aborted its transaction: the writes
+// the answer reports cannot commit.
+func (f *front) answerTxAborted(w http.ResponseWriter, p *prepared, status int) {
+	f.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back",
+		slog.String("key", keyName(p)), slog.Int("status", status))
+	detail := "a statement of the handler failed, so the operation was not applied"
+	if p != nil {
+		detail += "; retry with the same key"
+	}
+	f.cfg.writeProblem(w, ProblemTxAborted, http.StatusInternalServerError, detail, 0)
 }
 
 // panicOf returns the *dedup.PanicError that err, an error of Attempt.Run,

@@ -2,9 +2,7 @@ package idemhttp
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 
 	"github.com/jackc/pgx/v5"
@@ -133,32 +131,20 @@ func (m *TxMiddleware) serveKeyless(w http.ResponseWriter, r *http.Request, h Tx
 	ended := endedCause(ctx)
 	switch {
 	case rec.over:
-		m.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
-			slog.Int("limit", m.cfg.maxSnapshot))
-		m.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
-			fmt.Sprintf("the answer is over the %d bytes a stored response may hold (WithMaxSnapshotBytes), so the operation was not applied; "+
-				"every retry of it will get this answer until the limit is raised", m.cfg.maxSnapshot), 0)
+		m.answerOverLimit(w, nil)
 		return
 	case htx.Ended():
-		m.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back",
-			slog.String("key", keyName(nil)))
-		m.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
-			"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
+		m.answerTxEnded(w, nil)
 		return
 	}
 	if rec.status < 400 && (rec.wrote || ended == nil) {
+		if txguard.Aborted(tx) { // none of its writes can commit
+			m.answerTxAborted(w, nil, rec.status)
+			return
+		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.lease)
 		defer cancel()
-		err := tx.Commit(sctx)
-		switch {
-		case errors.Is(err, pgx.ErrTxCommitRollback):
-			// A statement of the handler failed: none of its writes committed.
-			m.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back",
-				slog.String("key", keyName(nil)), slog.Int("status", rec.status))
-			m.cfg.writeProblem(w, ProblemTxAborted, http.StatusInternalServerError,
-				"a statement of the handler failed, so the operation was not applied", 0)
-			return
-		case err != nil:
+		if err := tx.Commit(sctx); err != nil {
 			m.storeError(w, nil, "commit", err)
 			return
 		}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -304,7 +305,8 @@ func TestTxHandlerCannotEndItsTx(t *testing.T) {
 // (aborting the transaction) and that then answers a final 422 has that
 // answer stored and replayed, without its writes; one that answers 201 after
 // a failed statement gets a 500 transaction-aborted instead, nothing is
-// applied, and its retry runs afresh.
+// applied, and its retry runs afresh. A request without a key is answered
+// the same way.
 func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
 	var mode atomic.Value // "refuse", "ignore" or "ok"
 	var runs atomic.Int64
@@ -328,7 +330,7 @@ func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		}
-	})
+	}, idemhttp.WithOptionalKey())
 	mode.Store("refuse")
 	key := newKey()
 	first := mustPost(t, url, key, order)
@@ -358,6 +360,18 @@ func TestTxFailedStatementThenFinalAnswer(t *testing.T) {
 	}
 	if n := countRows(t, pool, charges); n != 1 {
 		t.Errorf("%d rows, want 1", n)
+	}
+
+	mode.Store("ignore")
+	if a := mustPost(t, url, "", order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemTxAborted) {
+		t.Errorf("keyless 201 after a failed statement: %d %q, want 500 transaction-aborted", a.status, a.body)
+	}
+	mode.Store("refuse")
+	if a := mustPost(t, url, "", order); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("keyless final 422 after a failed statement: %d %q", a.status, a.body)
+	}
+	if n := countRows(t, pool, charges); n != 1 {
+		t.Errorf("%d rows after keyless requests whose statement failed, want 1", n)
 	}
 }
 
@@ -390,5 +404,57 @@ func TestTxUnreplayableHeadersRollBack(t *testing.T) {
 	}
 	if n := countRows(t, pool, charges); n != 1 {
 		t.Errorf("%d rows, want 1", n)
+	}
+}
+
+// TestTxFailedStatementFailureRecordedInItsTx: a handler whose statement
+// fails and that answers 500 has its failure recorded in its own
+// transaction on the first try (no settling write retried), the attempt
+// counted and the key left retryable; the next request with it runs
+// afresh and counts a second attempt.
+func TestTxFailedStatementFailureRecordedInItsTx(t *testing.T) {
+	store, pool := postgresStore(t)
+	charges := chargesTable(t, pool)
+	var logs strings.Builder
+	var mu sync.Mutex
+	m, err := idemhttp.NewTx(store, pool, idemhttp.WithScope("payments-api"),
+		idemhttp.WithLogger(slog.New(slog.NewTextHandler(&syncWriter{w: &logs, mu: &mu}, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, m.Wrap(func(w http.ResponseWriter, r *http.Request, tx pgx.Tx) {
+		if _, err := tx.Exec(r.Context(), "INSERT INTO "+charges+" (amount) VALUES (4200)"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if _, err := tx.Exec(r.Context(), "SELECT 1/0"); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})).URL
+	key := newKey()
+	for attempt := 1; attempt <= 2; attempt++ {
+		if a := mustPost(t, url, key, order); a.status != http.StatusInternalServerError || a.replayed() {
+			t.Fatalf("attempt %d: %d replayed=%v, want the handler's 500", attempt, a.status, a.replayed())
+		}
+		rec, err := store.Get(context.Background(), dedup.Key{Scope: "payments-api", EventID: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != dedup.StatusFailedRetryable || rec.Attempts != attempt || !strings.Contains(rec.LastError, "500") {
+			t.Errorf("attempt %d: record %s, %d attempts, %q; want failed-retryable, counted", attempt, rec.Status, rec.Attempts, rec.LastError)
+		}
+	}
+	if n := countRows(t, pool, charges); n != 0 {
+		t.Errorf("%d rows, want 0", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(logs.String(), "outcome not recorded") {
+		t.Errorf("a settling write was retried:\n%s", logs.String())
+	}
+	if err := m.Health(); err != nil {
+		t.Errorf("Health: %v", err)
 	}
 }

@@ -84,3 +84,19 @@ func (t *Tx) Conn() *pgx.Conn {
 	t.used = true
 	return t.Tx.Conn()
 }
+
+// Status returns the status of tx's connection as of its last
+// ReadyForQuery, read without a round trip: 'T' inside a transaction, 'E'
+// inside one a failed statement aborted, 'I' once it ended, and 0 when the
+// connection is gone.
+func Status(tx pgx.Tx) byte {
+	conn := tx.Conn()
+	if conn == nil || conn.IsClosed() {
+		return 0
+	}
+	return conn.PgConn().TxStatus()
+}
+
+// Aborted reports whether a failed statement aborted tx: nothing it wrote
+// can commit.
+func Aborted(tx pgx.Tx) bool { return Status(tx) == 'E' }
