@@ -393,19 +393,7 @@ func orDefault(s, def string) string {
 // (w.detached), whose caller leaving gives the work to nobody else, always
 // the latter.
 func (w *Wrapper[M]) settleCtx(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
-	return settleWithin(ctx, w.detached, bound)
-}
-
-// settleContext is a consumer's settleCtx bounded by settleTimeout, for the
-// batch's files until they call settleCtx.
-func settleContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return settleWithin(ctx, false, settleTimeout)
-}
-
-// settleWithin is settleCtx's rule, detached saying whether ctx's
-// cancellation is dropped even while ctx lasts.
-func settleWithin(ctx context.Context, detached bool, bound time.Duration) (context.Context, context.CancelFunc) {
-	if !detached && ctx.Err() == nil {
+	if !w.detached && ctx.Err() == nil {
 		return ctx, func() {}
 	}
 	return context.WithTimeout(context.WithoutCancel(ctx), bound)

@@ -144,7 +144,7 @@ func (r *storeRunner[M]) abandon(ctx context.Context, i int) (int, bool) {
 // from index i on, which will not run, and the claim of a key taken over
 // that has not run yet.
 func (r *storeRunner[M]) release(ctx context.Context, i int) {
-	ctx, cancel := settleContext(ctx)
+	ctx, cancel := r.b.w.settleCtx(ctx, settleTimeout)
 	defer cancel()
 	give := func(c *Claim) {
 		if c.Status != ClaimAcquired {

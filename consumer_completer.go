@@ -138,7 +138,7 @@ func (c *batchedCompleter[M]) flush(ctx context.Context) {
 	}
 	c.queue, c.of = c.spare[:0], c.spareOf[:0]
 	c.mu.Unlock()
-	sctx, cancel := settleContext(ctx)
+	sctx, cancel := w.settleCtx(ctx, settleTimeout)
 	errs := w.completeHeld(sctx, w.bc, queue, lease)
 	cancel()
 	c.mu.Lock()
@@ -215,10 +215,7 @@ func (w *Wrapper[M]) completeHeld(ctx context.Context, bc deduptype.BatchComplet
 		var again []int
 		var retry error
 		for k, i := range pending {
-			cerr := res[k]
-			if retried && errors.Is(cerr, ErrLeaseLost) && landed(ctx, w.store, comps[i].Key, comps[i].Owner) {
-				cerr = nil
-			}
+			cerr := forgiveLanded(ctx, w.store, comps[i].Key, comps[i].Owner, retried, res[k])
 			errs[i] = cerr
 			if cerr != nil && !errors.Is(cerr, ErrLeaseLost) && !isUnrepeatable(cerr) {
 				again, retry = append(again, i), cerr
