@@ -394,10 +394,15 @@ func orDefault(s, def string) string {
 // the latter.
 func (w *Wrapper[M]) settleCtx(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
 	if !w.detached && ctx.Err() == nil {
-		return ctx, func() {}
+		return ctx, nothingToCancel
 	}
 	return context.WithTimeout(context.WithoutCancel(ctx), bound)
 }
+
+// nothingToCancel is the CancelFunc of a context returned as it was given.
+// A func literal in settleCtx, a generic method, would capture its
+// dictionary and cost an allocation per event.
+func nothingToCancel() {}
 
 // capturePanic, deferred by a function running a handler, turns a panic
 // into a *PanicError in *err.
