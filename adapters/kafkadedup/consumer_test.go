@@ -184,12 +184,21 @@ func TestHandoverMidBatch(t *testing.T) {
 	store := dedup.NewMemoryStore()
 	fx := newEffects()
 	var canceled atomic.Int32
+	// A handler takes 0.5 ms for the first 100 events, then 40 ms: the
+	// 700 left take the first consumer at least 7 s over its 4 partitions,
+	// so the second joins mid-stream however slowly a loaded machine
+	// rebalances, and the second finishes the rest well within its wait.
+	var started atomic.Int32
 	handler := func(ctx context.Context, r *kgo.Record) error {
+		pause := 500 * time.Microsecond
+		if started.Add(1) > 100 {
+			pause = 40 * time.Millisecond
+		}
 		select {
 		case <-ctx.Done():
 			canceled.Add(1)
 			return ctx.Err()
-		case <-time.After(500 * time.Microsecond):
+		case <-time.After(pause):
 		}
 		fx.apply(r)
 		return nil
