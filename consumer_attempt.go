@@ -22,7 +22,10 @@ type attempt[M any] interface {
 	// run runs the handler on d's message, keeping the claim meanwhile.
 	run(ctx context.Context, d *delivery[M]) error
 	// hold makes sure the claim is still d's, for as long as a lease, or
-	// returns an error matching ErrLeaseLost.
+	// returns an error matching ErrLeaseLost. An attempt in a batch's
+	// shared transaction may instead leave the step that needs the hold
+	// (a dead letter) to the batch, as fail may leave the failure's write:
+	// see left.
 	hold(ctx context.Context, d *delivery[M]) error
 	// complete records the attempt's success, with d.result, its effects
 	// committed (or, when d.result stands alone and they cannot commit,
@@ -34,6 +37,10 @@ type attempt[M any] interface {
 	fail(ctx context.Context, d *delivery[M], f Failure, retried bool) (int, error)
 	// end lets go of whatever the attempt still holds.
 	end(ctx context.Context, d *delivery[M])
+	// left reports whether the attempt left the step settle last asked of
+	// it (hold or fail) to the batch that holds it, the inbox's shared
+	// transaction, which takes it once settle returns.
+	left() bool
 }
 
 // claimer claims one delivery's key, as req asks, for an attempt of its
@@ -116,6 +123,8 @@ func (s storeAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, re
 }
 
 func (s storeAttempt[M]) end(context.Context, *delivery[M]) {}
+
+func (s storeAttempt[M]) left() bool { return false }
 
 // completeFenced completes the claim of key by owner; a refusal after an
 // earlier try (retried) counts as done when that try landed.
@@ -258,8 +267,11 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 		return w.parkFinal(ctx, d, rec, reason, herr)
 	}
 	recorded, err := w.fail(ctx, d, Failure{Error: herr.Error(), TTL: w.cfg.ttl})
-	if err != nil {
+	switch {
+	case err != nil:
 		return Result{Key: d.key}, w.settleError("record failure", d.key, err, false)
+	case d.att.left():
+		return Result{Key: d.key}, nil // the batch holding the attempt records it
 	}
 	attempts = max(attempts, recorded)
 	w.cfg.logger.Debug("dedup: attempt failed, will retry", slog.String("key", d.key.String()),
@@ -282,8 +294,11 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 // whoever drains the dead letters finds the event settled.
 func (w *Wrapper[M]) parkFinal(ctx context.Context, d *delivery[M], rec Record, reason Reason, cause error) (Result, error) {
 	err := w.retryHeld(ctx, d.leaseTime, func(ctx context.Context, _ bool) error { return d.att.hold(ctx, d) })
-	if err != nil {
+	switch {
+	case err != nil:
 		return Result{Key: d.key}, w.settleError("dead-letter", d.key, err, false)
+	case d.att.left():
+		return Result{Key: d.key}, nil // the batch holding the attempt parks it
 	}
 	pctx, cancel := context.WithTimeout(ctx, d.leaseTime)
 	err = w.park(pctx, d, reason, cause, rec)

@@ -228,3 +228,5 @@ func (a *txAttempt[M]) end(ctx context.Context, _ *delivery[M]) {
 		a.tx = nil
 	}
 }
+
+func (a *txAttempt[M]) left() bool { return false }

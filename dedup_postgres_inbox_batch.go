@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 
@@ -55,10 +54,6 @@ const (
 	needRollback           // its handler wrote, then failed: the segment runs again, up to it
 	needCommit             // its outcome is settled once the segment committed
 )
-
-// errLeftToSegment is what a chunk attempt answers settle for a step it
-// leaves to its segment; the runner acts on the attempt's need, not on it.
-var errLeftToSegment error = unrepeatable{errors.New("dedup: the step is left to the inbox batch's transaction")}
 
 func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
 	b := r.b
@@ -255,17 +250,16 @@ func (a *chunkAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 // committed the event's record as a leased claim.
 func (a *chunkAttempt[M]) hold(context.Context, *delivery[M]) error {
 	if a.tx.Used() {
-		return a.leave(needRollback)
+		a.need = needRollback
+	} else {
+		a.need = needCommit
 	}
-	return a.leave(needCommit)
+	return nil
 }
 
-// leave leaves a step to the segment, which acts on need once settle
-// returns.
-func (a *chunkAttempt[M]) leave(need chunkNeed) error {
-	a.need = need
-	return errLeftToSegment
-}
+// left reports whether a step was left to the segment, which acts on need
+// once settle returns.
+func (a *chunkAttempt[M]) left() bool { return a.need != needNothing }
 
 func (a *chunkAttempt[M]) complete(context.Context, *delivery[M], bool) error { return nil }
 
@@ -273,7 +267,8 @@ func (a *chunkAttempt[M]) complete(context.Context, *delivery[M], bool) error { 
 // nothing there; otherwise its writes can only go with the transaction.
 func (a *chunkAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, _ bool) (int, error) {
 	if a.tx.Used() {
-		return 0, a.leave(needRollback)
+		a.need = needRollback
+		return 0, nil
 	}
 	attempts, err := a.r.in.store.failInBatchTx(ctx, a.r.tx, d.key, f, false)
 	if err != nil {
