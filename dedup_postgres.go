@@ -115,16 +115,6 @@ const (
 var pgStatuses = [...]Status{pgProcessing: StatusProcessing, pgSucceeded: StatusSucceeded,
 	pgRetryable: StatusFailedRetryable, pgFinal: StatusFailedFinal}
 
-// pgStatus is the code of s.
-func pgStatus(s Status) int16 {
-	for code, st := range pgStatuses {
-		if st == s && code > 0 {
-			return int16(code)
-		}
-	}
-	return 0
-}
-
 // recordExprs reads the record columns as pgRecord.targets scans them, in
 // this order: the defaults of an inbox row filled in, the packed columns
 // as hex. recordNames names them.

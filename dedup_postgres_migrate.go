@@ -316,9 +316,9 @@ func (s *PostgresStore) migrateStep(ctx context.Context) (done bool, err error) 
 		return false, s.inMigration(ctx, func(tx pgx.Tx) error { return s.switchToV2(ctx, tx) })
 	}
 	s.layout.Store(layoutMigrating)
-	moved, err := s.copyPass(ctx)
-	if err != nil || moved > 0 {
-		return false, err
+	moved, gone, err := s.copyPass(ctx)
+	if err != nil || gone || moved > 0 {
+		return false, err // the next step reads the state again
 	}
 	return false, s.inMigration(ctx, func(tx pgx.Tx) error { return s.dropV1(ctx, tx) })
 }
@@ -386,24 +386,31 @@ func queryStrings(ctx context.Context, q interface {
 }
 
 // copyPass moves the v1 table's rows across once, a range of blocks per
-// transaction, and returns how many it moved.
-func (s *PostgresStore) copyPass(ctx context.Context) (int64, error) {
-	var blocks int64
-	if err := s.pool.QueryRow(ctx, s.sql.migration.blocks, s.names.v1).Scan(&blocks); err != nil {
-		return 0, err
-	}
-	var total int64
-	for b := int64(0); b < blocks; b += migrationBlocks {
-		var n int64
+// transaction, and returns how many it moved. A pass stops where another
+// migration finished meanwhile (gone reports it).
+func (s *PostgresStore) copyPass(ctx context.Context) (moved int64, gone bool, err error) {
+	for b, blocks := int64(0), int64(1); b < blocks; b += migrationBlocks {
 		err := s.inMigration(ctx, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, s.sql.migration.copyRange, blockStart(b), blockStart(b+migrationBlocks)).Scan(&n)
+			state, err := s.state(ctx, tx)
+			if err != nil || state != stateMigrating {
+				gone = true
+				return err
+			}
+			if b == 0 {
+				if err := tx.QueryRow(ctx, s.sql.migration.blocks, s.names.v1).Scan(&blocks); err != nil {
+					return err
+				}
+			}
+			var n int64
+			err = tx.QueryRow(ctx, s.sql.migration.copyRange, blockStart(b), blockStart(b+migrationBlocks)).Scan(&n)
+			moved += n
+			return err
 		})
-		if err != nil {
-			return total, err
+		if err != nil || gone {
+			return moved, gone, err
 		}
-		total += n
 	}
-	return total, nil
+	return moved, false, nil
 }
 
 // dropV1 moves what is left in the v1 table and drops it, in tx, once no
