@@ -65,6 +65,7 @@ var commands = []command{
 	{"stuck", "list records held without progress", runStuck},
 	{"release", "make a stuck or failed key claimable again", runRelease},
 	{"purge", "delete expired records", runPurge},
+	{"migrate", "print the PostgreSQL table's migration to record v2; -yes to migrate", runMigrate},
 	{"outbox", "status of the outbox, requeue failed events", runOutbox},
 	{"redrive", "send dead letters back to their origin (kafka, sqs)", runRedrive},
 }
