@@ -122,6 +122,9 @@ func (b build) String() string {
 	if b.Expired > 0 {
 		what = fmt.Sprintf("+%s expired records", thousands(float64(b.Expired)))
 	}
+	if b.Cleared > 0 {
+		what += fmt.Sprintf(" (%s earlier events deleted)", thousands(float64(b.Cleared)))
+	}
 	return fmt.Sprintf("%s (%s): %s in %.1fs (INSERT %.1fs, VACUUM ANALYZE %.1fs)",
 		b.Table, b.Shape, what, b.InsertSeconds+b.VacuumSeconds, b.InsertSeconds, b.VacuumSeconds)
 }
@@ -163,7 +166,7 @@ func fillKept(ctx context.Context, pool *pgxpool.Pool, prefix, row string, n int
 	if b.From == int64(n) && total == b.From {
 		return nil, nil
 	}
-	t := time.Now()
+	t := time.Now() // the insert's time includes deleting earlier events
 	if b.Cleared = total - b.From; b.Cleared > 0 {
 		if _, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE event_id NOT LIKE '%`+fillSuffix+`'`); err != nil {
 			return nil, err
@@ -177,11 +180,13 @@ func fillKept(ctx context.Context, pool *pgxpool.Pool, prefix, row string, n int
 	}
 	// Created one after another over the last 6 days, the new ones after
 	// those already there.
-	span := 6 * 24 * time.Hour
-	step := span / time.Duration(n)
-	first := time.Now().Add(-span + time.Duration(b.From)*step)
-	if _, err := pool.Exec(ctx, insertSQL(table, shape, row), scopeOf(row), b.From, n, fillSuffix, first, step.Microseconds()); err != nil {
-		return nil, fmt.Errorf("fill %s: %w", table, err)
+	if b.From < int64(n) {
+		span := 6 * 24 * time.Hour
+		step := span / time.Duration(n)
+		first := time.Now().Add(-span + time.Duration(b.From)*step)
+		if _, err := pool.Exec(ctx, insertSQL(table, shape, row), scopeOf(row), b.From, n, fillSuffix, first, step.Microseconds()); err != nil {
+			return nil, fmt.Errorf("fill %s: %w", table, err)
+		}
 	}
 	b.InsertSeconds = time.Since(t).Seconds()
 	t = time.Now()

@@ -128,6 +128,10 @@ func main() {
 		os.Exit(2)
 	}
 	if *purge {
+		if *purgeN <= 0 {
+			fmt.Fprintln(os.Stderr, "dedupbench: -purge-n: want a number of records above 0")
+			os.Exit(2)
+		}
 		plan.purge = *purgeN
 	}
 	if !validPrefix.MatchString(cfg.Prefix) {
