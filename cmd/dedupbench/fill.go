@@ -46,9 +46,14 @@ const (
 	expiredSuffix = "-x"
 )
 
-// keptTable names row's kept table.
-func keptTable(prefix, row string) string {
-	return prefix + "_" + strings.ReplaceAll(row, "-", "_") + "_kept"
+// keptTable names row's kept table; the purge rows have tables of their
+// own, so that the space their purges free is not in the other rows' tables.
+func keptTable(prefix, row string, purge bool) string {
+	name := prefix + "_" + strings.ReplaceAll(row, "-", "_")
+	if purge {
+		name += "_purge"
+	}
+	return name + "_kept"
 }
 
 // createFloor creates the floor row's table.
@@ -131,8 +136,7 @@ func (b build) String() string {
 
 // ensureKept creates row's kept table if need be (the store's Migrate, or
 // the floor's CREATE) and returns its name and shape.
-func ensureKept(ctx context.Context, pool *pgxpool.Pool, prefix, row string) (string, string, error) {
-	table := keptTable(prefix, row)
+func ensureKept(ctx context.Context, pool *pgxpool.Pool, table, row string) (string, string, error) {
 	if row == "floor" {
 		if _, err := pool.Exec(ctx, createFloor(table)); err != nil {
 			return "", "", err
@@ -152,8 +156,8 @@ func ensureKept(ctx context.Context, pool *pgxpool.Pool, prefix, row string) (st
 
 // fillKept makes row's kept table hold exactly n fill records and nothing
 // else. It returns nil when the table held them already.
-func fillKept(ctx context.Context, pool *pgxpool.Pool, prefix, row string, n int) (*build, error) {
-	table, shape, err := ensureKept(ctx, pool, prefix, row)
+func fillKept(ctx context.Context, pool *pgxpool.Pool, table, row string, n int) (*build, error) {
+	table, shape, err := ensureKept(ctx, pool, table, row)
 	if err != nil {
 		return nil, err
 	}
@@ -199,8 +203,8 @@ func fillKept(ctx context.Context, pool *pgxpool.Pool, prefix, row string, n int
 
 // addExpired adds n expired records to row's kept table, for Purge to delete
 // while the row runs.
-func addExpired(ctx context.Context, pool *pgxpool.Pool, prefix, row string, n int) (*build, error) {
-	table, shape, err := ensureKept(ctx, pool, prefix, row)
+func addExpired(ctx context.Context, pool *pgxpool.Pool, table, row string, n int) (*build, error) {
+	table, shape, err := ensureKept(ctx, pool, table, row)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +310,7 @@ type keptTables struct {
 	pool   *pgxpool.Pool
 	prefix string
 	lock   *pgxpool.Conn
-	done   map[string]int // row -> the size its table was made to hold
+	done   map[string]int // table -> the size it was made to hold
 }
 
 func openKept(ctx context.Context, cfg config) (*keptTables, error) {
@@ -344,19 +348,20 @@ func (k *keptTables) close() {
 // besides, and returns what it built.
 func (k *keptTables) prepare(ctx context.Context, j job) ([]build, error) {
 	var bs []build
-	if size, ok := k.done[j.row.name]; !ok || size != j.fill {
-		b, err := fillKept(ctx, k.pool, k.prefix, j.row.name, j.fill)
+	table := keptTable(k.prefix, j.row.name, j.purge > 0)
+	if size, ok := k.done[table]; !ok || size != j.fill || j.purge > 0 {
+		b, err := fillKept(ctx, k.pool, table, j.row.name, j.fill)
 		if err != nil {
 			return nil, err
 		}
-		k.done[j.row.name] = j.fill
+		k.done[table] = j.fill
 		if b != nil {
 			fmt.Fprintf(os.Stderr, "built %s\n", b)
 			bs = append(bs, *b)
 		}
 	}
 	if j.purge > 0 {
-		b, err := addExpired(ctx, k.pool, k.prefix, j.row.name, j.purge)
+		b, err := addExpired(ctx, k.pool, table, j.row.name, j.purge)
 		if err != nil {
 			return nil, err
 		}

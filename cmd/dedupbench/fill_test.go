@@ -37,7 +37,9 @@ func TestKeptTables(t *testing.T) {
 		}
 		defer conn.Close(context.Background())
 		for _, row := range p.only {
-			_, _ = conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+keptTable(p.cfg.Prefix, row))
+			for _, purge := range []bool{false, true} {
+				_, _ = conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+keptTable(p.cfg.Prefix, row, purge))
+			}
 		}
 	})
 	for run := range 2 {

@@ -83,7 +83,7 @@ func main() {
 		strings.Join(fillable, ",")+" run at each size >0 on a table kept and filled once (at most 1,000,000 with -quick)")
 	purge := flag.Bool("purge", false, "also run the rows "+strings.Join(purgeRows, ",")+" while Purge deletes -purge-n expired records, at the first size of -records above 0 (or 0)")
 	purgeN := flag.Int("purge-n", 1_000_000, "expired records of the -purge rows")
-	flag.StringVar(&cfg.Prefix, "tables", "dedupbench", "prefix of the PostgreSQL tables' names (the kept ones are <prefix>_<row>_kept)")
+	flag.StringVar(&cfg.Prefix, "tables", "dedupbench", "prefix of the PostgreSQL tables' names (the kept ones are <prefix>_<row>_kept, and <prefix>_<row>_purge_kept for -purge)")
 	flag.Parse()
 	cfg.FetchPartitionBytes = int32(*fetchBytes)
 

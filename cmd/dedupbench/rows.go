@@ -102,7 +102,7 @@ func runTable(name string) string { return fmt.Sprintf("%s_%d", name, os.Getpid(
 // filled, which outlives the row (see fill.go).
 func rowTable(cfg config, row string) string {
 	if cfg.Kept {
-		return keptTable(cfg.Prefix, row)
+		return keptTable(cfg.Prefix, row, cfg.Purge > 0)
 	}
 	return runTable(cfg.Prefix + "_" + strings.ReplaceAll(row, "-", "_"))
 }
