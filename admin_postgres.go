@@ -9,13 +9,10 @@ import (
 )
 
 // Stuck implements [Admin]. It scans the table: it is an operator's query,
-// not one for a hot path.
+// not one for a hot path. While a migration from record v1 runs, it sees
+// the rows moved so far.
 func (s *PostgresStore) Stuck(ctx context.Context, scope string, olderThan time.Duration, limit int) ([]Record, error) {
-	rows, err := s.pool.Query(ctx, `SELECT scope, event_id, `+recordColumns+` FROM `+s.table+`
-WHERE ($1 = '' OR scope = $1) AND expires_at > now()
-	AND ((status = 'PROCESSING' AND lease_until < now())
-		OR (status = 'FAILED_RETRYABLE' AND updated_at < now() - $2::interval))
-ORDER BY updated_at LIMIT $3`, scope, olderThan, limit)
+	rows, err := s.pool.Query(ctx, s.sql.stuck, scope, olderThan, limit)
 	if err != nil {
 		return nil, s.opError("stuck", err)
 	}
@@ -42,8 +39,10 @@ func (s *PostgresStore) Forget(ctx context.Context, key Key, owner string) (bool
 	if err := key.Validate(); err != nil {
 		return false, fmt.Errorf("dedup: postgres forget: %w", err)
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.table+`
-WHERE scope = $1 AND event_id = $2 AND owner = $3 AND status <> 'SUCCEEDED'`, key.Scope, key.EventID, owner)
+	if err := s.pullKey(ctx, nil, key); err != nil {
+		return false, s.opError("forget "+key.String(), err)
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.forget, key.Scope, key.EventID, pgPack(owner, ownerBytes))
 	if err != nil {
 		return false, s.opError("forget "+key.String(), err)
 	}

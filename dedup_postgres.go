@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,27 +21,31 @@ import (
 // inboxSavepoint is the savepoint an inbox attempt takes after its claim.
 const inboxSavepoint = "dedup_attempt"
 
-// purgeBatch bounds the rows one Purge statement deletes, so purging a large
-// backlog never holds many row locks or one long transaction.
-const purgeBatch = 1000
-
-// PostgresStore is a [Store] kept in one PostgreSQL table.
+// PostgresStore is a [Store] kept in one PostgreSQL table, in the layout
+// of record v2 (docs/record-v2.md).
 //
 // Each record is written twice in quick succession, claimed then settled. So
-// that the second write is an in-place (HOT) update, which adds no index
-// entries, the table Migrate creates keeps half of each page free
-// (fillfactor 50), and a claim retains its record for its TTL plus 1/64: a
-// completion within that slack leaves the indexed expiry as it is. A record
-// is therefore kept at least its TTL, and at most 1/64 longer.
+// that the second write is an in-place (HOT) update, the table Migrate
+// creates keeps half of each page free (fillfactor 50). A row the
+// transactional inbox commits holds four columns: the key, the payload's
+// fingerprint and the expiry; its transaction's row lock was its lease.
 //
-// The key columns of a table Migrate creates compare bytes (COLLATE "C"):
-// each event costs several lookups in the primary key, and a key is an
-// identifier, not text to sort for people. A table made before keeps the
-// database's collation and works as it is.
+// The table has no index on the expiry: [PostgresStore.Purge] sweeps the
+// heap a range of blocks at a time (PostgreSQL 14 or later reads a range
+// directly; before, each range costs a scan).
+//
+// The key columns compare bytes (COLLATE "C"): each event costs several
+// lookups in the primary key, and a key is an identifier, not text to sort
+// for people.
 type PostgresStore struct {
 	pool  *pgxpool.Pool
 	table string // quoted, for messages
 	sql   postgresSQL
+	// layout is what the table was last found to be (a pgLayout): v2, or
+	// being migrated from v1, when each operation first moves its keys'
+	// rows across.
+	layout atomic.Int32
+	names  tableNames
 }
 
 // TableNameError reports a table name [NewPostgresStore] or the outbox
@@ -66,8 +72,10 @@ func NewPostgresStore(pool *pgxpool.Pool, opts ...StoreOpt) (*PostgresStore, err
 	if err != nil {
 		return nil, err
 	}
-	table := ident.Sanitize()
-	return &PostgresStore{pool: pool, table: table, sql: buildPostgresSQL(table, ident[len(ident)-1])}, nil
+	names := newTableNames(ident)
+	s := &PostgresStore{pool: pool, table: names.table, names: names}
+	s.sql = buildPostgresSQL(names)
+	return s, nil
 }
 
 // parseTableName splits name into at most a schema and a table, each a plain
@@ -82,95 +90,153 @@ func parseTableName(name string) (pgx.Identifier, error) {
 
 // postgresSQL holds every statement of a store, built once for its table.
 type postgresSQL struct {
-	createTable, createIndex, migrateLock       string
+	createTable, migrateLock                    string
 	claim, claimBatch, claimInTx, recordFailure string
-	claimBatchInTx                              string
+	takeoverBatch, takeoverInTx                 string
+	claimBatchInTx, takeoverBatchInTx           string
 	savepoint, rollbackToSavepoint, failInTx    string
-	leaseInTx                                   string
+	leaseInTx, resultInTx                       string
 	read, readBatch, get                        string
 	complete, completeBatch, completeLocated    string
-	fail, extend, release, purge                string
+	fail, extend, release, purge, relBlocks     string
+	stuck, forget                               string
+	migration                                   migrationSQL
 }
 
-// recordColumns are scanned by pgRecord.targets, in this order.
-const recordColumns = `status, fingerprint, attempts, owner, lease_until, created_at,
+// The status codes of record v2. A row the transactional inbox commits
+// has none (NULL), which reads as pgSucceeded.
+const (
+	pgProcessing = 1
+	pgSucceeded  = 2
+	pgRetryable  = 3
+	pgFinal      = 4
+)
+
+var pgStatuses = [...]Status{pgProcessing: StatusProcessing, pgSucceeded: StatusSucceeded,
+	pgRetryable: StatusFailedRetryable, pgFinal: StatusFailedFinal}
+
+// pgStatus is the code of s.
+func pgStatus(s Status) int16 {
+	for code, st := range pgStatuses {
+		if st == s && code > 0 {
+			return int16(code)
+		}
+	}
+	return 0
+}
+
+// recordExprs reads the record columns as pgRecord.targets scans them, in
+// this order: the defaults of an inbox row filled in, the packed columns
+// as hex. recordNames names them.
+const (
+	recordExprs = `coalesce(status, 2) AS status, encode(fingerprint, 'hex') AS fingerprint,
+	coalesce(attempts, 1) AS attempts, encode(owner, 'hex') AS owner, lease_until, created_at,
 	updated_at, expires_at, last_error, first_failure, last_failure, result`
+	recordNames = `status, fingerprint, attempts, owner, lease_until, created_at,
+	updated_at, expires_at, last_error, first_failure, last_failure, result`
+)
 
 // takeoverSet applies a claim to an existing row: an expired row starts
 // afresh, a taken-over row counts one more attempt. previous_status keeps the
 // status the row had, because RETURNING only sees the new row.
 const takeoverSet = `status = EXCLUDED.status,
 	fingerprint = EXCLUDED.fingerprint,
-	attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE t.attempts + 1 END,
+	attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE coalesce(t.attempts, 1) + 1 END,
 	owner = EXCLUDED.owner,
 	lease_until = EXCLUDED.lease_until,
-	created_at = CASE WHEN t.expires_at <= now() THEN now() ELSE t.created_at END,
-	updated_at = now(),
+	created_at = CASE WHEN t.expires_at <= now() THEN EXCLUDED.created_at
+		ELSE coalesce(t.created_at, EXCLUDED.created_at) END,
+	updated_at = EXCLUDED.updated_at,
 	expires_at = EXCLUDED.expires_at,
 	last_error = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.last_error END,
 	first_failure = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.first_failure END,
 	last_failure = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.last_failure END,
 	result = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.result END,
-	previous_status = CASE WHEN t.expires_at <= now() THEN NULL ELSE t.status END`
-
-// claimBatchSQL is the statement that claims a list of keys at once,
-// writing the rows it acquires with status: PROCESSING for ClaimBatch, or
-// SUCCEEDED for a batch of the transactional inbox, whose transaction is
-// then the lease.
-func claimBatchSQL(table string, status Status) string {
-	return `INSERT INTO ` + table + ` AS t ` + insertColumns + `
-SELECT r.scope, r.event_id, '` + string(status) + `', r.fingerprint, 1, r.owner, now() + r.lease_us * interval '1 microsecond',
-	now(), now(), now() + r.expiry_us * interval '1 microsecond'
-FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], ` + pgSplit("$4") + `), ` + pgSplit("$5") + `,
-	` + pgSplit("$6") + `::bigint[], ` + pgSplit("$7") + `::bigint[])
-	AS r(scope, event_id, fingerprint, owner, lease_us, expiry_us)
-ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
-WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
-RETURNING owner, ctid, now(), previous_status, attempts, lease_until, created_at, updated_at, expires_at,
-	last_error, first_failure, last_failure, result`
-}
+	previous_status = CASE WHEN t.expires_at <= now() THEN NULL ELSE coalesce(t.status, 2) END`
 
 // takeoverAllowed is the state machine's takeover rule for row t claimed
-// with fingerprint fp (an SQL expression): MayTakeOver in SQL, with expiry.
+// with fingerprint fp (an SQL expression of bytea): MayTakeOver in SQL,
+// with expiry.
 func takeoverAllowed(fp string) string {
 	return `t.expires_at <= now() OR (t.fingerprint = ` + fp + ` AND
-	(t.status = 'FAILED_RETRYABLE' OR (t.status = 'PROCESSING' AND t.lease_until <= now())))`
+	(t.status = 3 OR (t.status = 1 AND t.lease_until <= now())))`
 }
 
-const insertColumns = `(scope, event_id, status, fingerprint, attempts, owner, lease_until,
-	created_at, updated_at, expires_at)`
+// The columns a claim writes: all of a store claim's, or the inbox's four.
+const (
+	claimColumns = `(expires_at, scope, event_id, fingerprint, status, attempts, owner, lease_until,
+	created_at, updated_at)`
+	inboxColumns = `(expires_at, scope, event_id, fingerprint)`
+)
 
-func buildPostgresSQL(table, bareName string) postgresSQL {
-	where := `WHERE scope = $1 AND event_id = $2`
-	held := where + ` AND owner = $3 AND status = 'PROCESSING' AND expires_at > now()`
-	// An index name is unqualified (it lives in the table's schema) and at
-	// most 63 bytes; the name is ASCII, so cutting bytes is safe.
-	index := bareName + "_expires_at_idx"
-	if len(index) > 63 {
-		index = index[:63]
+// batchRows is the FROM of a batch claim: its requests as lists (see pgList);
+// the fingerprints, which may hold anything, come as an array ($3) when
+// they cannot be a list. They are packed as hex (see pgPack).
+func batchRows() string {
+	return `unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], ` + pgSplit("$4") + `), ` + pgSplit("$5") + `,
+	` + pgSplit("$6") + `::bigint[], ` + pgSplit("$7") + `::bigint[])
+	AS r(scope, event_id, fingerprint, owner, lease_us, expiry_us)`
+}
+
+// claimBatchSQL is the statement that claims a list of keys no row holds,
+// writing a claim in progress (inbox false) or the inbox's row, succeeded
+// once its transaction commits (inbox true). A key a row holds is left for
+// takeoverBatchSQL, after its row was read.
+func claimBatchSQL(table string, inbox bool) string {
+	cols, vals := claimColumns, `now() + r.expiry_us * interval '1 microsecond', r.scope, r.event_id,
+	decode(r.fingerprint, 'hex'), 1, 1, decode(r.owner, 'hex'), now() + r.lease_us * interval '1 microsecond', now(), now()`
+	if inbox {
+		cols, vals = inboxColumns, `now() + r.expiry_us * interval '1 microsecond', r.scope, r.event_id, decode(r.fingerprint, 'hex')`
 	}
+	return `INSERT INTO ` + table + ` ` + cols + `
+SELECT ` + vals + ` FROM ` + batchRows() + `
+ON CONFLICT (scope, event_id) DO NOTHING
+RETURNING scope, event_id, ctid, now(), expires_at`
+}
+
+// takeoverBatchSQL is the statement that takes over the rows of keys a
+// claim found held and the rule lets go.
+func takeoverBatchSQL(table string, inbox bool) string {
+	status, owner, lease, at := "1", "decode(r.owner, 'hex')", "now() + r.lease_us * interval '1 microsecond'", "now()"
+	if inbox {
+		status, owner, lease, at = "NULL::smallint", "NULL::bytea", "NULL::timestamptz", "NULL::timestamptz"
+	}
+	return `INSERT INTO ` + table + ` AS t ` + claimColumns + `
+SELECT now() + r.expiry_us * interval '1 microsecond', r.scope, r.event_id, decode(r.fingerprint, 'hex'),
+	` + status + `, 1, ` + owner + `, ` + lease + `, ` + at + `, ` + at + `
+FROM ` + batchRows() + `
+ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
+WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
+RETURNING t.scope, t.event_id, ctid, now(), previous_status, ` + recordExprs
+}
+
+func buildPostgresSQL(names tableNames) postgresSQL {
+	table := names.table
+	where := `WHERE scope = $1 AND event_id = $2`
+	held := where + ` AND owner = decode($3, 'hex') AND status = 1 AND expires_at > now()`
 	return postgresSQL{
 		migrateLock: `SELECT pg_advisory_xact_lock(hashtext($1))`,
+		// Columns are ordered so that a row pads least: the 8-byte expiry
+		// first, what an inbox row leaves NULL (which costs a bit in the
+		// row's null bitmap) after the four it writes.
 		createTable: `CREATE TABLE IF NOT EXISTS ` + table + ` (
+	expires_at timestamptz NOT NULL,
 	scope text COLLATE "C" NOT NULL,
 	event_id text COLLATE "C" NOT NULL,
-	status text NOT NULL CONSTRAINT dedup_status_check
-		CHECK (status IN ('PROCESSING', 'SUCCEEDED', 'FAILED_RETRYABLE', 'FAILED_FINAL')),
-	fingerprint text NOT NULL,
-	attempts integer NOT NULL,
-	owner text NOT NULL,
-	lease_until timestamptz NOT NULL,
-	created_at timestamptz NOT NULL,
-	updated_at timestamptz NOT NULL,
-	expires_at timestamptz NOT NULL,
+	fingerprint bytea NOT NULL,
+	status smallint CONSTRAINT dedup_status_check CHECK (status BETWEEN 1 AND 4),
+	attempts integer,
+	owner bytea,
+	lease_until timestamptz,
+	created_at timestamptz,
+	updated_at timestamptz,
 	last_error text,
 	first_failure timestamptz,
 	last_failure timestamptz,
 	result bytea,
-	previous_status text,
+	previous_status smallint,
 	PRIMARY KEY (scope, event_id)
 ) WITH (fillfactor = 50)`,
-		createIndex: `CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{index}.Sanitize() + ` ON ` + table + ` (expires_at)`,
 
 		// A live row the claim may not take over (a duplicate, an event in
 		// flight) is answered from the statement's own read (cur): one round
@@ -179,81 +245,90 @@ func buildPostgresSQL(table, bareName string) postgresSQL {
 		// statement's snapshot is refused by the upsert instead, which then
 		// returns nothing, and the caller reads it.
 		claim: `WITH cur AS (
-	SELECT ` + recordColumns + ` FROM ` + table + ` AS t ` + where + `
-	AND NOT (` + takeoverAllowed("$3") + `)
+	SELECT ` + recordExprs + ` FROM ` + table + ` AS t ` + where + `
+	AND NOT coalesce(` + takeoverAllowed("decode($3, 'hex')") + `, false)
 ), ins AS (
-	INSERT INTO ` + table + ` AS t ` + insertColumns + `
-	SELECT $1, $2, 'PROCESSING', $3, 1, $4, now() + $5::interval, now(), now(), now() + $6::interval
+	INSERT INTO ` + table + ` AS t ` + claimColumns + `
+	SELECT now() + $6::interval, $1, $2, decode($3, 'hex'), 1, 1, decode($4, 'hex'), now() + $5::interval, now(), now()
 	WHERE NOT EXISTS (SELECT FROM cur)
 	ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
 	WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
-	RETURNING previous_status, ` + recordColumns + `
+	RETURNING previous_status, ` + recordExprs + `
 )
-SELECT true, previous_status, ` + recordColumns + ` FROM ins
+SELECT true, previous_status, ` + recordNames + ` FROM ins
 UNION ALL
-SELECT false, NULL, ` + recordColumns + ` FROM cur`,
+SELECT false, NULL, ` + recordNames + ` FROM cur`,
 
 		// Rows are inserted in array order; callers sort the keys so that
 		// concurrent batches lock rows in one order and cannot deadlock.
-		// The columns come as lists (see pgList); fingerprints, which may
-		// hold anything, come as an array ($3) when they cannot be a list.
-		// Acquired rows are named by their new owner token, and RETURNING
-		// leaves out what the request already says.
-		claimBatch:     claimBatchSQL(table, StatusProcessing),
-		claimBatchInTx: claimBatchSQL(table, StatusSucceeded),
+		claimBatch:        claimBatchSQL(table, false),
+		takeoverBatch:     takeoverBatchSQL(table, false),
+		claimBatchInTx:    claimBatchSQL(table, true),
+		takeoverBatchInTx: takeoverBatchSQL(table, true),
 
-		claimInTx: `INSERT INTO ` + table + ` AS t ` + insertColumns + `
-VALUES ($1, $2, 'SUCCEEDED', $3, 1, $4, now(), now(), now(), now() + $5::interval)
+		// The inbox's claim writes four columns; a key a row holds is
+		// taken over, when the rule lets it, by takeoverInTx.
+		claimInTx: `INSERT INTO ` + table + ` ` + inboxColumns + `
+VALUES (now() + $4::interval, $1, $2, decode($3, 'hex'))
+ON CONFLICT (scope, event_id) DO NOTHING
+RETURNING expires_at`,
+		takeoverInTx: `INSERT INTO ` + table + ` AS t ` + inboxColumns + `
+VALUES (now() + $4::interval, $1, $2, decode($3, 'hex'))
 ON CONFLICT (scope, event_id) DO UPDATE SET ` + takeoverSet + `
 WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
-RETURNING true, previous_status, ` + recordColumns,
+RETURNING true, previous_status, ` + recordExprs,
 
 		savepoint:           `SAVEPOINT ` + inboxSavepoint,
 		rollbackToSavepoint: `ROLLBACK TO SAVEPOINT ` + inboxSavepoint,
-		// The claim in the same transaction wrote the row: it is there.
-		failInTx: `UPDATE ` + table + ` SET status = $3, last_error = $4,
-	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
-	expires_at = now() + $5::interval ` + where + ` RETURNING attempts`,
+		// The claim in the same transaction wrote the row: it is there. The
+		// failure writes the attempt's owner token, which an operator's
+		// Forget names.
+		failInTx: `UPDATE ` + table + ` SET status = $3, owner = decode($6, 'hex'), attempts = coalesce(attempts, 1),
+	last_error = $4, first_failure = coalesce(first_failure, now()), last_failure = now(),
+	created_at = coalesce(created_at, now()), updated_at = now(), expires_at = now() + $5::interval
+` + where + ` RETURNING attempts`,
 
 		// The claim in the same transaction wrote the row as succeeded; the
-		// attempt's outcome will be written on the store claim path instead.
-		leaseInTx: `UPDATE ` + table + ` SET status = 'PROCESSING', lease_until = now() + $3::interval,
-	updated_at = now() ` + where,
+		// attempt's outcome will be written on the store claim path instead,
+		// fenced on the claim's owner token.
+		leaseInTx: `UPDATE ` + table + ` SET status = 1, owner = decode($4, 'hex'), attempts = coalesce(attempts, 1),
+	lease_until = now() + $3::interval, created_at = coalesce(created_at, now()), updated_at = now() ` + where,
+		// The transaction holds the row it claimed, which is an inbox row.
+		resultInTx: `UPDATE ` + table + ` SET result = $3 ` + where + ` AND status IS NULL`,
 
-		recordFailure: `INSERT INTO ` + table + ` AS t (scope, event_id, status, fingerprint, attempts, owner,
-	lease_until, created_at, updated_at, expires_at, last_error, first_failure, last_failure)
-VALUES ($1, $2, $3, $4, 1, $5, now(), now(), now(), now() + $6::interval, $7, now(), now())
+		recordFailure: `INSERT INTO ` + table + ` AS t (expires_at, scope, event_id, fingerprint, status, attempts,
+	owner, lease_until, created_at, updated_at, last_error, first_failure, last_failure)
+VALUES (now() + $6::interval, $1, $2, decode($4, 'hex'), $3, 1, decode($5, 'hex'), now(), now(), now(), $7, now(), now())
 ON CONFLICT (scope, event_id) DO UPDATE SET
 	status = EXCLUDED.status,
 	fingerprint = EXCLUDED.fingerprint,
-	attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE t.attempts + 1 END,
+	attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE coalesce(t.attempts, 1) + 1 END,
 	owner = EXCLUDED.owner,
 	lease_until = now(),
-	created_at = CASE WHEN t.expires_at <= now() THEN now() ELSE t.created_at END,
+	created_at = CASE WHEN t.expires_at <= now() THEN now() ELSE coalesce(t.created_at, now()) END,
 	updated_at = now(),
 	expires_at = EXCLUDED.expires_at,
 	last_error = EXCLUDED.last_error,
-	first_failure = CASE WHEN t.expires_at <= now() THEN now() ELSE COALESCE(t.first_failure, now()) END,
+	first_failure = CASE WHEN t.expires_at <= now() THEN now() ELSE coalesce(t.first_failure, now()) END,
 	last_failure = now(),
 	result = NULL,
 	previous_status = NULL
-WHERE t.expires_at <= now() OR (t.fingerprint = EXCLUDED.fingerprint AND
-	t.status IN ('PROCESSING', 'FAILED_RETRYABLE'))
+WHERE t.expires_at <= now() OR (t.fingerprint = EXCLUDED.fingerprint AND t.status IN (1, 3))
 RETURNING attempts`,
 
-		// read answers a refused claim: the row was live when it refused, so
+		// read answers a refused claim: the row was there when it refused, so
 		// it is read whatever its expiry by now.
-		read: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where,
+		read: `SELECT ` + recordExprs + ` FROM ` + table + ` ` + where,
 		// Each key is looked up on its own (LATERAL ... LIMIT 1), so that
 		// whatever the planner estimates, a batch costs one primary-key
 		// probe per key, never a scan of the table.
 		readBatch: `SELECT r.i, now(), t.*
 FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `) WITH ORDINALITY AS r(scope, event_id, i)
-CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + table + `
+CROSS JOIN LATERAL (SELECT ` + recordExprs + ` FROM ` + table + `
 	WHERE scope = r.scope AND event_id = r.event_id LIMIT 1) AS t`,
-		get: `SELECT ` + recordColumns + ` FROM ` + table + ` ` + where + ` AND expires_at > now()`,
+		get: `SELECT ` + recordExprs + ` FROM ` + table + ` ` + where + ` AND expires_at > now()`,
 
-		complete: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = $4, updated_at = now(),
+		complete: `UPDATE ` + table + ` SET status = 2, result = $4, updated_at = now(),
 	expires_at = ` + keptExpiry("$5::interval", "$6::interval") + ` ` + held,
 		// Rows a claim of this store just wrote are found by where it wrote
 		// them (ctid): no index lookup. The list of places is computed
@@ -263,35 +338,46 @@ CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + table + `
 		// lease ran out too, since a claim taking it over locks rows in key
 		// order. Owner tokens are unique, so an owner found among the
 		// batch's is the completion's own row.
-		completeLocated: `UPDATE ` + table + ` SET status = 'SUCCEEDED', result = NULL, updated_at = now(),
+		completeLocated: `UPDATE ` + table + ` SET status = 2, result = NULL, updated_at = now(),
 	expires_at = ` + keptExpiry("$2::interval", "$3::interval") + `
-WHERE ctid = ANY(ARRAY(SELECT unnest(` + pgSplit("$1") + `)::tid)) AND owner = ANY(` + pgSplit("$4") + `)
-	AND status = 'PROCESSING' AND lease_until > now() AND expires_at > now()
-RETURNING owner`,
+WHERE ctid = ANY(ARRAY(SELECT unnest(` + pgSplit("$1") + `)::tid))
+	AND owner = ANY(ARRAY(SELECT decode(unnest(` + pgSplit("$4") + `), 'hex')))
+	AND status = 1 AND lease_until > now() AND expires_at > now()
+RETURNING encode(owner, 'hex')`,
 		// Each key is looked up on its own, as in readBatch, and its row
 		// updated through the ctid found: rows are locked in the order of
 		// the keys, which callers sort as for claimBatch. A row updated
 		// meanwhile has another ctid and is left alone: it was taken over.
 		// RETURNING names the completed requests by position.
-		completeBatch: `UPDATE ` + table + ` AS t SET status = 'SUCCEEDED', result = r.result, updated_at = now(),
+		completeBatch: `UPDATE ` + table + ` AS t SET status = 2, result = r.result, updated_at = now(),
 	expires_at = ` + keptExpiry("r.ttl_us * interval '1 microsecond'", "r.expiry_us * interval '1 microsecond'") + `
 FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, ` + pgSplit("$3") + `, $4::bytea[],
 	` + pgSplit("$5") + `::bigint[], ` + pgSplit("$6") + `::bigint[]) WITH ORDINALITY
 	AS r(scope, event_id, owner, result, ttl_us, expiry_us, i)
 CROSS JOIN LATERAL (SELECT ctid AS tid FROM ` + table + `
 	WHERE scope = r.scope AND event_id = r.event_id LIMIT 1) AS k
-WHERE t.ctid = k.tid AND t.owner = r.owner AND t.status = 'PROCESSING' AND t.expires_at > now()
+WHERE t.ctid = k.tid AND t.owner = decode(r.owner, 'hex') AND t.status = 1 AND t.expires_at > now()
 RETURNING r.i`,
 		fail: `UPDATE ` + table + ` SET status = $4, last_error = $5,
-	first_failure = COALESCE(first_failure, now()), last_failure = now(), updated_at = now(),
+	first_failure = coalesce(first_failure, now()), last_failure = now(), updated_at = now(),
 	expires_at = now() + $6::interval ` + held,
 		extend: `UPDATE ` + table + ` SET lease_until = now() + $4::interval, updated_at = now() ` + held,
-		release: `UPDATE ` + table + ` SET status = 'FAILED_RETRYABLE', attempts = attempts - 1,
+		release: `UPDATE ` + table + ` SET status = 3, attempts = attempts - 1,
 	lease_until = now(), updated_at = now() ` + held,
-		// A row taken over between the subquery and the delete has a new
-		// ctid and a later expiry, so it is skipped, never deleted live.
-		purge: fmt.Sprintf(`DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM %[1]s WHERE expires_at <= now() LIMIT %[2]d)) AND expires_at <= now()`, table, purgeBatch),
+		// Purge sweeps the heap a range of blocks at a time (a TID range
+		// scan): no expiry index for every insert to pay for, and no
+		// statement that holds many rows or a long transaction.
+		purge:     `DELETE FROM ` + table + ` WHERE ctid >= $1 AND ctid < $2 AND expires_at <= now()`,
+		relBlocks: `SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint`,
+
+		stuck: `SELECT scope, event_id, ` + recordExprs + ` FROM ` + table + `
+WHERE ($1 = '' OR scope = $1) AND expires_at > now()
+	AND ((status = 1 AND lease_until < now()) OR (status = 3 AND updated_at < now() - $2::interval))
+ORDER BY updated_at LIMIT $3`,
+		forget: `DELETE FROM ` + table + `
+WHERE scope = $1 AND event_id = $2 AND owner = decode($3, 'hex') AND coalesce(status, 2) <> 2`,
+
+		migration: buildMigrationSQL(names),
 	}
 }
 
@@ -308,35 +394,17 @@ func keptExpiry(ttl, expiry string) string {
 // 1/64, so that a completion soon after it finds the expiry still good.
 func expiryOf(ttl time.Duration) time.Duration { return ttl + ttl/64 }
 
-// Migrate creates the table and its expiry index unless they exist. It is
-// safe to run concurrently from several processes.
-func (s *PostgresStore) Migrate(ctx context.Context) error {
-	// Concurrent CREATE ... IF NOT EXISTS can still collide on the catalog
-	// (pg_type's unique index), so migrations of one table take turns.
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.sql.migrateLock, "dedup migrate "+s.table); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, s.sql.createTable); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, s.sql.createIndex)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("dedup: postgres migrate %s: %w", s.table, err)
-	}
-	return nil
-}
-
 // Claim atomically creates or takes over the record for req.Key in one
 // statement, or reports why it cannot.
 func (s *PostgresStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error) {
 	if err := req.Key.Validate(); err != nil {
 		return Claim{}, fmt.Errorf("dedup: postgres claim: %w", err)
 	}
-	c, err := s.claim(ctx, s.pool, s.sql.claim, req,
-		req.Key.Scope, req.Key.EventID, req.Fingerprint, deduptype.NewOwnerToken(), req.Lease, expiryOf(req.TTL))
+	if err := s.pullKey(ctx, nil, req.Key); err != nil {
+		return Claim{}, s.opError("claim "+req.Key.String(), err)
+	}
+	c, err := s.claim(ctx, s.pool, s.sql.claim, req, req.Key.Scope, req.Key.EventID, pgPack(req.Fingerprint, fingerprintBytes),
+		pgPack(deduptype.NewOwnerToken(), ownerBytes), req.Lease, expiryOf(req.TTL))
 	if err != nil {
 		return Claim{}, s.opError("claim "+req.Key.String(), err)
 	}
@@ -354,7 +422,7 @@ type pgQuerier interface {
 func (s *PostgresStore) claim(ctx context.Context, q pgQuerier, upsert string, req ClaimRequest, args ...any) (Claim, error) {
 	for retried := false; ; retried = true {
 		var r pgRecord
-		var previous pgtype.Text
+		var previous pgtype.Int2
 		var won bool
 		err := q.QueryRow(ctx, upsert, args...).Scan(r.targets(&won, &previous)...)
 		if err == nil && won {
@@ -384,18 +452,26 @@ func (s *PostgresStore) claim(ctx context.Context, q pgQuerier, upsert string, r
 	}
 }
 
-func acquired(key Key, r *pgRecord, previous pgtype.Text) (Claim, error) {
+func acquired(key Key, r *pgRecord, previous pgtype.Int2) (Claim, error) {
 	rec, err := r.decode(key)
 	if err != nil {
 		return Claim{}, err
 	}
 	c := Claim{Status: ClaimAcquired, Record: rec}
 	if previous.Valid {
-		if c.Previous = Status(previous.String); !c.Previous.Valid() {
-			return Claim{}, fmt.Errorf("%w: previous status %q", ErrMalformedRecord, previous.String)
+		if c.Previous = pgStatusOf(previous.Int16); c.Previous == "" {
+			return Claim{}, fmt.Errorf("%w: previous status %d", ErrMalformedRecord, previous.Int16)
 		}
 	}
 	return c, nil
+}
+
+// pgStatusOf is the status of code, or "" when it is none.
+func pgStatusOf(code int16) Status {
+	if code < 1 || int(code) >= len(pgStatuses) {
+		return ""
+	}
+	return pgStatuses[code]
 }
 
 func (s *PostgresStore) read(ctx context.Context, q pgQuerier, query string, key Key) (Record, error) {
@@ -409,35 +485,42 @@ func (s *PostgresStore) read(ctx context.Context, q pgQuerier, query string, key
 // Complete marks the record succeeded, keeping result, if owner still holds
 // it; otherwise it returns ErrLeaseLost.
 func (s *PostgresStore) Complete(ctx context.Context, key Key, owner string, result []byte, ttl time.Duration) error {
-	return s.settle(ctx, "complete", key, s.sql.complete, key.Scope, key.EventID, owner, result, ttl, expiryOf(ttl))
+	return s.settle(ctx, "complete", key, s.sql.complete, key.Scope, key.EventID, pgPack(owner, ownerBytes), result, ttl, expiryOf(ttl))
 }
 
 // Fail records a failed attempt if owner still holds the record; otherwise
 // it returns ErrLeaseLost.
 func (s *PostgresStore) Fail(ctx context.Context, key Key, owner string, f Failure) error {
-	status := StatusFailedRetryable
+	return s.settle(ctx, "fail", key, s.sql.fail, key.Scope, key.EventID, pgPack(owner, ownerBytes), failStatus(f), f.Error, f.TTL)
+}
+
+// failStatus is the status code failure f leaves.
+func failStatus(f Failure) int16 {
 	if f.Final {
-		status = StatusFailedFinal
+		return pgFinal
 	}
-	return s.settle(ctx, "fail", key, s.sql.fail, key.Scope, key.EventID, owner, string(status), f.Error, f.TTL)
+	return pgRetryable
 }
 
 // Extend pushes the lease of a held record to lease from now, or returns
 // ErrLeaseLost.
 func (s *PostgresStore) Extend(ctx context.Context, key Key, owner string, lease time.Duration) error {
-	return s.settle(ctx, "extend", key, s.sql.extend, key.Scope, key.EventID, owner, lease)
+	return s.settle(ctx, "extend", key, s.sql.extend, key.Scope, key.EventID, pgPack(owner, ownerBytes), lease)
 }
 
 // Release gives back a claim whose handler never started: the record is
 // claimable at once and the attempt is not counted.
 func (s *PostgresStore) Release(ctx context.Context, key Key, owner string) error {
-	return s.settle(ctx, "release", key, s.sql.release, key.Scope, key.EventID, owner)
+	return s.settle(ctx, "release", key, s.sql.release, key.Scope, key.EventID, pgPack(owner, ownerBytes))
 }
 
 // settle runs an update fenced on the owner token.
 func (s *PostgresStore) settle(ctx context.Context, op string, key Key, query string, args ...any) error {
 	if err := key.Validate(); err != nil {
 		return fmt.Errorf("dedup: postgres %s: %w", op, err)
+	}
+	if err := s.pullKey(ctx, nil, key); err != nil {
+		return s.opError(op+" "+key.String(), err)
 	}
 	tag, err := s.pool.Exec(ctx, query, args...)
 	if err != nil {
@@ -454,6 +537,9 @@ func (s *PostgresStore) Get(ctx context.Context, key Key) (Record, error) {
 	if err := key.Validate(); err != nil {
 		return Record{}, fmt.Errorf("dedup: postgres get: %w", err)
 	}
+	if err := s.pullKey(ctx, nil, key); err != nil {
+		return Record{}, s.opError("get "+key.String(), err)
+	}
 	rec, err := s.read(ctx, s.pool, s.sql.get, key)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("dedup: postgres get %s: %w", key, ErrNotFound)
@@ -464,45 +550,60 @@ func (s *PostgresStore) Get(ctx context.Context, key Key) (Record, error) {
 	return rec, nil
 }
 
-// Purge deletes expired records, a bounded batch per statement until none
-// is left, and returns how many it removed.
+// purgeBlocks is how many heap blocks one statement of Purge sweeps: a few
+// thousand rows at most, so that purging never holds many row locks or one
+// long transaction.
+const purgeBlocks = 32
+
+// Purge deletes expired records, sweeping the table once a range of blocks
+// per statement, and returns how many it removed.
 func (s *PostgresStore) Purge(ctx context.Context) (int, error) {
+	var blocks int64
+	if err := s.pool.QueryRow(ctx, s.sql.relBlocks, s.table).Scan(&blocks); err != nil {
+		return 0, s.opError("purge", err)
+	}
 	total := 0
-	for {
+	for b := int64(0); b < blocks; b += purgeBlocks {
 		if err := ctx.Err(); err != nil {
 			return total, fmt.Errorf("dedup: postgres purge: %w", err)
 		}
-		tag, err := s.pool.Exec(ctx, s.sql.purge)
+		tag, err := s.pool.Exec(ctx, s.sql.purge, blockStart(b), blockStart(b+purgeBlocks))
 		if err != nil {
 			return total, s.opError("purge", err)
 		}
 		total += int(tag.RowsAffected())
-		if tag.RowsAffected() < purgeBatch {
-			return total, nil
-		}
 	}
+	return total, nil
 }
 
-// claimInTx records req as SUCCEEDED inside the caller's transaction, for the
-// transactional inbox: the record commits or vanishes with the handler's own
-// writes. A concurrent claim of the same key waits for this transaction and
-// then sees a duplicate (commit) or acquires the key itself (rollback). When
-// the claim is acquired, the savepoint inboxSavepoint follows it in the same
-// round trip, so that a failed attempt can undo the handler's writes and
-// still record its failure while the row stays locked.
+// blockStart is the first tuple place of heap block b.
+func blockStart(b int64) pgtype.TID {
+	return pgtype.TID{BlockNumber: uint32(min(b, math.MaxUint32)), Valid: true}
+}
+
+// claimInTx records req as succeeded inside the caller's transaction, for
+// the transactional inbox: the record commits or vanishes with the handler's
+// own writes. A concurrent claim of the same key waits for this transaction
+// and then sees a duplicate (commit) or acquires the key itself (rollback).
+// A key with no row costs one insert of four columns; a row is taken over,
+// when the rule lets it, by a second statement. When the claim is acquired,
+// the savepoint inboxSavepoint follows it, in the same round trip for a new
+// key, so that a failed attempt can undo the handler's writes and still
+// record its failure while the row stays locked.
 func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (Claim, error) {
 	if err := req.Key.Validate(); err != nil {
 		return Claim{}, fmt.Errorf("dedup: postgres claim in tx: %w", err)
 	}
-	args := []any{req.Key.Scope, req.Key.EventID, req.Fingerprint, deduptype.NewOwnerToken(), req.TTL}
+	if err := s.pullKey(ctx, tx, req.Key); err != nil {
+		return Claim{}, s.opError("claim in tx "+req.Key.String(), err)
+	}
+	args := []any{req.Key.Scope, req.Key.EventID, pgPack(req.Fingerprint, fingerprintBytes), expiryOf(req.TTL)}
 	var b pgx.Batch
 	b.Queue(s.sql.claimInTx, args...)
 	b.Queue(s.sql.savepoint)
 	br := tx.SendBatch(ctx, &b)
-	var r pgRecord
-	var previous pgtype.Text
-	var won bool // always true: the upsert returns only what it wrote
-	err := br.QueryRow().Scan(r.targets(&won, &previous)...)
+	var expires time.Time
+	err := br.QueryRow().Scan(&expires)
 	_, serr := br.Exec()
 	if cerr := br.Close(); serr == nil {
 		serr = cerr
@@ -510,12 +611,17 @@ func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimReque
 	var c Claim
 	switch {
 	case err == nil && serr == nil:
-		c, err = acquired(req.Key, &r, previous)
+		c = Claim{Status: ClaimAcquired, Record: inboxRecord(req, expires)}
 	case err == nil:
 		err = serr
 	case errors.Is(err, pgx.ErrNoRows):
-		// Refused: the savepoint is harmless, the transaction ends here.
-		c, err = s.claim(ctx, tx, s.sql.claimInTx, req, args...)
+		// A row holds the key: take it over if the rule lets it, then take
+		// the savepoint again, after the takeover.
+		c, err = s.claim(ctx, tx, s.sql.takeoverInTx, req, args...)
+		if err == nil && c.Status == ClaimAcquired {
+			c.Record.Owner = deduptype.NewOwnerToken()
+			_, err = tx.Exec(ctx, s.sql.savepoint)
+		}
 	default:
 		err = scanError(err)
 	}
@@ -525,12 +631,20 @@ func (s *PostgresStore) claimInTx(ctx context.Context, tx pgx.Tx, req ClaimReque
 	return c, nil
 }
 
+// inboxRecord is the record an inbox claim of req wrote, expiring at
+// expires. Its owner token names the attempt should its outcome be written
+// on the store claim path (leaseInTx, failInTx); the row holds none.
+func inboxRecord(req ClaimRequest, expires time.Time) Record {
+	return Record{Key: req.Key, Status: StatusSucceeded, Fingerprint: req.Fingerprint, Attempts: 1,
+		Owner: deduptype.NewOwnerToken(), ExpiresAt: expires}
+}
+
 // failInTx records a failed inbox attempt in its own transaction, after
 // rolling back to the savepoint claimInTx took: the handler's writes vanish,
 // the row stays locked, and the failure commits with the claim's attempt. It
 // returns the attempts recorded.
-func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Failure) (int, error) {
-	attempts, err := s.failInBatchTx(ctx, tx, key, f, true)
+func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, owner string, f Failure) (int, error) {
+	attempts, err := s.failInBatchTx(ctx, tx, key, owner, f, true)
 	if err == nil {
 		if err = tx.Commit(ctx); err != nil {
 			err = s.opError("record failure "+key.String(), err)
@@ -542,18 +656,16 @@ func (s *PostgresStore) failInTx(ctx context.Context, tx pgx.Tx, key Key, f Fail
 // failInBatchTx records a failed attempt in tx, which stays open, after
 // rolling tx back to its latest savepoint when rollback is set (the failed
 // handler wrote after taking it). It returns the attempts recorded.
-func (s *PostgresStore) failInBatchTx(ctx context.Context, tx pgx.Tx, key Key, f Failure, rollback bool) (int, error) {
+func (s *PostgresStore) failInBatchTx(ctx context.Context, tx pgx.Tx, key Key, owner string, f Failure, rollback bool) (int, error) {
 	if rollback {
 		if err := s.rollbackToClaim(ctx, tx, key); err != nil {
 			return 0, err
 		}
 	}
-	status := StatusFailedRetryable
-	if f.Final {
-		status = StatusFailedFinal
-	}
 	var attempts int
-	if err := tx.QueryRow(ctx, s.sql.failInTx, key.Scope, key.EventID, string(status), f.Error, f.TTL).Scan(&attempts); err != nil {
+	err := tx.QueryRow(ctx, s.sql.failInTx, key.Scope, key.EventID, failStatus(f), f.Error, f.TTL,
+		pgPack(owner, ownerBytes)).Scan(&attempts)
+	if err != nil {
 		return 0, s.opError("record failure "+key.String(), err)
 	}
 	return attempts, nil
@@ -572,10 +684,10 @@ func (s *PostgresStore) rollbackToClaim(ctx context.Context, tx pgx.Tx, key Key)
 }
 
 // leaseInTx turns the record of key, which a claim in tx wrote as succeeded,
-// into a claim in progress with a lease, committed with tx: its outcome is
-// then settled by fenced writes on the claim's owner token.
-func (s *PostgresStore) leaseInTx(ctx context.Context, tx pgx.Tx, key Key, lease time.Duration) error {
-	if _, err := tx.Exec(ctx, s.sql.leaseInTx, key.Scope, key.EventID, lease); err != nil {
+// into a claim in progress by owner with a lease, committed with tx: its
+// outcome is then settled by fenced writes on owner.
+func (s *PostgresStore) leaseInTx(ctx context.Context, tx pgx.Tx, key Key, owner string, lease time.Duration) error {
+	if _, err := tx.Exec(ctx, s.sql.leaseInTx, key.Scope, key.EventID, lease, pgPack(owner, ownerBytes)); err != nil {
 		return s.opError("lease in tx "+key.String(), err)
 	}
 	return nil
@@ -589,13 +701,12 @@ func (s *PostgresStore) recordFailure(ctx context.Context, req ClaimRequest, f F
 	if err := req.Key.Validate(); err != nil {
 		return 0, fmt.Errorf("dedup: postgres record failure: %w", err)
 	}
-	status := StatusFailedRetryable
-	if f.Final {
-		status = StatusFailedFinal
+	if err := s.pullKey(ctx, nil, req.Key); err != nil {
+		return 0, s.opError("record failure "+req.Key.String(), err)
 	}
 	var attempts int
-	err := s.pool.QueryRow(ctx, s.sql.recordFailure, req.Key.Scope, req.Key.EventID, string(status),
-		req.Fingerprint, deduptype.NewOwnerToken(), f.TTL, f.Error).Scan(&attempts)
+	err := s.pool.QueryRow(ctx, s.sql.recordFailure, req.Key.Scope, req.Key.EventID, failStatus(f),
+		pgPack(req.Fingerprint, fingerprintBytes), pgPack(deduptype.NewOwnerToken(), ownerBytes), f.TTL, f.Error).Scan(&attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("dedup: postgres record failure %s: already settled: %w", req.Key, ErrLeaseLost)
 	}
@@ -627,13 +738,14 @@ func scanError(err error) error {
 // pgRecord receives the record columns as nullable values, so that a bad
 // row is reported by decode instead of failing inside pgx.
 type pgRecord struct {
-	status, fingerprint, owner, lastError                                  pgtype.Text
+	fingerprint, owner, lastError                                          pgtype.Text
+	status                                                                 pgtype.Int2
 	attempts                                                               pgtype.Int4
 	leaseUntil, createdAt, updatedAt, expiresAt, firstFailure, lastFailure pgtype.Timestamptz
 	result                                                                 []byte
 }
 
-// targets returns head followed by the scan targets of recordColumns.
+// targets returns head followed by the scan targets of recordExprs.
 func (r *pgRecord) targets(head ...any) []any {
 	return append(head, &r.status, &r.fingerprint, &r.attempts, &r.owner, &r.leaseUntil,
 		&r.createdAt, &r.updatedAt, &r.expiresAt, &r.lastError, &r.firstFailure, &r.lastFailure, &r.result)
@@ -641,37 +753,39 @@ func (r *pgRecord) targets(head ...any) []any {
 
 func (r *pgRecord) decode(key Key) (Record, error) {
 	rec := Record{
-		Key:         key,
-		Status:      Status(r.status.String),
-		Fingerprint: r.fingerprint.String,
-		Attempts:    int(r.attempts.Int32),
-		Owner:       r.owner.String,
-		LastError:   r.lastError.String,
-		Result:      r.result,
+		Key:       key,
+		Status:    pgStatusOf(r.status.Int16),
+		Attempts:  int(r.attempts.Int32),
+		LastError: r.lastError.String,
+		Result:    r.result,
 	}
 	var problems []string
-	if !rec.Status.Valid() {
-		problems = append(problems, fmt.Sprintf("status %q", rec.Status))
+	if rec.Status == "" {
+		problems = append(problems, fmt.Sprintf("status %d", r.status.Int16))
 	}
-	for _, c := range []struct {
-		name  string
-		valid bool
-	}{{"fingerprint", r.fingerprint.Valid}, {"owner", r.owner.Valid}, {"attempts", r.attempts.Valid}} {
-		if !c.valid {
-			problems = append(problems, c.name+" is NULL")
-		}
+	var ok bool
+	if rec.Fingerprint, ok = pgUnpack(r.fingerprint.String, fingerprintBytes); !ok || !r.fingerprint.Valid {
+		problems = append(problems, fmt.Sprintf("fingerprint %q", r.fingerprint.String))
 	}
-	if rec.Attempts < 0 {
+	// An inbox row has no owner.
+	if rec.Owner, ok = pgUnpack(r.owner.String, ownerBytes); r.owner.Valid && !ok {
+		problems = append(problems, fmt.Sprintf("owner %q", r.owner.String))
+	}
+	if !r.attempts.Valid || rec.Attempts < 0 {
 		problems = append(problems, fmt.Sprintf("attempts %d", rec.Attempts))
 	}
 	// Each time is read by a call rather than through a pointer into rec,
 	// which would move rec to the heap: one allocation per record read.
-	rec.LeaseUntil = pgTime("lease_until", r.leaseUntil, true, &problems)
-	rec.CreatedAt = pgTime("created_at", r.createdAt, true, &problems)
-	rec.UpdatedAt = pgTime("updated_at", r.updatedAt, true, &problems)
+	// Only an inbox row lacks the lease and the times of writing.
+	rec.LeaseUntil = pgTime("lease_until", r.leaseUntil, false, &problems)
+	rec.CreatedAt = pgTime("created_at", r.createdAt, false, &problems)
+	rec.UpdatedAt = pgTime("updated_at", r.updatedAt, false, &problems)
 	rec.ExpiresAt = pgTime("expires_at", r.expiresAt, true, &problems)
 	rec.FirstFailure = pgTime("first_failure", r.firstFailure, false, &problems)
 	rec.LastFailure = pgTime("last_failure", r.lastFailure, false, &problems)
+	if rec.Status == StatusProcessing && (rec.LeaseUntil.IsZero() || rec.Owner == "") {
+		problems = append(problems, "a claim in progress without its lease or owner")
+	}
 	if problems != nil {
 		return Record{}, fmt.Errorf("%w: %s", ErrMalformedRecord, strings.Join(problems, ", "))
 	}

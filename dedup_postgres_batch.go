@@ -69,6 +69,14 @@ func (l *pgList) addMicros(d time.Duration) {
 	*l = strconv.AppendInt(*l, d.Microseconds(), 10)
 }
 
+// addPacked adds pgPack(s, n).
+func (l *pgList) addPacked(s string, n int) {
+	if len(*l) > 0 {
+		*l = append(*l, pgListSep)
+	}
+	*l = appendPacked(*l, s, n)
+}
+
 // addTID adds the ctid a locator packs, as PostgreSQL writes one.
 func (l *pgList) addTID(locator uint64) {
 	if len(*l) > 0 {
@@ -88,13 +96,14 @@ const maxMicrosLen = len("-9223372036854775")
 // would read as an empty list.
 func listable(s string) bool { return s != "" && strings.IndexByte(s, pgListSep) < 0 }
 
-// ClaimBatch claims several distinct keys with one upsert round trip for
-// all of them and one read for those it could not acquire.
+// ClaimBatch claims several distinct keys: one insert for the keys no row
+// holds, and for the others one read and, where the rule lets a claim take
+// a row over, one takeover.
 func (s *PostgresStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
 	if err := deduptype.ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres claim batch: %w", err)
 	}
-	b := newPostgresBatch(s.pool, s.sql.claimBatch, StatusProcessing, reqs)
+	b := newPostgresBatch(s.pool, nil, s.sql.claimBatch, s.sql.takeoverBatch, StatusProcessing, reqs)
 	if err := s.claimWaves(ctx, b); err != nil {
 		s.giveBack(ctx, b)
 		return nil, s.opError("claim batch", err)
@@ -109,15 +118,15 @@ func (s *PostgresStore) claimBatchInTx(ctx context.Context, tx pgx.Tx, reqs []Cl
 	if err := deduptype.ValidateBatch(reqs); err != nil {
 		return nil, fmt.Errorf("dedup: postgres claim batch in tx: %w", err)
 	}
-	b := newPostgresBatch(tx, s.sql.claimBatchInTx, StatusSucceeded, reqs)
+	b := newPostgresBatch(tx, tx, s.sql.claimBatchInTx, s.sql.takeoverBatchInTx, StatusSucceeded, reqs)
 	if err := s.claimWaves(ctx, b); err != nil {
 		return nil, s.opError("claim batch in tx", err)
 	}
 	return b.claims, nil
 }
 
-func newPostgresBatch(q pgBatchQuerier, upsert string, status Status, reqs []ClaimRequest) *postgresBatch {
-	b := &postgresBatch{q: q, upsert: upsert, status: status, reqs: reqs,
+func newPostgresBatch(q pgBatchQuerier, tx pgx.Tx, insert, takeover string, status Status, reqs []ClaimRequest) *postgresBatch {
+	b := &postgresBatch{q: q, tx: tx, insert: insert, takeover: takeover, status: status, reqs: reqs,
 		claims: make([]Claim, len(reqs)), pending: make([]int, len(reqs))}
 	for i := range b.pending {
 		b.pending[i] = i
@@ -125,13 +134,27 @@ func newPostgresBatch(q pgBatchQuerier, upsert string, status Status, reqs []Cla
 	return b
 }
 
-// claimWaves claims the batch's keys. A key refused, then purged before it
-// was read, is claimed again in a second wave.
+// maxWaves bounds how often one key of a batch is tried: a takeover is
+// refused only when another claim changed the row since it was read, which
+// the next read then sees.
+const maxWaves = 4
+
+// claimWaves claims the batch's keys. A key a takeover was refused is read
+// and claimed again in the next wave.
 func (s *PostgresStore) claimWaves(ctx context.Context, b *postgresBatch) error {
-	for len(b.pending) > 0 {
-		wave := b.pending
+	if len(b.reqs) > 0 {
+		scopes, ids := keyLists(b.reqs, b.pending)
+		if err := s.pull(ctx, b.tx, scopes, ids); err != nil {
+			return err
+		}
+	}
+	for wave := 1; len(b.pending) > 0; wave++ {
+		if wave > maxWaves {
+			return fmt.Errorf("%s: claimed %d times, the row changing each time", b.reqs[b.pending[0]].Key, maxWaves)
+		}
+		keys := b.pending
 		b.pending = nil
-		if err := s.runWave(ctx, b, wave); err != nil {
+		if err := s.runWave(ctx, b, keys); err != nil {
 			return err
 		}
 	}
@@ -145,16 +168,20 @@ type pgBatchQuerier interface {
 
 // postgresBatch is the progress of one ClaimBatch.
 type postgresBatch struct {
-	q       pgBatchQuerier // the pool, or the inbox's transaction
-	upsert  string         // the claim statement
-	status  Status         // what it writes
-	reqs    []ClaimRequest
-	claims  []Claim
-	pending []int // request indexes still unanswered, ascending
-	retried map[int]bool
+	q                pgBatchQuerier // the pool, or the inbox's transaction
+	tx               pgx.Tx         // the inbox's transaction, or nil
+	insert, takeover string         // the claim statements
+	status           Status         // what they write
+	reqs             []ClaimRequest
+	claims           []Claim
+	pending          []int    // request indexes still unanswered, ascending
+	owners           []string // by request index, the token of its latest claim
 	// sent are the keys and owner tokens of every claim sent so far.
 	sent []keyOwner
 }
+
+// owner is the token of request i's latest claim.
+func (b *postgresBatch) owner(i int) string { return b.owners[i] }
 
 type keyOwner struct {
 	key   Key
@@ -174,7 +201,7 @@ func (s *PostgresStore) giveBack(ctx context.Context, b *postgresBatch) {
 	defer cancel()
 	var batch pgx.Batch
 	for _, ko := range b.sent {
-		batch.Queue(s.sql.release, ko.key.Scope, ko.key.EventID, ko.owner)
+		batch.Queue(s.sql.release, ko.key.Scope, ko.key.EventID, pgPack(ko.owner, ownerBytes))
 	}
 	_ = s.pool.SendBatch(ctx, &batch).Close()
 }
@@ -185,137 +212,261 @@ func keyOrder(a, b Key) int {
 	return cmp.Or(strings.Compare(a.Scope, b.Scope), strings.Compare(a.EventID, b.EventID))
 }
 
-// runWave claims the wave's keys in one statement and reads the
-// records of those it could not acquire in a second one.
-func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []int) error {
-	slices.SortFunc(wave, func(i, j int) int { return keyOrder(b.reqs[i].Key, b.reqs[j].Key) })
-	n := len(wave)
-	keyLen, fpLen, fpsListable := 0, 0, true
-	for _, i := range wave {
-		req := &b.reqs[i]
-		keyLen = max(keyLen, len(req.Key.Scope), len(req.Key.EventID))
-		fpLen = max(fpLen, len(req.Fingerprint))
-		fpsListable = fpsListable && listable(req.Fingerprint)
+// keyLists returns the scopes and event IDs of the requests at positions
+// (in key order) as lists.
+func keyLists(reqs []ClaimRequest, positions []int) (scopes, ids pgList) {
+	keyLen := 0
+	for _, i := range positions {
+		keyLen = max(keyLen, len(reqs[i].Key.Scope), len(reqs[i].Key.EventID))
 	}
-	keys, micros := pgLists(2, n, keyLen), pgLists(2, n, maxMicrosLen)
-	scopes, ids, leases, expiries := keys[0], keys[1], micros[0], micros[1]
+	keys := pgLists(2, len(positions), keyLen)
+	for _, i := range positions {
+		keys[0].add(reqs[i].Key.Scope)
+		keys[1].add(reqs[i].Key.EventID)
+	}
+	return keys[0], keys[1]
+}
+
+// claimArgs are the arguments of a claim statement (batchRows) for the
+// requests at positions, with their owner tokens.
+func claimArgs(reqs []ClaimRequest, positions []int, owner func(int) string) []any {
+	n := len(positions)
+	fpLen, fpsListable := 0, true
+	for _, i := range positions {
+		fpLen = max(fpLen, len(reqs[i].Fingerprint))
+		fpsListable = fpsListable && listable(reqs[i].Fingerprint)
+	}
+	scopes, ids := keyLists(reqs, positions)
+	micros, owners := pgLists(2, n, maxMicrosLen), pgLists(1, n, 2*ownerBytes)[0]
+	leases, expiries := micros[0], micros[1]
 	var fps pgList
 	var fpArray []string // the fingerprints, when one of them cannot be a list item
 	if fpsListable {
-		fps = pgLists(1, n, fpLen)[0]
+		fps = pgLists(1, n, max(fpLen, 2*fingerprintBytes))[0]
 	} else {
 		fpArray = make([]string, 0, n)
 	}
-	tokens := deduptype.NewOwnerTokens(n, pgListSep) // a list of n tokens
-	byOwner := make(map[string]int, n)               // owner token -> position in wave
-	for w, i := range wave {
-		req := &b.reqs[i]
-		scopes.add(req.Key.Scope)
-		ids.add(req.Key.EventID)
+	for _, i := range positions {
+		req := &reqs[i]
 		if fpArray != nil {
-			fpArray = append(fpArray, req.Fingerprint)
+			fpArray = append(fpArray, pgPack(req.Fingerprint, fingerprintBytes))
 		} else {
-			fps.add(req.Fingerprint)
+			fps.addPacked(req.Fingerprint, fingerprintBytes)
 		}
+		owners.addPacked(owner(i), ownerBytes)
 		leases.addMicros(req.Lease)
 		expiries.addMicros(expiryOf(req.TTL))
-		byOwner[tokens.At(w)] = w
-		b.sent = append(b.sent, keyOwner{req.Key, tokens.At(w)})
 	}
-	rows, err := b.q.Query(ctx, b.upsert, claimMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), string(tokens),
-		[]byte(leases), []byte(expiries))
+	return []any{claimMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), []byte(owners), []byte(leases), []byte(expiries)}
+}
+
+// compareKey compares key with the key of a row, given as its scope and
+// event ID's bytes, in keyOrder.
+func compareKey(key Key, scope, id []byte) int {
+	return cmp.Or(compareBytes(key.Scope, scope), compareBytes(key.EventID, id))
+}
+
+func compareBytes(s string, b []byte) int {
+	for i := range min(len(s), len(b)) {
+		if s[i] != b[i] {
+			return cmp.Compare(s[i], b[i])
+		}
+	}
+	return cmp.Compare(len(s), len(b))
+}
+
+// rowPosition finds the request at positions (in key order) whose key a
+// row returned.
+func rowPosition(reqs []ClaimRequest, positions []int, scope, id []byte) (int, error) {
+	k, ok := slices.BinarySearchFunc(positions, 0, func(i, _ int) int { return compareKey(reqs[i].Key, scope, id) })
+	if !ok {
+		return 0, fmt.Errorf("%w: unexpected row for key %q/%q", ErrMalformedRecord, scope, id)
+	}
+	return k, nil
+}
+
+// runWave claims the wave's keys (request indexes) in key order: the
+// insert acquires those no row holds, the read answers the others, and the
+// takeover acquires those whose rows the rule lets go. A key the takeover
+// was refused is pending for the next wave.
+func (s *PostgresStore) runWave(ctx context.Context, b *postgresBatch, wave []int) error {
+	slices.SortFunc(wave, func(i, j int) int { return keyOrder(b.reqs[i].Key, b.reqs[j].Key) })
+	tokens := deduptype.NewOwnerTokens(len(wave), pgListSep)
+	if b.owners == nil {
+		b.owners = make([]string, len(b.reqs))
+	}
+	for w, i := range wave {
+		b.owners[i] = tokens.At(w)
+		b.sent = append(b.sent, keyOwner{b.reqs[i].Key, b.owners[i]})
+	}
+	token := b.owner
+	done, err := s.insertWave(ctx, b, wave, token)
 	if err != nil {
 		return err
 	}
-	done := make([]bool, n)
-	var (
-		owner    pgtype.DriverBytes
-		tid      pgtype.TID
-		at       time.Time
-		previous pgtype.Text
-		r        pgRecord
-	)
-	_, err = pgx.ForEachRow(rows, []any{&owner, &tid, &at, &previous, &r.attempts, &r.leaseUntil, &r.createdAt,
-		&r.updatedAt, &r.expiresAt, &r.lastError, &r.firstFailure, &r.lastFailure, &r.result}, func() error {
-		w, ok := byOwner[string(owner)]
-		if !ok || done[w] {
-			return fmt.Errorf("%w: unexpected row for owner %q", ErrMalformedRecord, owner)
-		}
-		done[w] = true
-		i := wave[w]
-		req := &b.reqs[i]
-		// The row is the claim's own: what it did not return, it wrote.
-		r.status = pgtype.Text{String: string(b.status), Valid: true}
-		r.fingerprint = pgtype.Text{String: req.Fingerprint, Valid: true}
-		r.owner = pgtype.Text{String: tokens.At(w), Valid: true}
-		c, err := acquired(req.Key, &r, previous)
-		if err != nil {
-			return fmt.Errorf("%s: %w", req.Key, err)
-		}
-		c.Locator = tidLocator(tid)
-		b.claims[i] = c
-		r, previous = pgRecord{}, pgtype.Text{}
-		return nil
-	})
-	if err != nil {
-		return scanError(err)
-	}
-
-	var refused []int // positions in wave
-	scopes, ids = scopes[:0], ids[:0]
-	for w, ok := range done {
-		if !ok {
-			refused = append(refused, w)
-			scopes.add(b.reqs[wave[w]].Key.Scope)
-			ids.add(b.reqs[wave[w]].Key.EventID)
+	refused := make([]int, 0, len(wave)-done.count)
+	for w, i := range wave {
+		if !done.at[w] {
+			refused = append(refused, i)
 		}
 	}
 	if len(refused) == 0 {
 		return nil
 	}
-	rows, err = b.q.Query(ctx, s.sql.readBatch, batchMode, []byte(scopes), []byte(ids))
+	takeover, err := s.readWave(ctx, b, refused)
+	if err != nil || len(takeover) == 0 {
+		return err
+	}
+	done, err = s.takeoverWave(ctx, b, takeover, token)
 	if err != nil {
 		return err
 	}
+	for k, i := range takeover {
+		if !done.at[k] {
+			b.pending = append(b.pending, i)
+		}
+	}
+	slices.Sort(b.pending)
+	return nil
+}
+
+// waveDone marks the keys of a wave a statement acquired, by position.
+type waveDone struct {
+	at    []bool
+	count int
+}
+
+func (d *waveDone) mark(k int) error {
+	if d.at[k] {
+		return fmt.Errorf("%w: a key answered twice", ErrMalformedRecord)
+	}
+	d.at[k] = true
+	d.count++
+	return nil
+}
+
+// insertWave inserts the rows of the keys at wave that no row holds; their
+// claims are what the batch wrote, with the place (locator) the insert
+// returns.
+func (s *PostgresStore) insertWave(ctx context.Context, b *postgresBatch, wave []int, owner func(int) string) (waveDone, error) {
+	done := waveDone{at: make([]bool, len(wave))}
+	rows, err := b.q.Query(ctx, b.insert, claimArgs(b.reqs, wave, owner)...)
+	if err != nil {
+		return done, err
+	}
+	var (
+		scope, id pgtype.DriverBytes
+		tid       pgtype.TID
+		at        time.Time
+		expires   time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&scope, &id, &tid, &at, &expires}, func() error {
+		k, err := rowPosition(b.reqs, wave, scope, id)
+		if err == nil {
+			err = done.mark(k)
+		}
+		if err != nil {
+			return err
+		}
+		i := wave[k]
+		req := &b.reqs[i]
+		rec := Record{Key: req.Key, Status: b.status, Fingerprint: req.Fingerprint, Attempts: 1, ExpiresAt: expires,
+			Owner: owner(i)}
+		if b.status == StatusProcessing { // an inbox row has no lease and no times
+			rec.LeaseUntil = at.Add(req.Lease.Truncate(time.Microsecond))
+			rec.CreatedAt, rec.UpdatedAt = at, at
+		}
+		b.claims[i] = Claim{Status: ClaimAcquired, Record: rec, Locator: tidLocator(tid)}
+		return nil
+	})
+	return done, scanError(err)
+}
+
+// readWave reads the rows that refused the keys at refused (in key order),
+// answers those the rule keeps, and returns those a claim may take over,
+// in key order: expired, failed for a retry, or in progress past their
+// lease, and those purged since they refused.
+func (s *PostgresStore) readWave(ctx context.Context, b *postgresBatch, refused []int) ([]int, error) {
+	scopes, ids := keyLists(b.reqs, refused)
+	rows, err := b.q.Query(ctx, s.sql.readBatch, batchMode, []byte(scopes), []byte(ids))
+	if err != nil {
+		return nil, err
+	}
 	read := make([]bool, len(refused))
-	var pos int64
-	r = pgRecord{}
-	_, err = pgx.ForEachRow(rows, r.targets(&pos, &at), func() error {
+	takeover := make([]bool, len(refused))
+	var (
+		pos int64
+		now time.Time
+		r   pgRecord
+	)
+	_, err = pgx.ForEachRow(rows, r.targets(&pos, &now), func() error {
 		if pos < 1 || pos > int64(len(refused)) || read[pos-1] {
 			return fmt.Errorf("%w: read answered position %d of %d", ErrMalformedRecord, pos, len(refused))
 		}
 		read[pos-1] = true
-		i := wave[refused[pos-1]]
+		i := refused[pos-1]
 		req := &b.reqs[i]
 		rec, err := r.decode(req.Key)
 		if err != nil {
 			return fmt.Errorf("%s: %w", req.Key, err)
 		}
-		b.claims[i] = Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}
 		r = pgRecord{}
+		if !now.Before(rec.ExpiresAt) || deduptype.MayTakeOver(rec, req.Fingerprint, now) {
+			takeover[pos-1] = true
+			return nil
+		}
+		b.claims[i] = Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}
 		return nil
 	})
 	if err != nil {
-		return scanError(err)
+		return nil, scanError(err)
 	}
-	// What is left refused the claim and was purged before the read: claim
-	// it again in the next wave, once.
-	for k, ok := range read {
-		if ok {
-			continue
+	var out []int
+	for k, i := range refused {
+		if takeover[k] || !read[k] {
+			out = append(out, i)
 		}
-		i := wave[refused[k]]
-		if b.retried[i] {
-			return fmt.Errorf("%s: record refused the claim, then vanished twice (concurrent purge)", b.reqs[i].Key)
-		}
-		if b.retried == nil {
-			b.retried = make(map[int]bool)
-		}
-		b.retried[i] = true
-		b.pending = append(b.pending, i)
 	}
-	slices.Sort(b.pending)
-	return nil
+	return out, nil
+}
+
+// takeoverWave takes over the rows of the keys at positions (in key order)
+// where the rule still lets it.
+func (s *PostgresStore) takeoverWave(ctx context.Context, b *postgresBatch, positions []int, owner func(int) string) (waveDone, error) {
+	done := waveDone{at: make([]bool, len(positions))}
+	rows, err := b.q.Query(ctx, b.takeover, claimArgs(b.reqs, positions, owner)...)
+	if err != nil {
+		return done, err
+	}
+	var (
+		scope, id pgtype.DriverBytes
+		tid       pgtype.TID
+		at        time.Time
+		previous  pgtype.Int2
+		r         pgRecord
+	)
+	_, err = pgx.ForEachRow(rows, r.targets(&scope, &id, &tid, &at, &previous), func() error {
+		k, err := rowPosition(b.reqs, positions, scope, id)
+		if err == nil {
+			err = done.mark(k)
+		}
+		if err != nil {
+			return err
+		}
+		i := positions[k]
+		c, err := acquired(b.reqs[i].Key, &r, previous)
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.reqs[i].Key, err)
+		}
+		if b.status == StatusSucceeded { // the inbox's row holds no token
+			c.Record.Owner = owner(i)
+		}
+		c.Locator = tidLocator(tid)
+		b.claims[i] = c
+		r, previous = pgRecord{}, pgtype.Int2{}
+		return nil
+	})
+	return done, scanError(err)
 }
 
 // nullable returns l, or nil (SQL NULL) when it is empty.
@@ -375,11 +526,11 @@ func (s *PostgresStore) completeLocated(ctx context.Context, cs []deduptype.Comp
 		if len(byOwner) == 0 {
 			ttl = c.TTL
 			tids = pgLists(1, len(cs), len("(4294967295,65535)"))[0]
-			owners = pgLists(1, len(cs), len(c.Owner))[0]
+			owners = pgLists(1, len(cs), 2*ownerBytes)[0]
 		}
-		byOwner[c.Owner] = i
+		byOwner[pgPack(c.Owner, ownerBytes)] = i
 		tids.addTID(c.Locator)
-		owners.add(c.Owner)
+		owners.addPacked(c.Owner, ownerBytes)
 	}
 	if len(byOwner) == 0 {
 		return nil
@@ -431,7 +582,7 @@ func (s *PostgresStore) completeByKey(ctx context.Context, cs []deduptype.Comple
 		c := &cs[i]
 		scopes.add(c.Key.Scope)
 		ids.add(c.Key.EventID)
-		owners.add(c.Owner)
+		owners.addPacked(c.Owner, ownerBytes)
 		ttls.addMicros(c.TTL)
 		expiries.addMicros(expiryOf(c.TTL))
 		if withResults {

@@ -173,7 +173,7 @@ func (a *txAttempt[M]) complete(ctx context.Context, d *delivery[M], _ bool) err
 	a.tx = nil
 	undo := herr != nil
 	if d.result != nil {
-		if err := a.in.store.resultInTx(ctx, tx, d.key, d.owner, d.result.data, undo); err != nil {
+		if err := a.in.store.resultInTx(ctx, tx, d.key, d.result.data, undo); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return unrepeatable{sharedFate{err}}
 		}
@@ -207,7 +207,7 @@ func commitFaulted(err error) bool {
 func (a *txAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, _ bool) (int, error) {
 	if tx := a.tx; tx != nil {
 		a.tx = nil
-		attempts, err := a.in.store.failInTx(ctx, tx, d.key, f)
+		attempts, err := a.in.store.failInTx(ctx, tx, d.key, d.owner, f)
 		if err == nil {
 			return attempts, nil
 		}

@@ -113,7 +113,7 @@ func (r *inboxChunk[M]) settle(ctx context.Context, i int) (pendingResult, next)
 		r.cut = i + 1
 		return p, redo
 	case att.need == needCommit:
-		if err := r.in.store.leaseInTx(ctx, r.tx, d.key, d.leaseTime); err != nil {
+		if err := r.in.store.leaseInTx(ctx, r.tx, d.key, d.owner, d.leaseTime); err != nil {
 			r.runApart(ctx, err)
 			return p, redo
 		}
@@ -270,7 +270,7 @@ func (a *chunkAttempt[M]) fail(ctx context.Context, d *delivery[M], f Failure, _
 		a.need = needRollback
 		return 0, nil
 	}
-	attempts, err := a.r.in.store.failInBatchTx(ctx, a.r.tx, d.key, f, false)
+	attempts, err := a.r.in.store.failInBatchTx(ctx, a.r.tx, d.key, d.owner, f, false)
 	if err != nil {
 		return 0, unrepeatable{err} // the transaction is broken: the segment runs apart
 	}

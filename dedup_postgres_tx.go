@@ -41,19 +41,18 @@ func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts
 	return f, nil
 }
 
-// resultInTx stores result on the record of key that a claim in tx acquired
-// with owner token owner, after rolling tx back to the claim's savepoint
+// resultInTx stores result on the record of key that a claim in tx acquired,
+// after rolling tx back to the claim's savepoint
 // when undo is set (a failed statement aborted tx: what it wrote since
 // cannot commit). The record keeps the retention its claim gave it. It
 // returns ErrLeaseLost when tx holds no such record.
-func (s *PostgresStore) resultInTx(ctx context.Context, tx pgx.Tx, key Key, owner string, result []byte, undo bool) error {
+func (s *PostgresStore) resultInTx(ctx context.Context, tx pgx.Tx, key Key, result []byte, undo bool) error {
 	if undo {
 		if err := s.rollbackToClaim(ctx, tx, key); err != nil {
 			return err
 		}
 	}
-	tag, err := tx.Exec(ctx, `UPDATE `+s.table+` SET result = $4, updated_at = now()
-WHERE scope = $1 AND event_id = $2 AND owner = $3 AND status = 'SUCCEEDED'`, key.Scope, key.EventID, owner, result)
+	tag, err := tx.Exec(ctx, s.sql.resultInTx, key.Scope, key.EventID, result)
 	switch {
 	case err != nil:
 		return s.opError("complete in tx "+key.String(), err)
