@@ -39,6 +39,10 @@ type meter struct {
 	pool      *pgxpool.Pool
 	app       string
 	backends0 map[int]time.Duration
+	// table is the row's PostgreSQL table, measured as the row ends.
+	table string
+	// purge is the Purge running beside the row (-purge), or nil.
+	purge *purgeRun
 }
 
 func newMeter(target int) *meter {
@@ -130,7 +134,30 @@ type result struct {
 	// those of the median run.
 	Runs       []float64 `json:"runs_events_per_sec,omitempty"`
 	PeakRSSMiB float64   `json:"peak_rss_mib"`
-	Check      string    `json:"check"`
+	// The row's PostgreSQL table: the records it held before the run
+	// besides the run's events (-records), its shape (v1, v2, floor),
+	// and pg_total_relation_size as the row ended per million records it
+	// held then (those before the run, expired ones included, and the
+	// run's events).
+	TableRecords         int     `json:"table_records"`
+	TableShape           string  `json:"table_shape,omitempty"`
+	TableBytes           int64   `json:"table_bytes,omitempty"`
+	TableBytesPerMillion float64 `json:"table_bytes_per_million_records,omitempty"`
+	// P99ClaimMicros is the 99th percentile of the claim round trips: each
+	// statement (or pipelined batch) inserting into the table, from sending
+	// it to reading its last row. It is per claim call: a batch's claim on
+	// the batched paths, an event's on the naive row.
+	P99ClaimMicros float64 `json:"p99_claim_us,omitempty"`
+	ClaimCalls     uint64  `json:"claim_calls,omitempty"`
+	// A Purge beside the row (-purge): of how many expired records, how
+	// many it deleted, how long it ran (starting with the row) and the CPU
+	// time of its backend. Purge PostgreSQL CPU is not in PGCPUMicros.
+	PurgeExpired   int     `json:"purge_expired_records,omitempty"`
+	Purged         int     `json:"purged,omitempty"`
+	PurgeSeconds   float64 `json:"purge_seconds,omitempty"`
+	PurgePGCPUSecs float64 `json:"purge_postgres_cpu_seconds,omitempty"`
+	PurgeError     string  `json:"purge_error,omitempty"`
+	Check          string  `json:"check"`
 }
 
 func (m *meter) result(r *row, cfg config) result {
@@ -153,7 +180,20 @@ func (m *meter) result(r *row, cfg config) result {
 		ClientCPUMicros: float64((m.cpu1 - m.cpu0).Microseconds()) / events,
 		PGCPUMicros:     float64(m.backendCPU().Microseconds()) / events,
 		PeakRSSMiB:      float64(peakRSS()) / (1 << 20),
+		TableRecords:    cfg.Fill,
+		PurgeExpired:    cfg.Purge,
 		Check:           "ok",
+	}
+	if calls := m.pg.claims.count(); calls > 0 {
+		res.P99ClaimMicros = float64(m.pg.claims.quantile(0.99)) / 1e3
+		res.ClaimCalls = calls
+	}
+	if m.pool != nil && m.table != "" {
+		ctx := context.Background()
+		res.TableShape, _ = tableShape(ctx, m.pool, m.table)
+		if res.TableBytes = tableBytes(ctx, m.pool, m.table); res.TableBytes > 0 {
+			res.TableBytesPerMillion = float64(res.TableBytes) / float64(cfg.Fill+cfg.Purge+cfg.Unique) * 1e6
+		}
 	}
 	wantProcessed := int64(cfg.Unique)
 	if r.name == "none" || r.name == "sqs-none" {
@@ -225,6 +265,15 @@ func runChild(ctx context.Context, name, confJSON string) error {
 	cancel()
 	if err := <-errc; err != nil && ctx.Err() == nil {
 		return fmt.Errorf("shutting down: %w", err)
+	}
+	if pr := m.purge; pr != nil {
+		// The row's run waited for the purge to end.
+		res.Purged, res.PurgePGCPUSecs = pr.purged, pr.cpu.Seconds()
+		res.PurgeSeconds = time.Duration(pr.ended - pr.began).Seconds()
+		if pr.err != nil {
+			res.PurgeError = pr.err.Error()
+			res.Check = "purge: " + pr.err.Error()
+		}
 	}
 	return json.NewEncoder(os.Stdout).Encode(res)
 }

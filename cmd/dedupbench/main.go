@@ -21,6 +21,8 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -41,6 +43,13 @@ type config struct {
 	Checkpoint bool
 	// FetchPartitionBytes is kgo.FetchMaxPartitionBytes for every Kafka row.
 	FetchPartitionBytes int32
+	// Prefix begins the name of every PostgreSQL table of the rows.
+	Prefix string
+	// Kept makes a PostgreSQL row run on its kept table (fill.go), which
+	// holds Fill records besides the run's events, and Purge expired ones
+	// that Purge deletes while the row runs.
+	Kept        bool
+	Fill, Purge int
 }
 
 func main() {
@@ -70,6 +79,11 @@ func main() {
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")
 	fetchBytes := flag.Int("fetch-partition-bytes", 128<<10, "kgo.FetchMaxPartitionBytes of every Kafka row (kgo's default is 1 MiB; see BENCHMARKS.md)")
 	flag.BoolVar(&cfg.Checkpoint, "checkpoint", true, "start each PostgreSQL row with a CHECKPOINT, so none pays for an earlier one's dirty pages")
+	records := flag.String("records", "0", "comma-separated sizes of the PostgreSQL tables before each run, e.g. 0,1000000,10000000: the rows "+
+		strings.Join(fillable, ",")+" run at each size >0 on a table kept and filled once (at most 1,000,000 with -quick)")
+	purge := flag.Bool("purge", false, "also run the rows "+strings.Join(purgeRows, ",")+" while Purge deletes -purge-n expired records, at the first size of -records above 0 (or 0)")
+	purgeN := flag.Int("purge-n", 1_000_000, "expired records of the -purge rows")
+	flag.StringVar(&cfg.Prefix, "tables", "dedupbench", "prefix of the PostgreSQL tables' names (the kept ones are <prefix>_<row>_kept, and <prefix>_<row>_purge_kept for -purge)")
 	flag.Parse()
 	cfg.FetchPartitionBytes = int32(*fetchBytes)
 
@@ -108,10 +122,50 @@ func main() {
 	if *rows != "" {
 		plan.only = strings.Split(*rows, ",")
 	}
+	var err error
+	if plan.records, err = parseSizes(*records, *quick); err != nil {
+		fmt.Fprintln(os.Stderr, "dedupbench: -records:", err)
+		os.Exit(2)
+	}
+	if *purge {
+		if *purgeN <= 0 {
+			fmt.Fprintln(os.Stderr, "dedupbench: -purge-n: want a number of records above 0")
+			os.Exit(2)
+		}
+		plan.purge = *purgeN
+	}
+	if !validPrefix.MatchString(cfg.Prefix) {
+		fmt.Fprintf(os.Stderr, "dedupbench: -tables %q: want a lower-case SQL identifier\n", cfg.Prefix)
+		os.Exit(2)
+	}
 	if err := plan.run(ctx, *jsonPath, *quick); err != nil {
 		fmt.Fprintln(os.Stderr, "dedupbench:", err)
 		os.Exit(1)
 	}
+}
+
+var validPrefix = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// parseSizes reads -records: sizes in ascending order, each once, so that a
+// kept table grows from one to the next. With -quick, those above 1,000,000
+// are left out.
+func parseSizes(s string, quick bool) ([]int, error) {
+	var sizes []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.ReplaceAll(strings.TrimSpace(f), "_", ""))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q: want a number of records", f)
+		}
+		if quick && n > 1_000_000 {
+			fmt.Fprintf(os.Stderr, "dedupbench: -quick leaves out the rows at %d records\n", n)
+			continue
+		}
+		if !slices.Contains(sizes, n) {
+			sizes = append(sizes, n)
+		}
+	}
+	slices.Sort(sizes)
+	return sizes, nil
 }
 
 // childMain runs one row when this process is a row's subprocess, and

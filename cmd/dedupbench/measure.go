@@ -50,6 +50,15 @@ func lowerBound(b int) float64 {
 
 func (h *histogram) record(d time.Duration) { h.counts[bucketOf(int64(d))].Add(1) }
 
+// count returns how many durations were recorded.
+func (h *histogram) count() uint64 {
+	var total uint64
+	for i := range h.counts {
+		total += h.counts[i].Load()
+	}
+	return total
+}
+
 // quantile returns the q-quantile, the middle of its bucket.
 func (h *histogram) quantile(q float64) time.Duration {
 	var total uint64
@@ -71,20 +80,73 @@ func (h *histogram) quantile(q float64) time.Duration {
 }
 
 // pgCounter counts PostgreSQL round trips on a pool: every query, batch
-// (pipelined: one round trip), COPY and statement preparation.
-type pgCounter struct{ n atomic.Int64 }
+// (pipelined: one round trip), COPY and statement preparation. It also
+// times the round trips that claim (see isClaim), from sending the statement
+// to reading its last row: the claim latency at the store call.
+type pgCounter struct {
+	n      atomic.Int64
+	claims histogram
 
-func (c *pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	mu      sync.Mutex
+	pending map[*pgx.Conn]pendingClaim // a connection's statement in flight
+}
+
+type pendingClaim struct {
+	at    int64
+	claim bool
+}
+
+// isClaim reports whether sql claims: an INSERT into the table, which every
+// store's claim statement is (and the floor's insert), and no completion is.
+// Failures also insert, but no row here fails.
+func isClaim(sql string) bool { return strings.Contains(sql, "INSERT INTO") }
+
+func (c *pgCounter) begin(conn *pgx.Conn, claim bool) {
+	c.mu.Lock()
+	if c.pending == nil {
+		c.pending = make(map[*pgx.Conn]pendingClaim)
+	}
+	c.pending[conn] = pendingClaim{at: now(), claim: claim}
+	c.mu.Unlock()
+}
+
+func (c *pgCounter) end(conn *pgx.Conn) {
+	t := now()
+	c.mu.Lock()
+	p, ok := c.pending[conn]
+	delete(c.pending, conn)
+	c.mu.Unlock()
+	if ok && p.claim {
+		c.claims.record(time.Duration(t - p.at))
+	}
+}
+
+func (c *pgCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.begin(conn, isClaim(d.SQL))
 	return ctx
 }
-func (c *pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *pgCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (c *pgCounter) TraceQueryEnd(_ context.Context, conn *pgx.Conn, _ pgx.TraceQueryEndData) {
+	c.end(conn)
+}
+func (c *pgCounter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	c.n.Add(1)
+	c.begin(conn, false)
 	return ctx
 }
-func (c *pgCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *pgCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *pgCounter) TraceBatchQuery(_ context.Context, conn *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if isClaim(d.SQL) {
+		c.mu.Lock()
+		if p, ok := c.pending[conn]; ok {
+			p.claim = true
+			c.pending[conn] = p
+		}
+		c.mu.Unlock()
+	}
+}
+func (c *pgCounter) TraceBatchEnd(_ context.Context, conn *pgx.Conn, _ pgx.TraceBatchEndData) {
+	c.end(conn)
+}
 func (c *pgCounter) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
 	c.n.Add(1)
 	return ctx

@@ -32,6 +32,11 @@ type plan struct {
 	// repeat is how often the quick rows (no dedup, batched on PostgreSQL and
 	// on Redis, floor) run; the median run is reported.
 	repeat int
+	// records are the sizes of the PostgreSQL tables before the runs
+	// (-records), ascending; purge, when above 0, the expired records of the
+	// purge rows (-purge).
+	records []int
+	purge   int
 }
 
 // repeated are the rows that take seconds, run repeat times in rounds so that
@@ -44,37 +49,38 @@ const (
 	configEnv = "DEDUPBENCH_CONFIG"
 )
 
-// job is one row at one N.
+// job is one row at one N, on a table holding fill records before the run
+// (on its kept table when kept), and purge expired ones.
 type job struct {
-	row *row
-	n   int
+	row         *row
+	n           int
+	kept        bool
+	fill, purge int
 }
 
 func (p *plan) wants(r *row) bool { return p.only == nil || slices.Contains(p.only, r.name) }
 
-// jobs lists the rows to run: every row at N (the small ones at the small
-// N), then the flatness rows (no dedup, batched, and their floor) at flat N.
+// jobs lists the rows to run, size after size of -records: at size 0, every
+// row at N (the small ones at the small N), then the flatness rows (no
+// dedup, batched, and their floor) at flat N; at a larger size, the rows
+// that can run on a kept table (fillable) at N. The purge rows follow the
+// first size above 0 (or 0).
 func (p *plan) jobs() []job {
+	sizes := p.records
+	if len(sizes) == 0 {
+		sizes = []int{0}
+	}
+	purgeAt := sizes[0]
+	if i := slices.IndexFunc(sizes, func(n int) bool { return n > 0 }); i >= 0 {
+		purgeAt = sizes[i]
+	}
 	var js []job
-	for _, r := range rows {
-		if !p.wants(r) || slices.Contains(repeated, r.name) {
-			continue
-		}
-		n := p.n
-		if r.small {
-			n = p.smallN
-		}
-		js = append(js, job{r, n})
-	}
-	sizes := []int{p.n}
-	if p.flatN > 0 && p.flatN != p.n {
-		sizes = append(sizes, p.flatN)
-	}
-	for _, n := range sizes {
-		for range max(p.repeat, 1) {
-			for _, name := range repeated {
+	for _, fill := range sizes {
+		js = append(js, p.jobsAt(fill)...)
+		if p.purge > 0 && fill == purgeAt {
+			for _, name := range purgeRows {
 				if r := rowByName(name); p.wants(r) {
-					js = append(js, job{r, n})
+					js = append(js, job{row: r, n: p.n, kept: true, fill: fill, purge: p.purge})
 				}
 			}
 		}
@@ -82,24 +88,61 @@ func (p *plan) jobs() []job {
 	return js
 }
 
+// jobsAt lists the rows at table size fill.
+func (p *plan) jobsAt(fill int) []job {
+	wants := func(r *row) bool { return p.wants(r) && (fill == 0 || slices.Contains(fillable, r.name)) }
+	var js []job
+	for _, r := range rows {
+		if !wants(r) || slices.Contains(repeated, r.name) {
+			continue
+		}
+		n := p.n
+		if r.small {
+			n = p.smallN
+		}
+		js = append(js, job{row: r, n: n, kept: fill > 0, fill: fill})
+	}
+	sizes := []int{p.n}
+	if p.flatN > 0 && p.flatN != p.n && fill == 0 {
+		sizes = append(sizes, p.flatN)
+	}
+	for _, n := range sizes {
+		for range max(p.repeat, 1) {
+			for _, name := range repeated {
+				if r := rowByName(name); wants(r) {
+					js = append(js, job{row: r, n: n, kept: fill > 0, fill: fill})
+				}
+			}
+		}
+	}
+	return js
+}
+
+// resultKey names a row's runs among all: row, N, table size, purge.
+type resultKey struct {
+	row                string
+	n, records, purged int
+}
+
+func keyOf(r result) resultKey { return resultKey{r.Row, r.Records, r.TableRecords, r.PurgeExpired} }
+
 // medians returns one result per row and N, in the order of rows (then N):
 // the run of median events/s among the repeated ones.
 func medians(rs []result) []result {
-	type rowN struct {
-		row string
-		n   int
-	}
-	runs := make(map[rowN][]result)
-	var order []rowN
+	runs := make(map[resultKey][]result)
+	var order []resultKey
 	for _, r := range rs {
-		k := rowN{r.Row, r.Records}
+		k := keyOf(r)
 		if runs[k] == nil {
 			order = append(order, k)
 		}
 		runs[k] = append(runs[k], r)
 	}
 	rank := func(name string) int { return slices.IndexFunc(rows, func(r *row) bool { return r.name == name }) }
-	slices.SortStableFunc(order, func(a, b rowN) int {
+	slices.SortStableFunc(order, func(a, b resultKey) int {
+		if c := cmp.Or(cmp.Compare(a.records, b.records), cmp.Compare(a.purged, b.purged)); c != 0 {
+			return c
+		}
 		if a.n != b.n {
 			return b.n - a.n
 		}
@@ -138,9 +181,12 @@ type report struct {
 	BatchWait  string  `json:"batch_wait"`
 	// Load is the machine's load average (1 min) before and after the run:
 	// everything shares its CPUs, other processes included.
-	LoadBefore string   `json:"load_before"`
-	LoadAfter  string   `json:"load_after"`
-	Results    []result `json:"results"`
+	LoadBefore string `json:"load_before"`
+	LoadAfter  string `json:"load_after"`
+	// Builds are the kept tables' fills (-records) and expired records
+	// (-purge), with how long each took.
+	Builds  []build  `json:"builds,omitempty"`
+	Results []result `json:"results"`
 }
 
 func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
@@ -195,16 +241,31 @@ func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
 	if err != nil {
 		return err
 	}
+	var kept *keptTables
+	if slices.ContainsFunc(jobs, func(j job) bool { return j.kept }) {
+		if kept, err = openKept(ctx, p.cfg); err != nil {
+			return err
+		}
+		defer kept.close()
+	}
 	for _, j := range jobs {
+		if j.kept {
+			b, err := kept.prepare(ctx, j)
+			if err != nil {
+				return err
+			}
+			rep.Builds = append(rep.Builds, b...)
+		}
 		t := time.Now()
 		res, err := p.runJob(ctx, self, j)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if err != nil {
-			res = result{Row: j.row.name, Title: j.row.title, Records: j.n, Unique: p.unique(j.n), Check: "FAILED: " + err.Error()}
+			res = result{Row: j.row.name, Title: j.row.title, Records: j.n, Unique: p.unique(j.n),
+				TableRecords: j.fill, PurgeExpired: j.purge, Check: "FAILED: " + err.Error()}
 		}
-		fmt.Fprintf(os.Stderr, "  %-12s N=%-7d %6.1fs  %s\n", j.row.name, j.n, time.Since(t).Seconds(), res.Check)
+		fmt.Fprintf(os.Stderr, "  %-12s N=%-7d table %-9d %6.1fs  %s\n", j.row.name+purgeMark(j.purge), j.n, j.fill, time.Since(t).Seconds(), res.Check)
 		rep.Results = append(rep.Results, res)
 	}
 	rep.Results = medians(rep.Results)
@@ -214,6 +275,12 @@ func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
 	fmt.Printf("\ndedupbench: %s, %d partitions, %.0f%% duplicates, %d CPUs, %s, PostgreSQL %s (%s); %v, load average %s -> %s\n\n",
 		mode(quick), p.cfg.Partitions, p.dup*100, rep.CPUs, rep.GoVersion, rep.Postgres, rep.PGSettings,
 		time.Since(began).Round(time.Second), rep.LoadBefore, rep.LoadAfter)
+	for _, b := range rep.Builds {
+		fmt.Printf("built %s\n", b)
+	}
+	if len(rep.Builds) > 0 {
+		fmt.Println()
+	}
 	printTable(os.Stdout, rep.Results)
 	out, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
@@ -246,6 +313,7 @@ func mode(quick bool) string {
 func (p *plan) runJob(ctx context.Context, self string, j job) (result, error) {
 	cfg := p.cfg
 	cfg.Topic, cfg.Records, cfg.Unique = topicFor(j.n), j.n, p.unique(j.n)
+	cfg.Kept, cfg.Fill, cfg.Purge = j.kept, j.fill, j.purge
 	conf, err := json.Marshal(cfg)
 	if err != nil {
 		return result{}, err
@@ -266,24 +334,30 @@ func (p *plan) runJob(ctx context.Context, self string, j job) (result, error) {
 }
 
 // fillRatios sets each row's ratio to its floor (see floorOf) at the same
-// N, or to that floor at its largest N when there is none at its own.
+// N and table size, or to that floor at its largest N at that size when
+// there is none at its own.
 func fillRatios(rs []result) {
-	floors := map[string]map[int]float64{}
-	best := map[string]int{}
+	type at struct {
+		floor      string
+		n, records int
+	}
+	type of struct {
+		floor   string
+		records int
+	}
+	floors := map[at]float64{}
+	best := map[of]int{}
 	for _, r := range rs {
-		if r.Row == floorOf(r.Row) && r.EventsPerSec > 0 {
-			if floors[r.Row] == nil {
-				floors[r.Row] = map[int]float64{}
-			}
-			floors[r.Row][r.Records] = r.EventsPerSec
-			best[r.Row] = max(best[r.Row], r.Records)
+		if r.Row == floorOf(r.Row) && r.EventsPerSec > 0 && r.PurgeExpired == 0 {
+			floors[at{r.Row, r.Records, r.TableRecords}] = r.EventsPerSec
+			best[of{r.Row, r.TableRecords}] = max(best[of{r.Row, r.TableRecords}], r.Records)
 		}
 	}
 	for i := range rs {
-		floor := floorOf(rs[i].Row)
-		f, ok := floors[floor][rs[i].Records]
+		floor, size := floorOf(rs[i].Row), rs[i].TableRecords
+		f, ok := floors[at{floor, rs[i].Records, size}]
 		if !ok {
-			f = floors[floor][best[floor]]
+			f = floors[at{floor, best[of{floor, size}], size}]
 		}
 		if f > 0 {
 			rs[i].RatioToFloor = rs[i].EventsPerSec / f

@@ -80,7 +80,7 @@ func runNone(ctx context.Context, cfg config, m *meter) error {
 // runNaive runs each record through Wrapper.Handle: one claim, then one
 // completion, per record, as most hand-written dedup does.
 func runNaive(ctx context.Context, cfg config, m *meter) error {
-	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_naive"))
+	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, "naive")
 	if err != nil {
 		return err
 	}
@@ -120,13 +120,12 @@ func handleEach(ctx context.Context, cfg config, m *meter, store dedup.Store, na
 // INSERT ... ON CONFLICT DO NOTHING: what deduplicating the IDs costs
 // PostgreSQL at the least, with no record state, lease or wrapper.
 func runFloor(ctx context.Context, cfg config, m *meter) error {
-	table := runTable("dedupbench_floor")
-	pool, closePool, err := openPostgres(ctx, cfg, m, table)
+	pool, table, closePool, err := openPostgres(ctx, cfg, m, "floor")
 	if err != nil {
 		return err
 	}
 	defer closePool()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (scope text NOT NULL, event_id text NOT NULL, PRIMARY KEY (scope, event_id))`); err != nil {
+	if _, err := pool.Exec(ctx, createFloor(table)); err != nil {
 		return err
 	}
 	quiesce(ctx, cfg, pool)
@@ -141,7 +140,7 @@ func runFloor(ctx context.Context, cfg config, m *meter) error {
 		}
 		for ctx.Err() == nil {
 			t := now()
-			tag, err := pool.Exec(ctx, insert, "dedupbench/floor", ids)
+			tag, err := pool.Exec(ctx, insert, scopeOf("floor"), ids)
 			if err != nil {
 				once.Do(func() { failed = err })
 				time.Sleep(10 * time.Millisecond)

@@ -97,12 +97,24 @@ func kafkaOpts(cfg config, m *meter, group string) []kgo.Opt {
 // make test beside another) must not drop each other's tables.
 func runTable(name string) string { return fmt.Sprintf("%s_%d", name, os.Getpid()) }
 
-// openPostgres returns a pool whose round trips m counts, with a fresh table
-// for the row, dropped when the row ends.
-func openPostgres(ctx context.Context, cfg config, m *meter, table string) (*pgxpool.Pool, func(), error) {
+// rowTable names row's PostgreSQL table: a fresh one for this process, or,
+// when the row runs on a kept table (-records, -purge), the table the parent
+// filled, which outlives the row (see fill.go).
+func rowTable(cfg config, row string) string {
+	if cfg.Kept {
+		return keptTable(cfg.Prefix, row, cfg.Purge > 0)
+	}
+	return runTable(cfg.Prefix + "_" + strings.ReplaceAll(row, "-", "_"))
+}
+
+// openPostgres returns a pool whose round trips m counts, on row's table:
+// a fresh one, dropped when the row ends, or the kept one, rid of an earlier
+// row's events (resetKept).
+func openPostgres(ctx context.Context, cfg config, m *meter, row string) (*pgxpool.Pool, string, func(), error) {
+	table := rowTable(cfg, row)
 	pc, err := pgxpool.ParseConfig(cfg.Postgres)
 	if err != nil {
-		return nil, nil, fmt.Errorf("postgres DSN: %w", err)
+		return nil, "", nil, fmt.Errorf("postgres DSN: %w", err)
 	}
 	pc.ConnConfig.Tracer = &m.pg
 	m.app = "dedupbench " + table
@@ -111,14 +123,21 @@ func openPostgres(ctx context.Context, cfg config, m *meter, table string) (*pgx
 	pc.MaxConns = int32(cfg.Partitions + 4)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("postgres: %w", err)
+		return nil, "", nil, fmt.Errorf("postgres: %w", err)
 	}
-	m.pool = pool
+	m.pool, m.table = pool, table
+	if cfg.Kept {
+		if err := resetKept(ctx, pool, table, scopeOf(row), cfg.Unique); err != nil {
+			pool.Close()
+			return nil, "", nil, err
+		}
+		return pool, table, pool.Close, nil
+	}
 	drop := func() {
 		_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
 	}
 	drop()
-	return pool, func() { drop(); pool.Close() }, nil
+	return pool, table, func() { drop(); pool.Close() }, nil
 }
 
 // quiesce flushes PostgreSQL's dirty buffers so that a checkpoint left over
@@ -130,10 +149,12 @@ func quiesce(ctx context.Context, cfg config, pool *pgxpool.Pool) {
 	}
 }
 
-func openPostgresStore(ctx context.Context, cfg config, m *meter, table string) (*dedup.PostgresStore, *pgxpool.Pool, func(), error) {
-	pool, closePool, err := openPostgres(ctx, cfg, m, table)
+// openPostgresStore returns a store on row's table (see openPostgres),
+// migrated, and the table's name.
+func openPostgresStore(ctx context.Context, cfg config, m *meter, row string) (*dedup.PostgresStore, string, func(), error) {
+	pool, table, closePool, err := openPostgres(ctx, cfg, m, row)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, "", nil, err
 	}
 	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(table))
 	if err == nil {
@@ -141,10 +162,10 @@ func openPostgresStore(ctx context.Context, cfg config, m *meter, table string) 
 	}
 	if err != nil {
 		closePool()
-		return nil, nil, nil, fmt.Errorf("postgres store: %w", err)
+		return nil, "", nil, fmt.Errorf("postgres store: %w", err)
 	}
 	quiesce(ctx, cfg, pool)
-	return store, pool, closePool, nil
+	return store, table, closePool, nil
 }
 
 // messages is kafkadedup.Messages, noting when the wrapper reads each ID.
@@ -161,9 +182,12 @@ func messages(m *meter) dedup.Messages[*kgo.Record] {
 	return msgs
 }
 
+// scopeOf is the scope of row's events.
+func scopeOf(row string) string { return "dedupbench/" + row }
+
 func wrapperOpts(name string, m *meter, extra ...dedup.Opt) []dedup.Opt {
 	return append([]dedup.Opt{
-		dedup.WithScope("dedupbench/" + name),
+		dedup.WithScope(scopeOf(name)),
 		dedup.WithSink(dedup.NewMemorySink()),
 		dedup.WithObserver(m.observe),
 	}, extra...)
@@ -184,11 +208,12 @@ func runAdapter(name string) rowRun {
 		case "batched":
 			extra = append(extra, dedup.WithBatchCompletion(cfg.BatchWait))
 		}
-		store, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_"+strings.ReplaceAll(name, "-", "_")))
+		store, table, closeStore, err := openPostgresStore(ctx, cfg, m, name)
 		if err != nil {
 			return err
 		}
 		defer closeStore()
+		defer startPurge(ctx, cfg, m, table)()
 		return consumeStore(ctx, cfg, m, store, name, extra...)
 	}
 }
@@ -200,11 +225,12 @@ func runMemory(ctx context.Context, cfg config, m *meter) error {
 }
 
 func runInbox(ctx context.Context, cfg config, m *meter) error {
-	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_inbox"))
+	store, table, closeStore, err := openPostgresStore(ctx, cfg, m, "inbox")
 	if err != nil {
 		return err
 	}
 	defer closeStore()
+	defer startPurge(ctx, cfg, m, table)()
 	w, err := dedup.WrapTx(store, messages(m), func(context.Context, pgx.Tx, *kgo.Record) error { return nil },
 		wrapperOpts("inbox", m)...)
 	if err != nil {

@@ -37,7 +37,7 @@ func runSQS(storeKind string) rowRun {
 		var store dedup.Store
 		switch storeKind {
 		case "postgres":
-			s, _, closeStore, err := openPostgresStore(ctx, cfg, m, runTable("dedupbench_sqs"))
+			s, _, closeStore, err := openPostgresStore(ctx, cfg, m, "sqs")
 			if err != nil {
 				return err
 			}
