@@ -546,7 +546,10 @@ func (s *PostgresStore) Get(ctx context.Context, key Key) (Record, error) {
 const purgeBlocks = 32
 
 // Purge deletes expired records, sweeping the table once a range of blocks
-// per statement, and returns how many it removed.
+// per statement, and returns how many it removed. It paces itself, resting
+// after each statement as long as the statement took, so that a purge of a
+// large backlog takes at most about half a core from the database and its
+// consumers.
 func (s *PostgresStore) Purge(ctx context.Context) (int, error) {
 	var blocks int64
 	if err := s.pool.QueryRow(ctx, s.sql.relBlocks, s.table).Scan(&blocks); err != nil {
@@ -554,14 +557,15 @@ func (s *PostgresStore) Purge(ctx context.Context) (int, error) {
 	}
 	total := 0
 	for b := int64(0); b < blocks; b += purgeBlocks {
-		if err := ctx.Err(); err != nil {
-			return total, fmt.Errorf("dedup: postgres purge: %w", err)
-		}
+		start := time.Now()
 		tag, err := s.pool.Exec(ctx, s.sql.purge, blockStart(b), blockStart(b+purgeBlocks))
 		if err != nil {
 			return total, s.opError("purge", err)
 		}
 		total += int(tag.RowsAffected())
+		if err := sleepCtx(ctx, time.Since(start)); err != nil {
+			return total, fmt.Errorf("dedup: postgres purge: %w", err)
+		}
 	}
 	return total, nil
 }
