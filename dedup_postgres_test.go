@@ -829,30 +829,30 @@ func TestPostgresMalformedRecords(t *testing.T) {
 	for _, status := range []int{0, 5, 9} {
 		_, err := pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
 			lease_until, created_at, updated_at, expires_at)
-			VALUES ('bad', 'status', $1, '\x00fp', 1, '\x00o', now(), now(), now(), now() + interval '1 hour')`, status)
+			VALUES ('bad', 'status', $1, '\x006670', 1, '\x006f', now(), now(), now(), now() + interval '1 hour')`, status)
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "23514" { // check_violation
 			t.Errorf("insert of status %d = %v, want a check violation", status, err)
 		}
 	}
 	owner := v2TestPack(deduptype.NewOwnerToken(), 16)
-	// TODO(integrator): fp-length and owner-length assume decode refuses a
-	// packed value that is neither n bytes nor 0x00-led (V2.md's packing);
-	// null-lease that a PROCESSING row without a lease is malformed, as in v1.
+	// '\x006670' is "fp" packed (a zero byte, then its bytes); '\x0102' is
+	// no packed value: neither the 32 (16) bytes of a canonical fingerprint
+	// (owner) nor led by a zero byte. A PROCESSING row needs its lease.
 	_, err := pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
 		lease_until, created_at, updated_at, expires_at) VALUES
 		('bad', 'fp-length', 2, '\x0102', 1, $1, now(), now(), now(), now() + interval '1 hour'),
-		('bad', 'owner-length', 1, '\x00fp', 1, '\x0102', now() + interval '1 hour', now(), now(), now() + interval '1 hour'),
-		('bad', 'null-lease', 1, '\x00fp', 1, $1, NULL, now(), now(), now() + interval '1 hour'),
-		('bad', 'infinite', 2, '\x00fp', 1, $1, now(), now(), now(), 'infinity'),
-		('bad', 'infinite-lease', 1, '\x00fp', 1, $1, 'infinity', now(), now(), now() + interval '1 hour'),
-		('bad', 'negative', 2, '\x00fp', -3, $1, now(), now(), now(), now() + interval '1 hour')`, owner)
+		('bad', 'owner-length', 1, '\x006670', 1, '\x0102', now() + interval '1 hour', now(), now(), now() + interval '1 hour'),
+		('bad', 'null-lease', 1, '\x006670', 1, $1, NULL, now(), now(), now() + interval '1 hour'),
+		('bad', 'infinite', 2, '\x006670', 1, $1, now(), now(), now(), 'infinity'),
+		('bad', 'infinite-lease', 1, '\x006670', 1, $1, 'infinity', now(), now(), now() + interval '1 hour'),
+		('bad', 'negative', 2, '\x006670', -3, $1, now(), now(), now(), now() + interval '1 hour')`, owner)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The inbox's narrow row is a record: SUCCEEDED, one attempt.
 	_, err = pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, fingerprint, expires_at)
-		VALUES ('bad', 'fine', '\x00fp', now() + interval '1 hour')`)
+		VALUES ('bad', 'fine', '\x006670', now() + interval '1 hour')`)
 	if err != nil {
 		t.Fatal(err)
 	}
