@@ -26,10 +26,16 @@ func TestFailedClaimBatchGivesBackItsClaims(t *testing.T) {
 		"postgres": func(t *testing.T, scope string) dedup.Store {
 			pool := testenv.Postgres(t)
 			store := newPostgresStore(t, pool)
+			// A SUCCEEDED record whose lease and expiry are infinite: no
+			// time a record may hold.
 			_, err := pool.Exec(ctx, `INSERT INTO dedup_wrapper_test (scope, event_id, status, fingerprint,
 				attempts, owner, lease_until, created_at, updated_at, expires_at)
-				VALUES ($1, 'malformed', 'SUCCEEDED', 'fp', 1, 'o', 'infinity', now(), now(), now() + interval '1 hour')`, scope)
+				VALUES ($1, 'malformed', 2, '\x00'::bytea || convert_to('fp', 'UTF8'), 1, '\x00'::bytea || convert_to('o', 'UTF8'),
+					'infinity', now(), now(), 'infinity')`, scope)
 			require.NoError(t, err)
+			t.Cleanup(func() {
+				_, _ = pool.Exec(context.Background(), `DELETE FROM dedup_wrapper_test WHERE scope = $1`, scope)
+			})
 			return store
 		},
 		"dynamodb": func(t *testing.T, scope string) dedup.Store {

@@ -96,6 +96,14 @@ func TestInboxBatchSharesATransaction(t *testing.T) {
 	var effects int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ledger).Scan(&effects))
 	require.Equal(t, 300, effects)
+	// Every record is the inbox's narrow row.
+	var rows, narrow int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE
+			(SELECT array_agg(k ORDER BY k) FROM json_object_keys(json_strip_nulls(row_to_json(r))) k) = $2
+			AND fingerprint = $3)
+		FROM dedup_wrapper_test r WHERE scope = $1`, w.Scope(), narrowInboxRow, packedSHA256("b")).Scan(&rows, &narrow))
+	require.Equal(t, 300, rows)
+	require.Equal(t, 300, narrow, "records with only the key, fingerprint and expiry set")
 
 	// Delivered again: duplicates, nothing written.
 	for _, o := range handleInbox(t, w, batch) {

@@ -2,6 +2,8 @@ package dedup_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"sync"
@@ -34,6 +36,36 @@ func countRows(t *testing.T, pool *pgxpool.Pool, table, id string) int {
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table+` WHERE event_id = $1`, id).Scan(&n))
 	return n
+}
+
+// narrowInboxRow are the columns a committed inbox row sets, in order: its
+// status (NULL, SUCCEEDED), attempts (NULL, 1), owner, lease and timestamps
+// are NULL.
+var narrowInboxRow = []string{"event_id", "expires_at", "fingerprint", "scope"}
+
+// recordColumnsSet returns the names of the columns of key's row in the
+// wrapper tests' record table that are not NULL, in order, and its packed
+// fingerprint.
+func recordColumnsSet(t *testing.T, pool *pgxpool.Pool, key dedup.Key) ([]string, []byte) {
+	t.Helper()
+	var set []string
+	var fp []byte
+	err := pool.QueryRow(context.Background(), `SELECT (SELECT array_agg(k ORDER BY k)
+			FROM json_object_keys(json_strip_nulls(row_to_json(r))) k), fingerprint
+		FROM dedup_wrapper_test r WHERE scope = $1 AND event_id = $2`, key.Scope, key.EventID).Scan(&set, &fp)
+	require.NoError(t, err, key)
+	return set, fp
+}
+
+// packedSHA256 is the default fingerprint of payload as the record table
+// stores it: the SHA-256's 32 bytes (behind a 0x00 as hex digits when its
+// hex starts with "00").
+func packedSHA256(payload string) []byte {
+	sum := sha256.Sum256([]byte(payload))
+	if sum[0] == 0 {
+		return append([]byte{0}, hex.EncodeToString(sum[:])...)
+	}
+	return sum[:]
 }
 
 func TestInbox(t *testing.T) {
@@ -78,6 +110,15 @@ func TestInbox(t *testing.T) {
 		require.Equal(t, map[dedup.Outcome]int{dedup.OutcomeProcessed: 1, dedup.OutcomeDuplicate: 49}, counts)
 		require.Equal(t, 1, countRows(t, pool, ledger, "pay-1"))
 		require.EqualValues(t, 1, runs.Load(), "duplicates waited on the row instead of running")
+		key := dedup.Key{Scope: w.Scope(), EventID: "pay-1"}
+		set, fp := recordColumnsSet(t, pool, key)
+		require.Equal(t, narrowInboxRow, set, "the committed inbox row is narrow")
+		require.Equal(t, packedSHA256("10 EUR"), fp)
+		rec, err := store.Get(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, dedup.StatusSucceeded, rec.Status)
+		require.Equal(t, 1, rec.Attempts)
+		require.Equal(t, "", rec.Owner)
 	})
 
 	t.Run("FailedAttemptRollsBackEffectAndIsCounted", func(t *testing.T) {

@@ -1,11 +1,14 @@
 package dedup
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,6 +89,82 @@ func TestPostgresTableName(t *testing.T) {
 	}
 }
 
+// v2TestColumns is the v2 table's shape as v2TestShape describes it: its
+// columns in order, with their types, NOT NULL and key collations.
+var v2TestColumns = []string{
+	"expires_at timestamp with time zone NOT NULL",
+	`scope text NOT NULL COLLATE "C"`,
+	`event_id text NOT NULL COLLATE "C"`,
+	"fingerprint bytea NOT NULL",
+	"status smallint",
+	"attempts integer",
+	"owner bytea",
+	"lease_until timestamp with time zone",
+	"created_at timestamp with time zone",
+	"updated_at timestamp with time zone",
+	"last_error text",
+	"first_failure timestamp with time zone",
+	"last_failure timestamp with time zone",
+	"result bytea",
+	"previous_status smallint",
+}
+
+// v2TestShape returns table's columns in order ("name type [NOT NULL]
+// [COLLATE c]"), the definitions of its indexes and its storage options.
+func v2TestShape(t *testing.T, pool *pgxpool.Pool, table string) (columns, indexes, options []string) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `SELECT attname || ' ' || format_type(atttypid, atttypmod)
+			|| CASE WHEN attnotnull THEN ' NOT NULL' ELSE '' END
+			|| CASE WHEN c.collname IS NOT NULL AND c.collname <> 'default' THEN ' COLLATE ' || quote_ident(c.collname) ELSE '' END
+		FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation AND a.attcollation <> 0
+		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if columns, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	rows, err = pool.Query(ctx, `SELECT CASE WHEN indisprimary THEN 'PRIMARY ' ELSE '' END
+			|| regexp_replace(pg_get_indexdef(indexrelid), '^.* USING ', 'USING ')
+		FROM pg_index WHERE indrelid = $1::regclass ORDER BY indexrelid`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if indexes, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, table).Scan(&options); err != nil {
+		t.Fatal(err)
+	}
+	return columns, indexes, options
+}
+
+// requireV2Shape fails t unless table has the v2 shape: the columns of
+// v2TestColumns, the primary key as its only index (no expiry index: Purge
+// sweeps the heap), fillfactor 50, and no v1 sibling left (v1 is the name of
+// the table's v1 sibling, <t>_v1).
+func requireV2Shape(t *testing.T, pool *pgxpool.Pool, table, v1 string) {
+	t.Helper()
+	columns, indexes, options := v2TestShape(t, pool, table)
+	if !slices.Equal(columns, v2TestColumns) {
+		t.Errorf("columns of %s:\n  %s\nwant\n  %s", table, strings.Join(columns, "\n  "), strings.Join(v2TestColumns, "\n  "))
+	}
+	if want := []string{"PRIMARY USING btree (scope, event_id)"}; !slices.Equal(indexes, want) {
+		t.Errorf("indexes of %s = %q, want only %q", table, indexes, want)
+	}
+	if !slices.Contains(options, "fillfactor=50") {
+		t.Errorf("options of %s = %q, want fillfactor=50", table, options)
+	}
+	var sibling *string
+	if err := pool.QueryRow(context.Background(), `SELECT to_regclass($1)::text`, v1).Scan(&sibling); err != nil {
+		t.Fatal(err)
+	}
+	if sibling != nil {
+		t.Errorf("the v1 sibling %s is still there", *sibling)
+	}
+}
+
 func TestPostgresMigrate(t *testing.T) {
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
@@ -110,79 +189,130 @@ func TestPostgresMigrate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var indexes int
-	err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND tablename = 'Records'
-		AND indexdef LIKE '%(expires_at)'`, schema).Scan(&indexes)
-	if err != nil || indexes != 1 {
-		t.Fatalf("expiry indexes = %d, %v", indexes, err)
-	}
+	requireV2Shape(t, pool, s.table, schema+`."Records_v1"`)
 	mustClaim(t, s, claimReq("migrate", "e1", "f"), ClaimAcquired)
 }
 
-// A table created before the key columns compared bytes keeps its
-// collation through Migrate, and every statement works on it.
+// A table Migrate made before is left as it is (an operator's fillfactor
+// too), and its records stay; a v1 table, here one made before the key
+// columns compared bytes, is migrated to v2 with its records: a success
+// stays a duplicate with its result, a live lease stays its owner's, a
+// failure keeps its attempts. (The migration itself is tested in
+// dedup_postgres_migrate_test.go.)
 func TestPostgresMigrateKeepsEarlierTable(t *testing.T) {
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	table := "dedup_earlier_" + deduptype.NewOwnerToken()[:12]
-	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (
+
+	t.Run("v2", func(t *testing.T) {
+		s := newTestPostgresStore(t, pool)
+		old := mustClaim(t, s, claimReq("earlier", "kept", "f"), ClaimAcquired)
+		if err := s.Complete(ctx, old.Record.Key, old.Record.Owner, []byte("r"), testTTL); err != nil {
+			t.Fatal(err)
+		}
+		held := mustClaim(t, s, claimReq("earlier", "held", "f"), ClaimAcquired)
+		if _, err := pool.Exec(ctx, `ALTER TABLE `+s.table+` SET (fillfactor = 70)`); err != nil {
+			t.Fatal(err)
+		}
+		var before uint32
+		if err := pool.QueryRow(ctx, `SELECT $1::regclass::oid`, s.table).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var after uint32
+		var options []string
+		err := pool.QueryRow(ctx, `SELECT oid, reloptions FROM pg_class WHERE oid = $1::regclass`, s.table).Scan(&after, &options)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after != before || !slices.Equal(options, []string{"fillfactor=70"}) {
+			t.Errorf("after Migrate: table oid %d (was %d), options %q (want fillfactor=70)", after, before, options)
+		}
+		if c := mustClaim(t, s, claimReq("earlier", "kept", "f"), ClaimDuplicate); string(c.Record.Result) != "r" {
+			t.Errorf("earlier record's result = %q", c.Record.Result)
+		}
+		if c := mustClaim(t, s, claimReq("earlier", "held", "f"), ClaimInFlight); c.Record.Owner != held.Record.Owner {
+			t.Errorf("held record's owner = %q, want %q", c.Record.Owner, held.Record.Owner)
+		}
+	})
+
+	t.Run("v1", func(t *testing.T) {
+		bare := "dedup_earlier_" + deduptype.NewOwnerToken()[:12]
+		_, err := pool.Exec(ctx, `CREATE TABLE `+bare+` (
 	scope text NOT NULL, event_id text NOT NULL,
 	status text NOT NULL CONSTRAINT dedup_status_check
 		CHECK (status IN ('PROCESSING', 'SUCCEEDED', 'FAILED_RETRYABLE', 'FAILED_FINAL')),
 	fingerprint text NOT NULL, attempts integer NOT NULL, owner text NOT NULL,
 	lease_until timestamptz NOT NULL, created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL,
 	expires_at timestamptz NOT NULL, last_error text, first_failure timestamptz, last_failure timestamptz,
-	result bytea, previous_status text, PRIMARY KEY (scope, event_id)) WITH (fillfactor = 50)`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+table) })
-	s, err := NewPostgresStore(pool, WithTable(table))
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := mustClaim(t, s, claimReq("earlier", "kept", "f"), ClaimAcquired)
-	if err := s.Complete(ctx, old.Record.Key, old.Record.Owner, []byte("r"), testTTL); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	collations := func(table string) string {
-		var c string
-		err := pool.QueryRow(ctx, `SELECT string_agg(coalesce(collname, '-'), ',' ORDER BY attnum)
-			FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation AND a.attcollation <> 0
-			WHERE attrelid = $1::regclass AND attname IN ('scope', 'event_id')`, table).Scan(&c)
+	result bytea, previous_status text, PRIMARY KEY (scope, event_id)) WITH (fillfactor = 50);
+CREATE INDEX `+bare+`_expires_at_idx ON `+bare+` (expires_at)`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c
-	}
-	if c := collations(table); c != "default,default" {
-		t.Errorf("earlier table's key collations after Migrate = %s", c)
-	}
-	if c := collations(newTestPostgresStore(t, pool).table); c != "C,C" {
-		t.Errorf("new table's key collations = %s, want C,C", c)
-	}
-	if c := mustClaim(t, s, claimReq("earlier", "kept", "f"), ClaimDuplicate); string(c.Record.Result) != "r" {
-		t.Errorf("earlier record's result = %q", c.Record.Result)
-	}
-	reqs := []ClaimRequest{claimReq("earlier", "b", "f"), claimReq("earlier", "a", "f"), claimReq("earlier", "kept", "f")}
-	claims, err := s.ClaimBatch(ctx, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if claims[0].Status != ClaimAcquired || claims[1].Status != ClaimAcquired || claims[2].Status != ClaimDuplicate {
-		t.Fatalf("batch on the earlier table = %v, %v, %v", claims[0].Status, claims[1].Status, claims[2].Status)
-	}
-	errs, err := s.CompleteBatch(ctx, []deduptype.Completion{
-		{Key: reqs[0].Key, Owner: claims[0].Record.Owner, TTL: testTTL},
-		{Key: reqs[1].Key, Owner: claims[1].Record.Owner, TTL: testTTL},
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+bare+", "+bare+"_v1") })
+		owner := deduptype.NewOwnerToken()
+		sha := strings.Repeat("ab", 32) // a SHA-256 fingerprint
+		_, err = pool.Exec(ctx, `INSERT INTO `+bare+` (scope, event_id, status, fingerprint, attempts, owner,
+			lease_until, created_at, updated_at, expires_at, last_error, first_failure, last_failure, result) VALUES
+			('earlier', 'kept', 'SUCCEEDED', $1, 1, 'o1', now(), now(), now(), now() + interval '1 hour', NULL, NULL, NULL, 'r'),
+			('earlier', 'held', 'PROCESSING', 'f', 1, $2, now() + interval '1 hour', now(), now(), now() + interval '1 hour', NULL, NULL, NULL, NULL),
+			('earlier', 'failed', 'FAILED_RETRYABLE', 'f', 2, 'o3', now(), now(), now(), now() + interval '1 hour', 'boom', now(), now(), NULL),
+			('earlier', 'gone', 'SUCCEEDED', 'f', 1, 'o4', now(), now(), now(), now() - interval '1 second', NULL, NULL, NULL, NULL)`,
+			sha, owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := NewPostgresStore(pool, WithTable(bare))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		requireV2Shape(t, pool, s.table, bare+"_v1")
+
+		if c := mustClaim(t, s, claimReq("earlier", "kept", sha), ClaimDuplicate); string(c.Record.Result) != "r" {
+			t.Errorf("v1 success's result = %q", c.Record.Result)
+		}
+		mustClaim(t, s, claimReq("earlier", "kept", strings.Repeat("cd", 32)), ClaimConflict)
+		held := mustClaim(t, s, claimReq("earlier", "held", "f"), ClaimInFlight)
+		if held.Record.Owner != owner {
+			t.Errorf("v1 lease's owner = %q, want %q", held.Record.Owner, owner)
+		}
+		if err := s.Complete(ctx, held.Record.Key, "someone-else", nil, testTTL); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("complete of the v1 lease by a stranger = %v, want ErrLeaseLost", err)
+		}
+		if err := s.Complete(ctx, held.Record.Key, owner, nil, testTTL); err != nil {
+			t.Errorf("complete of the v1 lease by its owner = %v", err)
+		}
+		mustClaim(t, s, claimReq("earlier", "held", "f"), ClaimDuplicate)
+		failed := mustClaim(t, s, claimReq("earlier", "failed", "f"), ClaimAcquired)
+		if failed.Previous != StatusFailedRetryable || failed.Record.Attempts != 3 || failed.Record.LastError != "boom" {
+			t.Errorf("claim of the v1 failure = %+v", failed)
+		}
+		if gone := mustClaim(t, s, claimReq("earlier", "gone", "other"), ClaimAcquired); gone.Record.Attempts != 1 {
+			t.Errorf("claim of the expired v1 record = %+v", gone)
+		}
+
+		reqs := []ClaimRequest{claimReq("earlier", "b", "f"), claimReq("earlier", "a", "f"), claimReq("earlier", "kept", sha)}
+		claims, err := s.ClaimBatch(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if claims[0].Status != ClaimAcquired || claims[1].Status != ClaimAcquired || claims[2].Status != ClaimDuplicate {
+			t.Fatalf("batch on the migrated table = %v, %v, %v", claims[0].Status, claims[1].Status, claims[2].Status)
+		}
+		errs, err := s.CompleteBatch(ctx, []deduptype.Completion{
+			{Key: reqs[0].Key, Owner: claims[0].Record.Owner, TTL: testTTL},
+			{Key: reqs[1].Key, Owner: claims[1].Record.Owner, TTL: testTTL},
+		})
+		if err != nil || errors.Join(errs...) != nil {
+			t.Fatalf("complete batch on the migrated table: %v %v", err, errs)
+		}
+		mustClaim(t, s, claimReq("earlier", "a", "f"), ClaimDuplicate)
 	})
-	if err != nil || errors.Join(errs...) != nil {
-		t.Fatalf("complete batch on the earlier table: %v %v", err, errs)
-	}
-	mustClaim(t, s, claimReq("earlier", "a", "f"), ClaimDuplicate)
 }
 
 func TestPostgresClaimLifecycle(t *testing.T) {
@@ -559,10 +689,18 @@ func TestPostgresPurge(t *testing.T) {
 	pool := testenv.Postgres(t)
 	s := newTestPostgresStore(t, pool)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
+	// Expired rows of both shapes: the inbox's narrow row and the store's.
+	_, err := pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, fingerprint, expires_at)
+		SELECT 'purge', 'old-inbox-' || i, '\x00'::bytea || convert_to('fp', 'UTF8'), now() - interval '1 second'
+		FROM generate_series(1, 1250) AS i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
 		lease_until, created_at, updated_at, expires_at)
-		SELECT 'purge', 'old-' || i, 'SUCCEEDED', 'fp', 1, 'o', now(), now(), now(), now() - interval '1 second'
-		FROM generate_series(1, 2500) AS i`)
+		SELECT 'purge', 'old-store-' || i, 2, '\x00'::bytea || convert_to('fp', 'UTF8'), 1, $1::bytea, now(), now(), now(),
+			now() - interval '1 second'
+		FROM generate_series(1, 1250) AS i`, v2TestPack(deduptype.NewOwnerToken(), 16))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,26 +725,144 @@ func TestPostgresPurge(t *testing.T) {
 	}
 }
 
+// v2TestPack packs s as the v2 table stores a fingerprint (n = 32) or an
+// owner token (n = 16): exactly 2n lowercase hex digits not starting with
+// "00" as the bytes they spell, any other string as 0x00 then its bytes.
+func v2TestPack(s string, n int) []byte {
+	if len(s) == 2*n && !strings.HasPrefix(s, "00") && strings.Trim(s, "0123456789abcdef") == "" {
+		b, _ := hex.DecodeString(s) // lowercase hex digits of even length: no error
+		return b
+	}
+	return append([]byte{0}, s...)
+}
+
+// v2TestUnpack reads back a value v2TestPack packed.
+func v2TestUnpack(b []byte) string {
+	if len(b) > 0 && b[0] == 0 {
+		return string(b[1:])
+	}
+	return hex.EncodeToString(b)
+}
+
+// v2TestStatus names a v2 status column's value: NULL is SUCCEEDED, as the
+// inbox writes it.
+func v2TestStatus(s *int16) Status {
+	if s == nil {
+		return StatusSucceeded
+	}
+	switch *s {
+	case 1:
+		return StatusProcessing
+	case 2:
+		return StatusSucceeded
+	case 3:
+		return StatusFailedRetryable
+	case 4:
+		return StatusFailedFinal
+	}
+	return Status(fmt.Sprint("status ", *s))
+}
+
+// The store writes the v2 columns packed: a lowercase SHA-256 hex
+// fingerprint and an owner token as the bytes they spell, any other string
+// behind a 0x00; each reads back as the string it was.
+func TestPostgresRecordPacking(t *testing.T) {
+	pool := testenv.Postgres(t)
+	s := newTestPostgresStore(t, pool)
+	ctx := context.Background()
+	sha := strings.Repeat("0123456789abcdef", 4)
+	shaBytes, err := hex.DecodeString(sha)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		fp   string
+		want []byte
+	}{
+		{sha, shaBytes},
+		{strings.ToUpper(sha), append([]byte{0}, strings.ToUpper(sha)...)},
+		{"00" + sha[2:], append([]byte{0}, "00"+sha[2:]...)},
+		{sha[2:], append([]byte{0}, sha[2:]...)},
+		{"fp", []byte("\x00fp")},
+		{"", []byte{0}},
+		{"née\x1f", append([]byte{0}, "née\x1f"...)},
+	} {
+		req := claimReq("packing", fmt.Sprintf("e%d", i), c.fp)
+		claim := mustClaim(t, s, req, ClaimAcquired)
+		var fp, owner []byte
+		var status *int16
+		var attempts *int32
+		err := pool.QueryRow(ctx, `SELECT fingerprint, owner, status, attempts FROM `+s.table+` WHERE scope = $1 AND event_id = $2`,
+			req.Key.Scope, req.Key.EventID).Scan(&fp, &owner, &status, &attempts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(fp, c.want) {
+			t.Errorf("fingerprint %q stored as %x, want %x", c.fp, fp, c.want)
+		}
+		if want := v2TestPack(claim.Record.Owner, 16); !bytes.Equal(owner, want) || len(claim.Record.Owner) != 32 {
+			t.Errorf("owner %q stored as %x, want %x", claim.Record.Owner, owner, want)
+		}
+		if v2TestStatus(status) != StatusProcessing || status == nil || attempts != nil && *attempts != 1 {
+			t.Errorf("claim of %q stored status %v attempts %v", c.fp, status, attempts)
+		}
+		rec, err := s.Get(ctx, req.Key)
+		if err != nil || rec.Fingerprint != c.fp || rec.Owner != claim.Record.Owner {
+			t.Errorf("get of %q = %+v, %v", c.fp, rec, err)
+		}
+		mustClaim(t, s, req, ClaimInFlight)
+		if err := s.Complete(ctx, req.Key, claim.Record.Owner, nil, testTTL); err != nil {
+			t.Fatal(err)
+		}
+		mustClaim(t, s, req, ClaimDuplicate)
+		mustClaim(t, s, claimReq("packing", req.Key.EventID, c.fp+"x"), ClaimConflict)
+	}
+}
+
+// Rows the v2 table admits that are no record: each is reported as
+// ErrMalformedRecord by every read. The table's CHECK refuses a status out
+// of 1..4, so status can no longer be wrong.
 func TestPostgresMalformedRecords(t *testing.T) {
 	pool := testenv.Postgres(t)
 	s := newTestPostgresStore(t, pool)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `ALTER TABLE `+s.table+` DROP CONSTRAINT dedup_status_check,
-		ALTER COLUMN fingerprint DROP NOT NULL, ALTER COLUMN lease_until DROP NOT NULL`)
-	if err != nil {
-		t.Fatal(err)
+	for _, status := range []int{0, 5, 9} {
+		_, err := pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
+			lease_until, created_at, updated_at, expires_at)
+			VALUES ('bad', 'status', $1, '\x006670', 1, '\x006f', now(), now(), now(), now() + interval '1 hour')`, status)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" { // check_violation
+			t.Errorf("insert of status %d = %v, want a check violation", status, err)
+		}
 	}
-	_, err = pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
+	owner := v2TestPack(deduptype.NewOwnerToken(), 16)
+	// '\x006670' is "fp" packed (a zero byte, then its bytes); '\x0102' is
+	// no packed value: neither the 32 (16) bytes of a canonical fingerprint
+	// (owner) nor led by a zero byte. A PROCESSING row needs its lease.
+	_, err := pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, status, fingerprint, attempts, owner,
 		lease_until, created_at, updated_at, expires_at) VALUES
-		('bad', 'status', 'DONE', 'fp', 1, 'o', now(), now(), now(), now() + interval '1 hour'),
-		('bad', 'null-fp', 'SUCCEEDED', NULL, 1, 'o', now(), now(), now(), now() + interval '1 hour'),
-		('bad', 'null-lease', 'PROCESSING', 'fp', 1, 'o', NULL, now(), now(), now() + interval '1 hour'),
-		('bad', 'infinite', 'SUCCEEDED', 'fp', 1, 'o', now(), now(), now(), 'infinity'),
-		('bad', 'negative', 'SUCCEEDED', 'fp', -3, 'o', now(), now(), now(), now() + interval '1 hour')`)
+		('bad', 'fp-length', 2, '\x0102', 1, $1, now(), now(), now(), now() + interval '1 hour'),
+		('bad', 'owner-length', 1, '\x006670', 1, '\x0102', now() + interval '1 hour', now(), now(), now() + interval '1 hour'),
+		('bad', 'null-lease', 1, '\x006670', 1, $1, NULL, now(), now(), now() + interval '1 hour'),
+		('bad', 'infinite', 2, '\x006670', 1, $1, now(), now(), now(), 'infinity'),
+		('bad', 'infinite-lease', 1, '\x006670', 1, $1, 'infinity', now(), now(), now() + interval '1 hour'),
+		('bad', 'negative', 2, '\x006670', -3, $1, now(), now(), now(), now() + interval '1 hour')`, owner)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"status", "null-fp", "null-lease", "infinite", "negative"} {
+	// The inbox's narrow row is a record: SUCCEEDED, one attempt.
+	_, err = pool.Exec(ctx, `INSERT INTO `+s.table+` (scope, event_id, fingerprint, expires_at)
+		VALUES ('bad', 'fine', '\x006670', now() + interval '1 hour')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, Key{Scope: "bad", EventID: "fine"}); err != nil || rec.Status != StatusSucceeded ||
+		rec.Attempts != 1 || rec.Fingerprint != "fp" || rec.Owner != "" {
+		t.Errorf("inbox row = %+v, %v", rec, err)
+	}
+	mustClaim(t, s, claimReq("bad", "fine", "fp"), ClaimDuplicate)
+	mustClaim(t, s, claimReq("bad", "fine", "other"), ClaimConflict)
+	for _, id := range []string{"fp-length", "owner-length", "null-lease", "infinite", "infinite-lease", "negative"} {
 		req := claimReq("bad", id, "fp")
 		if _, err := s.Get(ctx, req.Key); !errors.Is(err, ErrMalformedRecord) {
 			t.Errorf("get %s = %v, want ErrMalformedRecord", id, err)
@@ -614,15 +870,17 @@ func TestPostgresMalformedRecords(t *testing.T) {
 		if _, err := s.Claim(ctx, req); !errors.Is(err, ErrMalformedRecord) {
 			t.Errorf("claim %s = %v, want ErrMalformedRecord", id, err)
 		}
-		if _, err := s.ClaimBatch(ctx, []ClaimRequest{claimReq("bad", "fine", "fp"), req}); !errors.Is(err, ErrMalformedRecord) {
+		if _, err := s.ClaimBatch(ctx, []ClaimRequest{claimReq("bad", "new", "fp"), req}); !errors.Is(err, ErrMalformedRecord) {
 			t.Errorf("claim batch %s = %v, want ErrMalformedRecord", id, err)
 		}
 	}
 	// A column of the wrong type cannot be scanned: malformed, not a panic.
-	if _, err := pool.Exec(ctx, `ALTER TABLE `+s.table+` ALTER COLUMN attempts TYPE text`); err != nil {
+	// (first_failure is read as it is; attempts, read through coalesce,
+	// would make the statement fail instead.)
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+s.table+` ALTER COLUMN first_failure TYPE text`); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pool.Exec(ctx, `UPDATE `+s.table+` SET attempts = 'many' WHERE event_id = 'null-fp'`)
+	_, err = pool.Exec(ctx, `UPDATE `+s.table+` SET first_failure = 'long ago' WHERE event_id = 'fine'`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -633,8 +891,8 @@ func TestPostgresMalformedRecords(t *testing.T) {
 	}
 	defer fresh.Close()
 	s.pool = fresh
-	if _, err := s.Get(ctx, Key{Scope: "bad", EventID: "null-fp"}); !errors.Is(err, ErrMalformedRecord) {
-		t.Errorf("get with text attempts = %v, want ErrMalformedRecord", err)
+	if _, err := s.Get(ctx, Key{Scope: "bad", EventID: "fine"}); !errors.Is(err, ErrMalformedRecord) {
+		t.Errorf("get with a text first_failure = %v, want ErrMalformedRecord", err)
 	}
 }
 
@@ -854,6 +1112,28 @@ func TestPostgresInboxAttempts(t *testing.T) {
 	if rec, err := s.Get(ctx, ok.Key); err != nil || rec.Status != StatusSucceeded || rec.Attempts != 1 {
 		t.Errorf("committed record = %+v, %v", rec, err)
 	}
+	// The row an inbox transaction commits is narrow: status NULL
+	// (SUCCEEDED), attempts NULL (1), no owner, lease or timestamps.
+	if got, want := v2TestColumnsSet(t, pool, s.table, ok.Key), v2TestInboxColumns; !slices.Equal(got, want) {
+		t.Errorf("committed inbox row sets %q, want only %q", got, want)
+	}
+}
+
+// v2TestInboxColumns are the columns a committed inbox row sets, in order.
+var v2TestInboxColumns = []string{"event_id", "expires_at", "fingerprint", "scope"}
+
+// v2TestColumnsSet returns the names of the columns of key's row in table
+// that are not NULL, in order.
+func v2TestColumnsSet(t *testing.T, pool *pgxpool.Pool, table string, key Key) []string {
+	t.Helper()
+	var set []string
+	err := pool.QueryRow(context.Background(), `SELECT array_agg(k ORDER BY k)
+		FROM `+table+` r, json_object_keys(json_strip_nulls(row_to_json(r))) k
+		WHERE r.scope = $1 AND r.event_id = $2`, key.Scope, key.EventID).Scan(&set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
 }
 
 func TestPostgresInboxAfterClaimMode(t *testing.T) {
@@ -1129,14 +1409,15 @@ func TestPostgresCompleteBatchByLocator(t *testing.T) {
 		}
 		return reqs, cs
 	}
-	row := func(key Key) (status, owner, result string) {
-		var res []byte
+	row := func(key Key) (status Status, owner, result string) {
+		var st *int16
+		var packed, res []byte
 		err := pool.QueryRow(ctx, `SELECT status, owner, result FROM `+s.table+` WHERE scope = $1 AND event_id = $2`,
-			key.Scope, key.EventID).Scan(&status, &owner, &res)
+			key.Scope, key.EventID).Scan(&st, &packed, &res)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return status, owner, string(res)
+		return v2TestStatus(st), v2TestUnpack(packed), string(res)
 	}
 
 	_, cs := claimAll("plain", 50)
@@ -1149,7 +1430,7 @@ func TestPostgresCompleteBatchByLocator(t *testing.T) {
 		t.Errorf("50 located completions took %d statements, the last %q", n, *tracer.last.Load())
 	}
 	for _, c := range cs {
-		if status, _, _ := row(c.Key); status != "SUCCEEDED" {
+		if status, _, _ := row(c.Key); status != StatusSucceeded {
 			t.Fatalf("%s is %s", c.Key, status)
 		}
 	}
@@ -1181,10 +1462,10 @@ func TestPostgresCompleteBatchByLocator(t *testing.T) {
 		status, owner, result := row(c.Key)
 		switch {
 		case i == 2:
-			if !errors.Is(errs[i], ErrLeaseLost) || status != "PROCESSING" || owner != thief[0].Record.Owner {
+			if !errors.Is(errs[i], ErrLeaseLost) || status != StatusProcessing || owner != thief[0].Record.Owner {
 				t.Errorf("taken over: err %v, row %s %s", errs[i], status, owner)
 			}
-		case errs[i] != nil || status != "SUCCEEDED" || owner != c.Owner:
+		case errs[i] != nil || status != StatusSucceeded || owner != c.Owner:
 			t.Errorf("completion %d: err %v, row %s %s", i, errs[i], status, owner)
 		case i == 3 && result != "result":
 			t.Errorf("result = %q", result)

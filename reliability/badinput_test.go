@@ -163,10 +163,12 @@ func TestKafkaBadInput(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP TABLE `+table) })
-				// A record no claim may take over, with a lease that never ends.
+				// A SUCCEEDED record with another fingerprint, whose lease
+				// and expiry never end: no time a record may hold.
 				_, err := pool.Exec(context.Background(), `INSERT INTO `+table+` (scope, event_id, status, fingerprint,
 					attempts, owner, lease_until, created_at, updated_at, expires_at)
-					VALUES ($1, 'pg-malformed', 'SUCCEEDED', 'other', 1, 'o', 'infinity', now(), now(), now() + interval '1 hour')`,
+					VALUES ($1, 'pg-malformed', 2, '\x00'::bytea || convert_to('other', 'UTF8'), 1,
+						'\x00'::bytea || convert_to('o', 'UTF8'), 'infinity', now(), now(), 'infinity')`,
 					badScope(t))
 				if err != nil {
 					t.Fatal(err)

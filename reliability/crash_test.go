@@ -302,8 +302,9 @@ func killGate(pool *pgxpool.Pool, records string, p *plan, maxAttempts int) func
 	return func() string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		rows, err := pool.Query(ctx, `SELECT event_id, attempts FROM `+records+
-			` WHERE status IN ('PROCESSING', 'FAILED_RETRYABLE') AND attempts >= $1`, maxAttempts-2)
+		// Status 1 is PROCESSING, 3 FAILED_RETRYABLE; NULL attempts are 1.
+		rows, err := pool.Query(ctx, `SELECT event_id, coalesce(attempts, 1) FROM `+records+
+			` WHERE status IN (1, 3) AND coalesce(attempts, 1) >= $1`, maxAttempts-2)
 		if err != nil {
 			return fmt.Sprintf("cannot read the attempts: %v", err)
 		}
@@ -335,7 +336,9 @@ func logAttempts(t *testing.T, pool *pgxpool.Pool, records string, p *plan, maxA
 	for _, e := range p.events {
 		good[e.id] = !e.poison && !e.crasher
 	}
-	rows, err := pool.Query(context.Background(), `SELECT event_id, attempts, status FROM `+records)
+	rows, err := pool.Query(context.Background(), `SELECT event_id, coalesce(attempts, 1),
+		CASE coalesce(status, 2) WHEN 1 THEN 'PROCESSING' WHEN 2 THEN 'SUCCEEDED' WHEN 3 THEN 'FAILED_RETRYABLE'
+			WHEN 4 THEN 'FAILED_FINAL' ELSE 'status ' || status END FROM `+records)
 	if err != nil {
 		t.Fatal(err)
 	}
