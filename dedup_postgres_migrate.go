@@ -308,10 +308,14 @@ func (s *PostgresStore) migrateStep(ctx context.Context) (done bool, err error) 
 		s.layout.Store(layoutV2)
 		return true, nil
 	case stateAbsent:
-		return true, s.inMigration(ctx, func(tx pgx.Tx) error {
+		err := s.inMigration(ctx, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, s.sql.createTable)
 			return err
 		})
+		if err == nil {
+			s.layout.Store(layoutV2)
+		}
+		return true, err
 	case stateV1:
 		return false, s.inMigration(ctx, func(tx pgx.Tx) error { return s.switchToV2(ctx, tx) })
 	}
