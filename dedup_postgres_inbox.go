@@ -25,7 +25,9 @@ type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 
 // WrapTx returns a Wrapper running the transactional inbox, the strongest
 // mode: for each delivery it begins a transaction on the store's pool,
-// inserts the record as succeeded, runs h with that transaction and commits.
+// inserts the record as succeeded (four columns: key, fingerprint, expiry;
+// see "What the transactional inbox writes" in the package doc), runs h
+// with that transaction and commits.
 // The handler's effect and the dedup record commit together, so the effect
 // happens exactly once. A concurrent duplicate waits on the record's row
 // until the first transaction ends. A failed attempt rolls back the

@@ -20,6 +20,20 @@
 // transport may acknowledge it; [Wrapper.Health] tells a readiness probe
 // whether the store or the sink keeps failing.
 //
+// # What the transactional inbox writes
+//
+// [WrapTx] writes one row an event, in the handler's own transaction, with
+// four columns: the key (scope and event ID, the primary key, whose row
+// lock is the attempt's lease while the transaction is open), the payload's
+// fingerprint (so that a redelivery is a duplicate and a changed payload a
+// conflict) and the expiry (so that [PostgresStore.Purge] can delete it).
+// Status, attempts, owner and times are left NULL, which a committed inbox
+// row means: succeeded, at its first attempt, nobody holding it. A failed
+// attempt, whose writes are rolled back, records the rest: status, the
+// attempt's owner token, attempts, error and times. The claim is one
+// INSERT ... ON CONFLICT DO NOTHING; only a key a row holds is read and,
+// when the state machine lets it, taken over by a second statement.
+//
 // # A key more than once in a batch
 //
 // HandleBatch and HandleConcurrent run a key once however often a batch

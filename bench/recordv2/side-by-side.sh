@@ -17,7 +17,9 @@
 # a v2 one. The kept tables (-records, -purge) stay between runs, so that
 # only the first run of each side builds them. Every run's output and JSON go
 # to $OUT (default /tmp/recordv2-side-by-side); the script checks that the v1
-# side's store tables are v1 and the v2 side's v2.
+# side's store tables are v1 and the v2 side's v2. $TABLES_SUFFIX is added to
+# both prefixes: kept tables are grown or cut to the size asked, so runs at
+# 10,000,000 records keep tables of their own apart from runs at 1,000,000.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -54,7 +56,7 @@ run() {
 	local side="$1" bin="$2" round="$3"
 	local base="$OUT/$side-round$round"
 	echo "== $side, round $round: load average $(cut -d' ' -f1-3 /proc/loadavg)"
-	"$bin" "${args[@]}" -tables "db$side" -json "$base.json" >"$base.txt" 2>"$base.err" || {
+	"$bin" "${args[@]}" -tables "db$side${TABLES_SUFFIX:-}" -json "$base.json" >"$base.txt" 2>"$base.err" || {
 		echo "$side round $round failed; see $base.err" >&2
 		tail -5 "$base.err" >&2
 		return 1
