@@ -327,11 +327,13 @@ CROSS JOIN LATERAL (SELECT ` + recordExprs + ` FROM ` + table + `
 		// updated since has moved and is left to completeBatch; one whose
 		// lease ran out too, since a claim taking it over locks rows in key
 		// order. Owner tokens are unique, so an owner found among the
-		// batch's is the completion's own row.
+		// batch's is the completion's own row. The owners are compared as
+		// the list's text, which the planner folds into a constant array
+		// that it looks rows up in by hash, not one by one.
 		completeLocated: `UPDATE ` + table + ` SET status = 2, result = NULL, updated_at = now(),
 	expires_at = ` + keptExpiry("$2::interval", "$3::interval") + `
 WHERE ctid = ANY(ARRAY(SELECT unnest(` + pgSplit("$1") + `)::tid))
-	AND owner = ANY(ARRAY(SELECT decode(unnest(` + pgSplit("$4") + `), 'hex')))
+	AND encode(owner, 'hex') = ANY(` + pgSplit("$4") + `)
 	AND status = 1 AND lease_until > now() AND expires_at > now()
 RETURNING encode(owner, 'hex')`,
 		// Each key is looked up on its own, as in readBatch, and its row

@@ -41,12 +41,20 @@ func canonicalHex(s string, n int) bool {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+		if !lowerHex[s[i]] {
 			return false
 		}
 	}
 	return true
 }
+
+// lowerHex marks the bytes that are lowercase hex digits.
+var lowerHex = func() (t [256]bool) {
+	for _, c := range "0123456789abcdef" {
+		t[c] = true
+	}
+	return t
+}()
 
 // pgUnpack reverses pgPack on a value read back as hex (encode(x, 'hex')),
 // reporting whether it was one pgPack can have written for n.
