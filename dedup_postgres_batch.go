@@ -142,8 +142,12 @@ const maxWaves = 4
 // claimWaves claims the batch's keys. A key a takeover was refused is read
 // and claimed again in the next wave.
 func (s *PostgresStore) claimWaves(ctx context.Context, b *postgresBatch) error {
-	if len(b.reqs) > 0 {
-		scopes, ids := keyLists(b.reqs, b.pending)
+	if len(b.reqs) > 0 && s.layout.Load() != layoutV2 {
+		// Pulled in key order, as claimed: concurrent pulls lock v1 rows
+		// in one order.
+		inOrder := slices.Clone(b.pending)
+		slices.SortFunc(inOrder, func(i, j int) int { return keyOrder(b.reqs[i].Key, b.reqs[j].Key) })
+		scopes, ids := keyLists(b.reqs, inOrder)
 		if err := s.pull(ctx, b.tx, scopes, ids); err != nil {
 			return err
 		}
