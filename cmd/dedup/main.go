@@ -8,6 +8,7 @@
 //	dedup stuck [-scope orders/charge] [-older-than 10m] [-limit 100] [-json]
 //	dedup release -scope orders/charge -id order-42 [-force] [-yes]
 //	dedup purge [-yes]
+//	dedup migrate [-table dedup_records] [-yes]
 //	dedup outbox status [-limit 20] [-json]
 //	dedup outbox requeue [-id ID ...] [-all] [-limit 20] [-yes]
 //	dedup redrive kafka -brokers host:9092 -dlq orders.dlq [-reason handler-error] [-min-age 1h] [-rate 100] [-yes]
