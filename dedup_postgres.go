@@ -171,15 +171,22 @@ func batchRows() string {
 // claimBatchSQL is the statement that claims a list of keys no row holds,
 // writing a claim in progress (inbox false) or the inbox's row, succeeded
 // once its transaction commits (inbox true). A key a row holds is left for
-// takeoverBatchSQL, after its row was read.
+// takeoverBatchSQL, after its row was read. The inbox's takes only the
+// lists it writes (inboxRows) and returns only the keys and expiries: its
+// rows have no place a completion would look them up by.
 func claimBatchSQL(table string, inbox bool) string {
-	cols, vals := claimColumns, `now() + r.expiry_us * interval '1 microsecond', r.scope, r.event_id,
-	decode(r.fingerprint, 'hex'), 1, 1, decode(r.owner, 'hex'), now() + r.lease_us * interval '1 microsecond', now(), now()`
 	if inbox {
-		cols, vals = inboxColumns, `now() + r.expiry_us * interval '1 microsecond', r.scope, r.event_id, decode(r.fingerprint, 'hex')`
+		return `INSERT INTO ` + table + ` ` + inboxColumns + `
+SELECT now() + r.expiry_us * interval '1 microsecond', r.scope, r.event_id, decode(r.fingerprint, 'hex')
+FROM unnest(` + pgSplit("$1") + `, ` + pgSplit("$2") + `, coalesce($3::text[], ` + pgSplit("$4") + `), ` + pgSplit("$5") + `::bigint[])
+	AS r(scope, event_id, fingerprint, expiry_us)
+ON CONFLICT (scope, event_id) DO NOTHING
+RETURNING scope, event_id, expires_at`
 	}
-	return `INSERT INTO ` + table + ` ` + cols + `
-SELECT ` + vals + ` FROM ` + batchRows() + `
+	return `INSERT INTO ` + table + ` ` + claimColumns + `
+SELECT now() + r.expiry_us * interval '1 microsecond', r.scope, r.event_id, decode(r.fingerprint, 'hex'), 1, 1,
+	decode(r.owner, 'hex'), now() + r.lease_us * interval '1 microsecond', now(), now()
+FROM ` + batchRows() + `
 ON CONFLICT (scope, event_id) DO NOTHING
 RETURNING scope, event_id, ctid, now(), expires_at`
 }

@@ -232,8 +232,9 @@ func keyLists(reqs []ClaimRequest, positions []int) (scopes, ids pgList) {
 }
 
 // claimArgs are the arguments of a claim statement (batchRows) for the
-// requests at positions, with their owner tokens.
-func claimArgs(reqs []ClaimRequest, positions []int, owner func(int) string) []any {
+// requests at positions, with their owner tokens; for the inbox's insert
+// (inbox set), only those it writes.
+func claimArgs(reqs []ClaimRequest, positions []int, owner func(int) string, inbox bool) []any {
 	n := len(positions)
 	fpLen, fpsListable := 0, true
 	for _, i := range positions {
@@ -241,8 +242,12 @@ func claimArgs(reqs []ClaimRequest, positions []int, owner func(int) string) []a
 		fpsListable = fpsListable && listable(reqs[i].Fingerprint)
 	}
 	scopes, ids := keyLists(reqs, positions)
-	micros, owners := pgLists(2, n, maxMicrosLen), pgLists(1, n, 2*ownerBytes)[0]
+	micros := pgLists(2, n, maxMicrosLen)
 	leases, expiries := micros[0], micros[1]
+	var owners pgList
+	if !inbox {
+		owners = pgLists(1, n, 2*ownerBytes)[0]
+	}
 	var fps pgList
 	var fpArray []string // the fingerprints, when one of them cannot be a list item
 	if fpsListable {
@@ -257,9 +262,14 @@ func claimArgs(reqs []ClaimRequest, positions []int, owner func(int) string) []a
 		} else {
 			fps.addPacked(req.Fingerprint, fingerprintBytes)
 		}
-		owners.addPacked(owner(i), ownerBytes)
-		leases.addMicros(req.Lease)
 		expiries.addMicros(expiryOf(req.TTL))
+		if !inbox {
+			owners.addPacked(owner(i), ownerBytes)
+			leases.addMicros(req.Lease)
+		}
+	}
+	if inbox {
+		return []any{claimMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), []byte(expiries)}
 	}
 	return []any{claimMode, []byte(scopes), []byte(ids), fpArray, nullable(fps), []byte(owners), []byte(leases), []byte(expiries)}
 }
@@ -354,7 +364,8 @@ func (d *waveDone) mark(k int) error {
 // returns.
 func (s *PostgresStore) insertWave(ctx context.Context, b *postgresBatch, wave []int, owner func(int) string) (waveDone, error) {
 	done := waveDone{at: make([]bool, len(wave))}
-	rows, err := b.q.Query(ctx, b.insert, claimArgs(b.reqs, wave, owner)...)
+	inbox := b.status == StatusSucceeded
+	rows, err := b.q.Query(ctx, b.insert, claimArgs(b.reqs, wave, owner, inbox)...)
 	if err != nil {
 		return done, err
 	}
@@ -364,7 +375,11 @@ func (s *PostgresStore) insertWave(ctx context.Context, b *postgresBatch, wave [
 		at        time.Time
 		expires   time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&scope, &id, &tid, &at, &expires}, func() error {
+	targets := []any{&scope, &id, &tid, &at, &expires}
+	if inbox {
+		targets = []any{&scope, &id, &expires}
+	}
+	_, err = pgx.ForEachRow(rows, targets, func() error {
 		k, err := rowPosition(b.reqs, wave, scope, id)
 		if err == nil {
 			err = done.mark(k)
@@ -376,7 +391,7 @@ func (s *PostgresStore) insertWave(ctx context.Context, b *postgresBatch, wave [
 		req := &b.reqs[i]
 		rec := Record{Key: req.Key, Status: b.status, Fingerprint: req.Fingerprint, Attempts: 1, ExpiresAt: expires,
 			Owner: owner(i)}
-		if b.status == StatusProcessing { // an inbox row has no lease and no times
+		if !inbox { // an inbox row has no lease and no times
 			rec.LeaseUntil = at.Add(req.Lease.Truncate(time.Microsecond))
 			rec.CreatedAt, rec.UpdatedAt = at, at
 		}
@@ -438,7 +453,7 @@ func (s *PostgresStore) readWave(ctx context.Context, b *postgresBatch, refused 
 // where the rule still lets it.
 func (s *PostgresStore) takeoverWave(ctx context.Context, b *postgresBatch, positions []int, owner func(int) string) (waveDone, error) {
 	done := waveDone{at: make([]bool, len(positions))}
-	rows, err := b.q.Query(ctx, b.takeover, claimArgs(b.reqs, positions, owner)...)
+	rows, err := b.q.Query(ctx, b.takeover, claimArgs(b.reqs, positions, owner, false)...)
 	if err != nil {
 		return done, err
 	}
