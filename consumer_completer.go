@@ -139,6 +139,9 @@ func (c *batchedCompleter[M]) flush(ctx context.Context) {
 	c.queue, c.of = c.spare[:0], c.spareOf[:0]
 	c.mu.Unlock()
 	sctx, cancel := w.settleCtx(ctx, settleTimeout)
+	if sctx == ctx {
+		sctx, cancel = outliving(ctx, settleTimeout)
+	}
 	errs := w.completeHeld(sctx, w.bc, queue, lease)
 	cancel()
 	c.mu.Lock()
@@ -147,6 +150,20 @@ func (c *batchedCompleter[M]) flush(ctx context.Context) {
 	}
 	c.spare, c.spareOf = queue, of
 	c.mu.Unlock()
+}
+
+// outliving returns a context that is ctx until ctx is done, and lives
+// bound longer: a write of successes under way when the batch is cancelled
+// (a shutdown, a revoked partition) still lands, instead of leaving effects
+// that ran unrecorded. It is fenced on the owners, so it touches no claim
+// somebody else took over.
+func outliving(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(bound, cancel) })
+	return sctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 func (c *batchedCompleter[M]) err(i int) error {
