@@ -72,9 +72,8 @@ func NewPostgresStore(pool *pgxpool.Pool, opts ...StoreOpt) (*PostgresStore, err
 	if err != nil {
 		return nil, err
 	}
-	names := newTableNames(ident)
-	s := &PostgresStore{pool: pool, table: names.table, names: names}
-	s.sql = buildPostgresSQL(names)
+	s := &PostgresStore{pool: pool, table: ident.Sanitize(), names: newTableNames(ident)}
+	s.sql = buildPostgresSQL(s.table, s.names)
 	return s, nil
 }
 
@@ -207,8 +206,7 @@ WHERE ` + takeoverAllowed("EXCLUDED.fingerprint") + `
 RETURNING t.scope, t.event_id, ctid, now(), previous_status, ` + recordExprs
 }
 
-func buildPostgresSQL(names tableNames) postgresSQL {
-	table := names.table
+func buildPostgresSQL(table string, names tableNames) postgresSQL {
 	where := `WHERE scope = $1 AND event_id = $2`
 	held := where + ` AND owner = decode($3, 'hex') AND status = 1 AND expires_at > now()`
 	return postgresSQL{
@@ -376,7 +374,7 @@ ORDER BY updated_at LIMIT $3`,
 		forget: `DELETE FROM ` + table + `
 WHERE scope = $1 AND event_id = $2 AND owner = decode($3, 'hex') AND coalesce(status, 2) <> 2`,
 
-		migration: buildMigrationSQL(names),
+		migration: buildMigrationSQL(table, names),
 	}
 }
 

@@ -289,16 +289,6 @@ func compareBytes(s string, b []byte) int {
 	return cmp.Compare(len(s), len(b))
 }
 
-// rowPosition finds the request at positions (in key order) whose key a
-// row returned.
-func rowPosition(reqs []ClaimRequest, positions []int, scope, id []byte) (int, error) {
-	k, ok := slices.BinarySearchFunc(positions, 0, func(i, _ int) int { return compareKey(reqs[i].Key, scope, id) })
-	if !ok {
-		return 0, fmt.Errorf("%w: unexpected row for key %q/%q", ErrMalformedRecord, scope, id)
-	}
-	return k, nil
-}
-
 // runWave claims the wave's keys (request indexes) in key order: the
 // insert acquires those no row holds, the read answers the others, and the
 // takeover acquires those whose rows the rule lets go. A key the takeover
@@ -350,13 +340,20 @@ type waveDone struct {
 	count int
 }
 
-func (d *waveDone) mark(k int) error {
-	if d.at[k] {
-		return fmt.Errorf("%w: a key answered twice", ErrMalformedRecord)
+// markRow marks the key a row returned, given as its scope and event ID's
+// bytes, among the requests at positions (in key order), and returns its
+// request index.
+func (d *waveDone) markRow(reqs []ClaimRequest, positions []int, scope, id []byte) (int, error) {
+	k, ok := slices.BinarySearchFunc(positions, 0, func(i, _ int) int { return compareKey(reqs[i].Key, scope, id) })
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("%w: unexpected row for key %q/%q", ErrMalformedRecord, scope, id)
+	case d.at[k]:
+		return 0, fmt.Errorf("%w: a key answered twice", ErrMalformedRecord)
 	}
 	d.at[k] = true
 	d.count++
-	return nil
+	return positions[k], nil
 }
 
 // insertWave inserts the rows of the keys at wave that no row holds; their
@@ -380,14 +377,10 @@ func (s *PostgresStore) insertWave(ctx context.Context, b *postgresBatch, wave [
 		targets = []any{&scope, &id, &expires}
 	}
 	_, err = pgx.ForEachRow(rows, targets, func() error {
-		k, err := rowPosition(b.reqs, wave, scope, id)
-		if err == nil {
-			err = done.mark(k)
-		}
+		i, err := done.markRow(b.reqs, wave, scope, id)
 		if err != nil {
 			return err
 		}
-		i := wave[k]
 		req := &b.reqs[i]
 		rec := Record{Key: req.Key, Status: b.status, Fingerprint: req.Fingerprint, Attempts: 1, ExpiresAt: expires,
 			Owner: owner(i)}
@@ -465,14 +458,10 @@ func (s *PostgresStore) takeoverWave(ctx context.Context, b *postgresBatch, posi
 		r         pgRecord
 	)
 	_, err = pgx.ForEachRow(rows, r.targets(&scope, &id, &tid, &at, &previous), func() error {
-		k, err := rowPosition(b.reqs, positions, scope, id)
-		if err == nil {
-			err = done.mark(k)
-		}
+		i, err := done.markRow(b.reqs, positions, scope, id)
 		if err != nil {
 			return err
 		}
-		i := positions[k]
 		c, err := acquired(b.reqs[i].Key, &r, previous)
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.reqs[i].Key, err)

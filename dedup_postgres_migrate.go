@@ -62,26 +62,20 @@ const migrationLockTimeout = "2s"
 // the copy moves: a few thousand rows.
 const migrationBlocks = 128
 
-// tableNames are the names of a store's table and of the v1 table a
-// migration leaves beside it.
+// tableNames are the names a migration gives the v1 table it leaves beside
+// a store's table.
 type tableNames struct {
-	table   string         // quoted, qualified as the user gave it
-	v1      string         // quoted, in the same schema
-	v1Ident pgx.Identifier // the same
-	v1Bare  string         // quoted, unqualified, for RENAME TO
-	pkey    string         // quoted, unqualified: the v1 table's primary key once renamed
+	v1     string // quoted, in the table's schema
+	v1Bare string // quoted, unqualified, for RENAME TO
+	pkey   string // quoted, unqualified: the v1 table's primary key once renamed
 }
 
 func newTableNames(ident pgx.Identifier) tableNames {
-	bare := ident[len(ident)-1]
-	v1 := identCut(bare, "_v1")
-	v1Ident := append(append(pgx.Identifier{}, ident[:len(ident)-1]...), v1)
+	v1 := identCut(ident[len(ident)-1], "_v1")
 	return tableNames{
-		table:   ident.Sanitize(),
-		v1:      v1Ident.Sanitize(),
-		v1Ident: v1Ident,
-		v1Bare:  pgx.Identifier{v1}.Sanitize(),
-		pkey:    pgx.Identifier{identCut(v1, "_pkey")}.Sanitize(),
+		v1:     append(append(pgx.Identifier{}, ident[:len(ident)-1]...), v1).Sanitize(),
+		v1Bare: pgx.Identifier{v1}.Sanitize(),
+		pkey:   pgx.Identifier{identCut(v1, "_pkey")}.Sanitize(),
 	}
 }
 
@@ -118,8 +112,8 @@ FROM old AS o
 ON CONFLICT (scope, event_id) DO NOTHING`
 }
 
-func buildMigrationSQL(names tableNames) migrationSQL {
-	table, v1 := names.table, names.v1
+func buildMigrationSQL(table string, names tableNames) migrationSQL {
+	v1 := names.v1
 	moveInto := `, ins AS (INSERT INTO ` + table + ` ` + v1Rows() + `)
 SELECT count(*) FROM old`
 	return migrationSQL{
