@@ -12,7 +12,7 @@ import (
 
 // maxTxEvents is how many events one transaction of a batched inbox holds
 // at most: it keeps their rows locked until it commits.
-const maxTxEvents = 256
+const maxTxEvents = 1024
 
 // inboxChunk runs a HandleBatch of the transactional inbox: the events of a
 // segment share one transaction, which claims their keys in one statement,

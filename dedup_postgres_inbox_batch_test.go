@@ -78,39 +78,39 @@ func handleInbox(t *testing.T, w *dedup.Wrapper[event], batch []event) []dedup.O
 	return outcomes
 }
 
-// A batch of the transactional inbox runs in one transaction per 256 events:
-// 300 events, two commits, every effect and record there once.
+// A batch of the transactional inbox runs in one transaction per 1,024
+// events: 1,100 events, two commits, every effect and record there once.
 func TestInboxBatchSharesATransaction(t *testing.T) {
 	store, pool, counter := countedStore(t)
 	w, ledger := ledgerInbox(t, store, pool)
-	batch := batchOf("b-", 300)
+	batch := batchOf("b-", 1100)
 	batch = append(batch, batch[7]) // a redelivery within the batch
 	counter.commits.Store(0)
 	outcomes := handleInbox(t, w, batch)
-	require.Len(t, outcomes, 301)
-	for i, o := range outcomes[:300] {
+	require.Len(t, outcomes, 1101)
+	for i, o := range outcomes[:1100] {
 		require.Equal(t, dedup.OutcomeProcessed, o, "event %d", i)
 	}
-	require.Equal(t, dedup.OutcomeDuplicate, outcomes[300])
-	require.EqualValues(t, 2, counter.commits.Load(), "one commit per 256 events")
+	require.Equal(t, dedup.OutcomeDuplicate, outcomes[1100])
+	require.EqualValues(t, 2, counter.commits.Load(), "one commit per 1,024 events")
 	var effects int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ledger).Scan(&effects))
-	require.Equal(t, 300, effects)
+	require.Equal(t, 1100, effects)
 	// Every record is the inbox's narrow row.
 	var rows, narrow int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE
 			(SELECT array_agg(k ORDER BY k) FROM json_object_keys(json_strip_nulls(row_to_json(r))) k) = $2
 			AND fingerprint = $3)
 		FROM dedup_wrapper_test r WHERE scope = $1`, w.Scope(), narrowInboxRow, packedSHA256("b")).Scan(&rows, &narrow))
-	require.Equal(t, 300, rows)
-	require.Equal(t, 300, narrow, "records with only the key, fingerprint and expiry set")
+	require.Equal(t, 1100, rows)
+	require.Equal(t, 1100, narrow, "records with only the key, fingerprint and expiry set")
 
 	// Delivered again: duplicates, nothing written.
 	for _, o := range handleInbox(t, w, batch) {
 		require.Equal(t, dedup.OutcomeDuplicate, o)
 	}
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+ledger).Scan(&effects))
-	require.Equal(t, 300, effects)
+	require.Equal(t, 1100, effects)
 }
 
 // A handler that fails (before writing, after an Exec or a QueryRow),

@@ -223,7 +223,7 @@ func WithBatchCompletion(maxWait time.Duration) Opt {
 
 // WithTxPerEvent makes HandleBatch of a [WrapTx] wrapper run each event in
 // a transaction of its own, as Handle does, instead of sharing one
-// transaction among up to 256 events of the batch. Use it for handlers that
+// transaction among up to 1,024 events of the batch. Use it for handlers that
 // must not share a transaction (one that takes locks for long), or that must
 // not run again after a later handler's failure rolled the shared
 // transaction back. Wrap ignores it.
