@@ -126,13 +126,16 @@ func BenchmarkSideBySide(b *testing.B) {
 	}
 }
 
-// idem is idemhttp over store, wrapping hello.
-func idem(tb testing.TB, store dedup.Store) http.Handler {
+// idem is idemhttp over store, wrapping h (hello if nil).
+func idem(tb testing.TB, store dedup.Store, h ...http.Handler) http.Handler {
 	m, err := idemhttp.New(store, idemhttp.WithScope("bench"), idemhttp.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return m.Wrap(hello)
+	if len(h) == 0 {
+		return m.Wrap(hello)
+	}
+	return m.Wrap(h[0])
 }
 
 // fiberIdem is Fiber's idempotency middleware reading keyHeader, over
