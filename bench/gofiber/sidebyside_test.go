@@ -83,26 +83,30 @@ type target struct {
 // process allocations per request (server and load generator together) for
 // a bare handler and for each middleware on each store, new keys and
 // replays, on net/http (idemhttp) and on Fiber (its idempotency middleware),
-// in one run. x-bare is req/s over the bare handler's on the same server
-// type in the same run; RT/req is Redis round trips per request.
+// in one run. x-bare is req/s over that of the bare handler on the same
+// server type, loaded with as many requests just before the row (untimed),
+// so that the machine's drift over the run falls alike on both; RT/req is
+// Redis round trips per request.
 //
 //	go test -run '^$' -bench SideBySide -benchtime 20000x -count 3
 func BenchmarkSideBySide(b *testing.B) {
-	bare := map[string]float64{} // server type → bare req/s of this run
+	bare := map[string]func(b *testing.B) target{
+		"nethttp": func(b *testing.B) target { return target{url: serveNetHTTP(b, hello)} },
+		"fiber":   func(b *testing.B) target { return target{url: serveFiber(b, nil)} },
+	}
 	row := func(server, name string, setup func(b *testing.B) target, replay bool) {
 		b.Run(server+"/"+name, func(b *testing.B) {
-			rps := runLoad(b, setup(b), replay)
-			if name == "bare" {
-				bare[server] = rps
-			} else if bare[server] > 0 {
-				b.ReportMetric(rps/bare[server], "x-bare")
+			before := runLoad(b, bare[server](b), false, false)
+			rps := runLoad(b, setup(b), replay, true)
+			if before > 0 && rps > 0 {
+				b.ReportMetric(rps/before, "x-bare")
 			}
 		})
 	}
-	// Both bare rows first, then each row beside its counterpart, so that
-	// the machine's drift over the run falls alike on both.
-	row("nethttp", "bare", func(b *testing.B) target { return target{url: serveNetHTTP(b, hello)} }, false)
-	row("fiber", "bare", func(b *testing.B) target { return target{url: serveFiber(b, nil)} }, false)
+	for _, server := range []string{"nethttp", "fiber"} {
+		b.Run(server+"/bare", func(b *testing.B) { runLoad(b, bare[server](b), false, true) })
+	}
+	// Each row beside its counterpart on the other server type.
 	for _, replay := range []bool{false, true} {
 		kind := map[bool]string{false: "new", true: "replay"}[replay]
 		row("nethttp", "idemhttp-memory/"+kind, func(b *testing.B) target {
@@ -260,7 +264,9 @@ func post(client *http.Client, url, key string) (int, string, error) {
 // runLoad sends b.N POSTs to t from benchClients goroutines over kept-alive
 // connections and returns the requests per second. With replay, every key
 // was answered once before the clock starts and is sent replays times.
-func runLoad(b *testing.B, t target, replay bool) float64 {
+// Timed, it resets b's timer and reports the row's metrics; else it reports
+// nothing.
+func runLoad(b *testing.B, t target, replay, timed bool) float64 {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchClients}}
 	defer client.CloseIdleConnections()
 	keys := make([]string, b.N)
@@ -296,8 +302,10 @@ func runLoad(b *testing.B, t target, replay bool) float64 {
 	if t.roundTrips != nil {
 		t.roundTrips.Store(0)
 	}
-	b.ReportAllocs()
-	b.ResetTimer()
+	if timed {
+		b.ReportAllocs()
+		b.ResetTimer()
+	}
 	start := time.Now()
 	for c := range benchClients {
 		wg.Go(func() {
@@ -321,13 +329,13 @@ func runLoad(b *testing.B, t target, replay bool) float64 {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	b.StopTimer()
 	all := slices.Concat(lat...)
-	slices.Sort(all)
-	if len(all) == 0 {
-		return 0
-	}
 	rps := float64(len(all)) / elapsed.Seconds()
+	if !timed || len(all) == 0 {
+		return rps
+	}
+	b.StopTimer()
+	slices.Sort(all)
 	b.ReportMetric(rps, "req/s")
 	b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-µs")
