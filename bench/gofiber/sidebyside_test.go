@@ -5,7 +5,7 @@
 // a dependency of dedup. README.md says how the comparison is kept fair and
 // what each middleware does differently.
 //
-//	cd bench/gofiber && go test -run '^$' -bench SideBySide -benchtime 20000x -count 3
+//	cd bench/gofiber && go test -run '^$' -bench SideBySide -benchtime 15000x -count 3
 package gofiber_test
 
 import (
@@ -88,7 +88,7 @@ type target struct {
 // so that the machine's drift over the run falls alike on both; RT/req is
 // Redis round trips per request.
 //
-//	go test -run '^$' -bench SideBySide -benchtime 20000x -count 3
+//	go test -run '^$' -bench SideBySide -benchtime 15000x -count 3
 func BenchmarkSideBySide(b *testing.B) {
 	bare := map[string]func(b *testing.B) target{
 		"nethttp": func(b *testing.B) target { return target{url: serveNetHTTP(b, hello)} },
