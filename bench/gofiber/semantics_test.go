@@ -77,13 +77,7 @@ func sides(t *testing.T) []side {
 	fiberMemory := fiberIdem(nil) // one middleware: one storage and one lock for every instance
 	client := testenv.Redis(t)
 	prefix := "gofiber-test-" + uuid.NewString() + ":"
-	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			client.Del(ctx, iter.Val())
-		}
-	})
+	forgetPrefix(t, client, prefix)
 	storage := prefixed{fiberredis.NewFromConnection(client), prefix}
 	return []side{
 		{"idemhttp-memory", false, func(e *effects) string { return serveNetHTTP(t, idem(t, memory, e.netHTTP())) }},

@@ -190,6 +190,16 @@ func serveFiber(tb testing.TB, middleware fiber.Handler, handler ...fiber.Handle
 func ourRedis(tb testing.TB) (*redisstore.Store, *redis.Client) {
 	client := testenv.Redis(tb)
 	prefix := "gofiber-bench-" + uuid.NewString() + ":"
+	forgetPrefix(tb, client, prefix)
+	store, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return store, client
+}
+
+// forgetPrefix removes the Redis keys under prefix when tb ends.
+func forgetPrefix(tb testing.TB, client *redis.Client, prefix string) {
 	tb.Cleanup(func() {
 		ctx := context.Background()
 		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
@@ -197,11 +207,6 @@ func ourRedis(tb testing.TB) (*redisstore.Store, *redis.Client) {
 			client.Del(ctx, iter.Val())
 		}
 	})
-	store, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return store, client
 }
 
 // forgetFiberKeys removes the keys Fiber's Redis storage wrote: it stores
