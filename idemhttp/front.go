@@ -144,9 +144,7 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 			"the stored answer for this key cannot be read", 0)
 		return
 	}
-	s.writeReplayHeader(w.Header())
-	w.WriteHeader(s.status)
-	_, _ = w.Write(s.body)
+	s.writeReplay(w)
 }
 
 // keyName names p's key in logs.
