@@ -457,6 +457,14 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			return err
 		},
 		"nil tx store": func() error { _, err := idemhttp.NewTx(nil, nil, idemhttp.WithScope("s")); return err },
+		"negative replay cache": func() error {
+			_, err := idemhttp.New(dedup.NewMemoryStore(), idemhttp.WithScope("s"), idemhttp.WithReplayCache(-1))
+			return err
+		},
+		"replay cache max age 0": func() error {
+			_, err := idemhttp.New(dedup.NewMemoryStore(), idemhttp.WithScope("s"), idemhttp.WithReplayCacheMaxAge(0))
+			return err
+		},
 	} {
 		if err := f(); !errors.Is(err, dedup.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
