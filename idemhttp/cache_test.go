@@ -152,16 +152,16 @@ func TestReplayCacheNeverOutlivesItsRecord(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			store, calls := sc.open(t)
 			clock := newTestClock()
-			srv := serve(t, newMiddleware(t, store, idemhttp.WithTTL(time.Minute), idemhttp.WithReplayCacheMaxAge(time.Hour),
+			srv := serve(t, newMiddleware(t, store, idemhttp.WithTTL(time.Hour), idemhttp.WithReplayCacheMaxAge(2*time.Hour),
 				idemhttp.WithCacheClock(clock.Now)).Wrap(&payments{}))
 			key := newKey()
 			first := mustPost(t, srv.URL, key, order)
 			calls.Store(0)
-			clock.advance(59 * time.Second)
+			clock.advance(59 * time.Minute)
 			if a := mustPost(t, srv.URL, key, order); !a.replayed() || a.body != first.body || calls.Load() != 0 {
 				t.Fatalf("before the record's expiry: %q after %d store calls, want %q from the cache", a.body, calls.Load(), first.body)
 			}
-			clock.advance(2 * time.Second) // the cache's clock past the record's expiry; the store's is not
+			clock.advance(2 * time.Minute) // the cache's clock past the record's expiry; the store's is not
 			for i := int64(1); i <= 2; i++ {
 				if a := mustPost(t, srv.URL, key, order); !a.replayed() || a.body != first.body || calls.Load() != i {
 					t.Fatalf("after the record's expiry, request %d: %q after %d store calls, want %q from the store", i, a.body, calls.Load(), first.body)
