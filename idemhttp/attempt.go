@@ -111,6 +111,7 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 	}
 	switch {
 	case err == nil:
+		f.cacheSettled(p, snap) // before the answer, so that its client's retry finds it
 		rec.flush()
 	case errors.Is(err, dedup.ErrTxAborted): // recorded as the attempt's failure
 		f.answerTxAborted(w, p, rec.status)

@@ -26,4 +26,10 @@
 // On PostgreSQL, [NewTx] runs the handler in the transaction that holds the
 // key and stores the response, so the handler's rows and the stored answer
 // commit together.
+//
+// Each middleware keeps the settled answers it stored or replayed lately in
+// process ([WithReplayCache], 8 MiB by default), keyed as the store keys
+// them: a retry of one is answered, or refused if its request changed,
+// without a store call, never past the record's expiry nor, after a record
+// is deleted by hand, past [WithReplayCacheMaxAge] (30 s).
 package idemhttp

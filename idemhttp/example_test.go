@@ -1,12 +1,14 @@
 package idemhttp_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,6 +55,49 @@ func ExampleNew() {
 	// 201 true {"id":"ch_1"}
 	// 422  {"type":"urn:dedupkit:idempotency:key-reused"
 	// charges: 1
+}
+
+// claimCounter counts the claims made of its store.
+type claimCounter struct {
+	dedup.Store
+	claims int
+}
+
+func (c *claimCounter) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
+	c.claims++
+	return c.Store.Claim(ctx, req)
+}
+
+func ExampleWithReplayCache() {
+	store := &claimCounter{Store: dedup.NewMemoryStore()}
+	m, err := idemhttp.New(store, idemhttp.WithScope("payments-api"),
+		idemhttp.WithReplayCache(32<<20),               // 32 MiB of settled answers (default 8 MiB; 0: off)
+		idemhttp.WithReplayCacheMaxAge(10*time.Second), // a record deleted by hand is replayed 10 s at most
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1"}`)
+	})))
+	defer srv.Close()
+
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount": 4200}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, resp.Header.Get(idemhttp.ReplayHeader), "claims:", store.claims)
+	}
+	// Output:
+	// 201  claims: 1
+	// 201 true claims: 1
+	// 201 true claims: 1
 }
 
 func ExampleNewTx() {

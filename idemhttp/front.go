@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/nilcheck"
@@ -14,9 +15,10 @@ import (
 // answering every claim but an acquired one, and settling an acquired one
 // on the core's attempt (attempt.go).
 type front struct {
-	cfg  config
-	tel  *httpTelemetry          // nil: no spans, no metrics
-	core *dedup.Front[*exchange] // claims keys and holds them: the mode's
+	cfg   config
+	tel   *httpTelemetry          // nil: no spans, no metrics
+	core  *dedup.Front[*exchange] // claims keys and holds them: the mode's
+	cache *replayCache            // settled answers; nil: none kept
 }
 
 // Health returns nil, or an error matching [dedup.ErrOutage] while the
@@ -48,13 +50,14 @@ func newFront(opts []Opt) (front, error) {
 	if err != nil {
 		return front{}, fmt.Errorf("%w: idemhttp: OpenTelemetry instruments: %w", dedup.ErrConfig, err)
 	}
-	return front{cfg: cfg, tel: tel}, nil
+	return front{cfg: cfg, tel: tel, cache: newReplayCache(cfg.replayCache, cfg.replayCacheMaxAge, cfg.now)}, nil
 }
 
 // prepared is a request ready to claim its key.
 type prepared struct {
 	key         dedup.Key
 	fingerprint string
+	expires     time.Time // the expiry of the record its claim acquired, if it did
 }
 
 // prepare reads the key, the caller and the body of r. It answers w itself
@@ -126,15 +129,56 @@ func (f *front) answerClaim(w http.ResponseWriter, r *http.Request, p *prepared,
 		f.cfg.writeProblem(w, ProblemInFlight, http.StatusConflict,
 			"a request with this key has not finished; retry later", f.cfg.retryAfter)
 	case dedup.ClaimConflict:
-		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
-			"this key was used for a request with another method, route, query or body", 0)
+		f.answerConflict(w)
 	default: // ClaimFinal: another writer parked the key for good
 		f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
 			"this key was settled as failed for good", 0)
 	}
 }
 
-// replay answers with the stored response, marked as a replay.
+// answerConflict answers a request whose key was used for another request.
+func (f *front) answerConflict(w http.ResponseWriter) {
+	f.cfg.writeProblem(w, ProblemKeyReused, f.cfg.conflictStatus,
+		"this key was used for a request with another method, route, query or body", 0)
+}
+
+// cached answers p from the replay cache when it holds p's key, as a
+// claim finding the key settled would: the stored response for the same
+// request, the conflict for another. It reports whether it answered.
+func (f *front) cached(w http.ResponseWriter, p *prepared) bool {
+	e := f.cache.get(p.key)
+	switch {
+	case e == nil:
+		return false
+	case e.fingerprint != p.fingerprint:
+		f.answerConflict(w)
+	default:
+		e.answer.writeReplay(w)
+	}
+	return true
+}
+
+// cacheSettled caches snap, the answer of p's key that the store has just
+// accepted, until the record's expiry: that of p's claim, which the
+// completion only pushes later, or the TTL from now if earlier (a store
+// whose clock runs ahead).
+func (f *front) cacheSettled(p *prepared, snap []byte) {
+	if f.cache == nil {
+		return
+	}
+	var s snapshot
+	if decodeSnapshot(snap, &s) != nil { // encodeSnapshot refuses what decoding would
+		return
+	}
+	expires := f.cfg.now().Add(f.cfg.ttl)
+	if !p.expires.IsZero() && p.expires.Before(expires) {
+		expires = p.expires
+	}
+	f.cache.put(p.key, p.fingerprint, &s, expires)
+}
+
+// replay answers with the stored response, marked as a replay, and keeps
+// it in the replay cache.
 func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 	var s snapshot
 	if err := decodeSnapshot(rec.Result, &s); err != nil {
@@ -144,9 +188,8 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 			"the stored answer for this key cannot be read", 0)
 		return
 	}
-	s.writeReplayHeader(w.Header())
-	w.WriteHeader(s.status)
-	_, _ = w.Write(s.body)
+	f.cache.put(p.key, rec.Fingerprint, &s, rec.ExpiresAt)
+	s.writeReplay(w)
 }
 
 // keyName names p's key in logs.

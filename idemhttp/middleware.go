@@ -48,6 +48,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		case p == nil:
 			next.ServeHTTP(w, r)
 			return
+		case m.cached(w, p):
+			return
 		}
 		c, att, err := m.claim(r.Context(), p)
 		switch {
@@ -56,6 +58,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		case att == nil:
 			m.answerClaim(w, r, p, c)
 		default:
+			p.expires = c.Record.ExpiresAt
 			m.attempt(w, p, att, &exchange{r: r, rec: newRecorder(w, m.cfg.maxSnapshot, true), next: next})
 		}
 	}))

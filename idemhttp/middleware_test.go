@@ -419,12 +419,22 @@ func (c corruptResults) Claim(ctx context.Context, req dedup.ClaimRequest) (dedu
 	return cl, err
 }
 
+// A damaged stored answer is refused, never replayed nor cached: the
+// instance that answered replays what it stored from its cache, another
+// reads the damaged record from the store every time.
 func TestMalformedSnapshotIsNotReplayed(t *testing.T) {
-	srv := serve(t, newMiddleware(t, corruptResults{dedup.NewMemoryStore()}, idemhttp.WithLogger(slog.New(slog.DiscardHandler))).Wrap(&payments{}))
+	store := corruptResults{dedup.NewMemoryStore()}
+	first := serve(t, newMiddleware(t, store).Wrap(&payments{}))
+	other := serve(t, newMiddleware(t, store).Wrap(&payments{}))
 	key := newKey()
-	mustPost(t, srv.URL, key, order)
-	if a := mustPost(t, srv.URL, key, order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemStoredMalformed) {
-		t.Errorf("damaged snapshot: %d %q", a.status, a.body)
+	answered := mustPost(t, first.URL, key, order)
+	for range 2 {
+		if a := mustPost(t, other.URL, key, order); a.status != http.StatusInternalServerError || a.problemType() != problem(idemhttp.ProblemStoredMalformed) {
+			t.Errorf("damaged snapshot: %d %q", a.status, a.body)
+		}
+	}
+	if a := mustPost(t, first.URL, key, order); !a.replayed() || a.body != answered.body {
+		t.Errorf("the answering instance's replay: %d %q, want its answer %q", a.status, a.body, answered.body)
 	}
 }
 
@@ -447,6 +457,14 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			return err
 		},
 		"nil tx store": func() error { _, err := idemhttp.NewTx(nil, nil, idemhttp.WithScope("s")); return err },
+		"negative replay cache": func() error {
+			_, err := idemhttp.New(dedup.NewMemoryStore(), idemhttp.WithScope("s"), idemhttp.WithReplayCache(-1))
+			return err
+		},
+		"replay cache max age 0": func() error {
+			_, err := idemhttp.New(dedup.NewMemoryStore(), idemhttp.WithScope("s"), idemhttp.WithReplayCacheMaxAge(0))
+			return err
+		},
 	} {
 		if err := f(); !errors.Is(err, dedup.ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)

@@ -20,6 +20,20 @@ const (
 	DefaultMaxSnapshot  = 1 << 20
 	DefaultMinKeyBits   = 40
 	DefaultRetryAfter   = time.Second
+
+	// DefaultReplayCacheBytes is the replay cache's budget unless
+	// WithReplayCache says otherwise: 8 MiB per middleware, a few
+	// thousand typical answers of a kilobyte or two, the retries of a
+	// busy minute, for a small share of a server's heap. An eighth of it,
+	// 1 MiB, is DefaultMaxSnapshot: every answer stored is cached.
+	DefaultReplayCacheBytes = 8 << 20
+	// DefaultReplayCacheMaxAge is how long a cached answer is replayed
+	// at most unless WithReplayCacheMaxAge says otherwise: 30 s, the
+	// default lease, so that a record deleted by hand (see
+	// WithReplayCache) is claimable again everywhere in the time an
+	// operator already waits for a dead worker's key, while the retries
+	// of a blip, which come within seconds, still hit the cache.
+	DefaultReplayCacheMaxAge = 30 * time.Second
 )
 
 // The lease and retention a claim gets unless WithLease and WithTTL say
@@ -70,6 +84,10 @@ type config struct {
 
 	// outageThreshold is the core's WithOutageThreshold; 0: its default.
 	outageThreshold time.Duration
+
+	replayCache       int              // the replay cache's budget in bytes; 0: no cache
+	replayCacheMaxAge time.Duration    // the longest a cached answer is replayed
+	now               func() time.Time // the replay cache's clock; tests move it
 }
 
 func defaultConfig() config {
@@ -87,6 +105,10 @@ func defaultConfig() config {
 		problemBase:    DefaultProblemBase,
 		logger:         slog.Default(),
 		jsonFP:         dedup.JSONFingerprint(""),
+
+		replayCache:       DefaultReplayCacheBytes,
+		replayCacheMaxAge: DefaultReplayCacheMaxAge,
+		now:               time.Now,
 	}
 	c.final = statusSet(defaultFinalStatuses)
 	return c
@@ -120,6 +142,9 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: idemhttp: WithWaitInFlight(%v): must not be negative", dedup.ErrConfig, c.waitInFlight)
 	case c.outageThreshold < 0:
 		return fmt.Errorf("%w: idemhttp: WithOutageThreshold(%v): must not be negative", dedup.ErrConfig, c.outageThreshold)
+	case c.replayCache < 0 || c.replayCacheMaxAge <= 0:
+		return fmt.Errorf("%w: idemhttp: WithReplayCache(%d), WithReplayCacheMaxAge(%v): the budget must not be negative, the max age must be positive",
+			dedup.ErrConfig, c.replayCache, c.replayCacheMaxAge)
 	case c.conflictStatus != http.StatusUnprocessableEntity && c.conflictStatus != http.StatusConflict:
 		return fmt.Errorf("%w: idemhttp: WithConflictStatus(%d): must be 422 or 409", dedup.ErrConfig, c.conflictStatus)
 	}
@@ -251,3 +276,28 @@ func WithProblemTypeBase(uri string) Opt { return optFunc(func(c *config) { c.pr
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger = l }) }
+
+// WithReplayCache sets the bytes of settled answers each middleware keeps
+// in process for replay (default [DefaultReplayCacheBytes], 8 MiB; 0 turns
+// the cache off). A retry of a key this middleware answered or replayed
+// lately is then answered from memory, byte for byte as from the store,
+// with no store call: the same replay, or the same refusal of a changed
+// request. Least recently used answers go first when the budget is spent;
+// an answer over an eighth of it is not cached. An answer is never kept
+// past its record's expiry (WithTTL) nor past [WithReplayCacheMaxAge].
+//
+// A settled record does not change, so the cache can only be out of date
+// when a record is deleted by hand (a DELETE on the table, a Redis DEL) or
+// the store is emptied: an instance that cached the key goes on replaying
+// it until the max age passes. The count of bytes is approximate: the
+// answer's body and headers, the key, the fingerprint and a fixed overhead
+// per entry.
+func WithReplayCache(maxBytes int) Opt { return optFunc(func(c *config) { c.replayCache = maxBytes }) }
+
+// WithReplayCacheMaxAge sets the longest a cached answer is replayed
+// (default [DefaultReplayCacheMaxAge], 30 s): how long, at most, an
+// instance replays a key whose record was deleted by hand elsewhere. It
+// must be positive; WithReplayCache(0) turns the cache off.
+func WithReplayCacheMaxAge(d time.Duration) Opt {
+	return optFunc(func(c *config) { c.replayCacheMaxAge = d })
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -38,38 +39,85 @@ type snapshot struct {
 	body   []byte
 }
 
-// field returns the i-th name or value: 2k for the k-th name, 2k+1 for its
-// value.
-func (s *snapshot) field(i int) string {
+// writeReplay answers w with s, marked as a replay.
+func (s *snapshot) writeReplay(w http.ResponseWriter) {
+	writeReplay(w, s.status, s.text, s.ends[:2*s.n], s.body)
+}
+
+// writeHeader sets s's headers in h, as writeHeaderFields does.
+func (s *snapshot) writeHeader(h http.Header, extra int) []string {
+	return writeHeaderFields(h, s.text, s.ends[:2*s.n], extra)
+}
+
+// storedAnswer is a stored response as the replay cache keeps it: a
+// snapshot without its fixed array of ends, so that it costs what its
+// headers and body hold.
+type storedAnswer struct {
+	status int
+	text   string
+	ends   []int32
+	body   []byte
+}
+
+// answer returns s as a storedAnswer of its own ends, sharing s's text and
+// body.
+func (s *snapshot) answer() storedAnswer {
+	return storedAnswer{status: s.status, text: s.text, ends: slices.Clone(s.ends[:2*s.n]), body: s.body}
+}
+
+// writeReplay answers w with a, marked as a replay, byte for byte as a
+// replay of the snapshot it came from.
+func (a *storedAnswer) writeReplay(w http.ResponseWriter) {
+	writeReplay(w, a.status, a.text, a.ends, a.body)
+}
+
+// A stored response's header names and values are cut from one string,
+// text: field i (2k for the k-th name, 2k+1 for its value) ends at ends[i].
+// The functions below take text and ends apart, not in a struct, so that a
+// snapshot decoded on the stack stays there: only text leaks into the
+// header.
+
+// field returns the i-th name or value of text cut at ends.
+func field(text string, ends []int32, i int) string {
 	from := int32(0)
 	if i > 0 {
-		from = s.ends[i-1]
+		from = ends[i-1]
 	}
-	return s.text[from:s.ends[i]]
+	return text[from:ends[i]]
 }
 
-// writeReplayHeader sets in h the headers a replay of s answers with: s's
-// own, the replay mark and, where a body is allowed, its length. The values
-// share one allocation.
-func (s *snapshot) writeReplayHeader(h http.Header) {
-	vals := s.writeHeader(h, 2)
+// writeReplay answers w with the stored response of status, headers text
+// cut at ends, and body, marked as a replay.
+func writeReplay(w http.ResponseWriter, status int, text string, ends []int32, body []byte) {
+	writeReplayHeader(w.Header(), status, text, ends, len(body))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// writeReplayHeader sets in h the headers a replay answers with: the
+// stored ones, the replay mark and, where a body is allowed, its length.
+// The values share one allocation.
+func writeReplayHeader(h http.Header, status int, text string, ends []int32, bodyLen int) {
+	n := len(ends) / 2
+	vals := writeHeaderFields(h, text, ends, 2)
 	vals = append(vals, "true")
-	h[ReplayHeader] = vals[s.n : s.n+1 : s.n+1]
-	if bodyAllowed(s.status) {
-		vals = append(vals, strconv.Itoa(len(s.body)))
-		h["Content-Length"] = vals[s.n+1 : s.n+2 : s.n+2]
+	h[ReplayHeader] = vals[n : n+1 : n+1]
+	if bodyAllowed(status) {
+		vals = append(vals, strconv.Itoa(bodyLen))
+		h["Content-Length"] = vals[n+1 : n+2 : n+2]
 	}
 }
 
-// writeHeader sets s's headers in h, in place of any h held under their
-// names, and returns the array their values share, with room for extra
-// more.
-func (s *snapshot) writeHeader(h http.Header, extra int) []string {
-	vals := make([]string, s.n, s.n+extra)
-	for k := range s.n {
-		name := s.field(2 * k)
-		vals[k] = s.field(2*k + 1)
-		if s.seenBefore(k, name) {
+// writeHeaderFields sets the headers of text cut at ends in h, in place of
+// any h held under their names, and returns the array their values share,
+// with room for extra more.
+func writeHeaderFields(h http.Header, text string, ends []int32, extra int) []string {
+	n := len(ends) / 2
+	vals := make([]string, n, n+extra)
+	for k := range n {
+		name := field(text, ends, 2*k)
+		vals[k] = field(text, ends, 2*k+1)
+		if seenBefore(text, ends, k, name) {
 			h[name] = append(h[name], vals[k])
 		} else {
 			h[name] = vals[k : k+1 : k+1]
@@ -79,9 +127,9 @@ func (s *snapshot) writeHeader(h http.Header, extra int) []string {
 }
 
 // seenBefore reports whether a header before the k-th has name.
-func (s *snapshot) seenBefore(k int, name string) bool {
+func seenBefore(text string, ends []int32, k int, name string) bool {
 	for j := 0; j < k; j++ {
-		if s.field(2*j) == name {
+		if field(text, ends, 2*j) == name {
 			return true
 		}
 	}
@@ -163,7 +211,7 @@ func decodeSnapshot(b []byte, s *snapshot) error {
 	}
 	s.n, s.text, s.body = n, buf.String(), rest
 	for k := 0; k < n; k++ {
-		name, value := s.field(2*k), s.field(2*k+1)
+		name, value := field(s.text, s.ends[:], 2*k), field(s.text, s.ends[:], 2*k+1)
 		if !validToken(name) || http.CanonicalHeaderKey(name) != name {
 			return fmt.Errorf("%w: header %d name %q", errSnapshot, k, name)
 		}

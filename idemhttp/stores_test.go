@@ -81,6 +81,13 @@ func dynamoStore(t *testing.T) dedup.Store {
 // deleted when t ends.
 func redisStore(t testing.TB) (*redisstore.Store, *redis.Client) {
 	t.Helper()
+	s, client, _ := redisStorePrefix(t)
+	return s, client
+}
+
+// redisStorePrefix is redisStore, and the prefix of the store's keys.
+func redisStorePrefix(t testing.TB) (*redisstore.Store, *redis.Client, string) {
+	t.Helper()
 	client := testenv.Redis(t)
 	prefix := uniqueName("idemhttp-test-") + ":"
 	t.Cleanup(func() {
@@ -94,5 +101,5 @@ func redisStore(t testing.TB) (*redisstore.Store, *redis.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, client
+	return s, client, prefix
 }

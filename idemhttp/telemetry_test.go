@@ -3,6 +3,7 @@ package idemhttp_test
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,8 +20,19 @@ import (
 
 // Each request behind the middleware is a span, carried by the handler's
 // context, saying whether it was replayed and its status; the answers are
-// counted by replayed and status.
+// counted by replayed and status. A replay and a refusal from the replay
+// cache are recorded as those from the store are.
 func TestRequestSpansAndMetrics(t *testing.T) {
+	t.Run("cache", func(t *testing.T) {
+		testRequestSpansAndMetrics(t, idemhttp.WithReplayCache(idemhttp.DefaultReplayCacheBytes), 2)
+	})
+	t.Run("no cache", func(t *testing.T) { testRequestSpansAndMetrics(t, idemhttp.WithReplayCache(0), 4) })
+}
+
+// testRequestSpansAndMetrics runs TestRequestSpansAndMetrics with cache,
+// whose store calls are storeCalls: a claim and a completion for the first
+// request, and a claim for each retry the cache does not answer.
+func testRequestSpansAndMetrics(t *testing.T, cache idemhttp.Opt, storeCalls int64) {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	reader := sdkmetric.NewManualReader()
@@ -31,7 +43,8 @@ func TestRequestSpansAndMetrics(t *testing.T) {
 	})
 	pay := &payments{}
 	var handlerSpan trace.SpanID
-	m := newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithTracerProvider(tp), idemhttp.WithMeterProvider(mp))
+	calls := new(atomic.Int64)
+	m := newMiddleware(t, countingStore{dedup.NewMemoryStore(), calls}, idemhttp.WithTracerProvider(tp), idemhttp.WithMeterProvider(mp), cache)
 	srv := serve(t, m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handlerSpan = trace.SpanContextFromContext(r.Context()).SpanID()
 		pay.ServeHTTP(w, r)
@@ -42,6 +55,7 @@ func TestRequestSpansAndMetrics(t *testing.T) {
 	require.True(t, mustPost(t, srv.URL, key, `{"amount":10}`).replayed())
 	require.Equal(t, http.StatusUnprocessableEntity, mustPost(t, srv.URL, key, `{"amount":99}`).status)
 	require.Equal(t, http.StatusBadRequest, mustPost(t, srv.URL, "", `{"amount":10}`).status)
+	require.Equal(t, storeCalls, calls.Load())
 
 	got := spans.GetSpans().Snapshots()
 	require.Len(t, got, 4)

@@ -102,6 +102,9 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 			m.serveKeyless(w, r, h)
 			return
 		}
+		if m.cached(w, p) { // a replay begins no transaction
+			return
+		}
 		c, att, err := m.core.Claim(r.Context(), p.key, p.fingerprint)
 		switch {
 		case err != nil:
@@ -109,6 +112,7 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 		case att == nil:
 			m.answerClaim(w, r, p, c)
 		default:
+			p.expires = c.Record.ExpiresAt
 			m.attempt(w, p, att, &exchange{r: r, rec: newRecorder(w, m.cfg.maxSnapshot, false), txh: h})
 		}
 	}))
