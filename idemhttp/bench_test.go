@@ -45,8 +45,8 @@ func BenchmarkIdempotency(b *testing.B) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"ch_1","amount":4200,"currency":"EUR"}`)
 	})
-	claimMode := func(b *testing.B, store dedup.Store) http.Handler {
-		m, err := idemhttp.New(store, idemhttp.WithScope("bench"), quiet)
+	claimMode := func(b *testing.B, store dedup.Store, opts ...idemhttp.Opt) http.Handler {
+		m, err := idemhttp.New(store, append([]idemhttp.Opt{idemhttp.WithScope("bench"), quiet}, opts...)...)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -80,6 +80,16 @@ func BenchmarkIdempotency(b *testing.B) {
 			runLoad(b, claimMode(b, store), replay, commands)
 		})
 	}
+	// A replay that misses the replay cache (another instance answered
+	// first) costs what these rows cost: each a store read.
+	b.Run("memory/replay-nocache", func(b *testing.B) {
+		var calls atomic.Int64
+		runLoad(b, claimMode(b, countingStore{dedup.NewMemoryStore(), &calls}, idemhttp.WithReplayCache(0)), true, &calls)
+	})
+	b.Run("redis/replay-nocache", func(b *testing.B) {
+		store, commands := benchRedis(b)
+		runLoad(b, claimMode(b, store, idemhttp.WithReplayCache(0)), true, commands)
+	})
 }
 
 // replays is how many times each key is replayed in a replay run: retries
