@@ -396,7 +396,7 @@ func (w *Wrapper[M]) settleCtx(ctx context.Context, bound time.Duration) (contex
 	if !w.detached && ctx.Err() == nil {
 		return ctx, nothingToCancel
 	}
-	return context.WithTimeout(context.WithoutCancel(ctx), bound)
+	return withBound(ctx, bound)
 }
 
 // nothingToCancel is the CancelFunc of a context returned as it was given.
