@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/dedupkit/dedup"
@@ -19,6 +20,9 @@ type front struct {
 	tel   *httpTelemetry          // nil: no spans, no metrics
 	core  *dedup.Front[*exchange] // claims keys and holds them: the mode's
 	cache *replayCache            // settled answers; nil: none kept
+	// recorders keeps the recorders of answered requests for the next
+	// ones: a new key's response is buffered without allocating one.
+	recorders *sync.Pool
 }
 
 // Health returns nil, or an error matching [dedup.ErrOutage] while the
@@ -50,7 +54,7 @@ func newFront(opts []Opt) (front, error) {
 	if err != nil {
 		return front{}, fmt.Errorf("%w: idemhttp: OpenTelemetry instruments: %w", dedup.ErrConfig, err)
 	}
-	return front{cfg: cfg, tel: tel, cache: newReplayCache(cfg.replayCache, cfg.replayCacheMaxAge, cfg.now)}, nil
+	return front{cfg: cfg, tel: tel, cache: newReplayCache(cfg.replayCache, cfg.replayCacheMaxAge, cfg.now), recorders: new(sync.Pool)}, nil
 }
 
 // prepared is a request ready to claim its key.

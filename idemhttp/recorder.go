@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 )
 
 // recorder buffers a handler's response so that it is stored before the
@@ -26,8 +27,32 @@ type recorder struct {
 	over    bool // the body outgrew limit
 }
 
-func newRecorder(w http.ResponseWriter, limit int, stream bool) *recorder {
-	return &recorder{w: w, header: make(http.Header), status: http.StatusOK, limit: limit, stream: stream}
+// newRecorder returns a recorder of w's answer, from pool when it holds one.
+func newRecorder(pool *sync.Pool, w http.ResponseWriter, limit int, stream bool) *recorder {
+	r, _ := pool.Get().(*recorder)
+	if r == nil {
+		r = &recorder{header: make(http.Header)}
+	}
+	r.w, r.status, r.limit, r.stream = w, http.StatusOK, limit, stream
+	return r
+}
+
+// maxPooledBody is the largest body buffer a recorder keeps for the next
+// request: a larger one goes with it, so that one large answer does not pin
+// its buffer.
+const maxPooledBody = 64 << 10
+
+// release puts r back in pool for another request once its answer is sent
+// and nothing reads it any more. The header values it recorded belong to
+// the connection's writer now; only the map is kept, emptied.
+func (r *recorder) release(pool *sync.Pool) {
+	if r.body.Cap() > maxPooledBody {
+		return
+	}
+	clear(r.header)
+	r.body.Reset()
+	r.w, r.wrote, r.passing, r.over = nil, false, false, false
+	pool.Put(r)
 }
 
 func (r *recorder) Header() http.Header {

@@ -113,7 +113,9 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 			m.answerClaim(w, r, p, c)
 		default:
 			p.expires = c.Record.ExpiresAt
-			m.attempt(w, p, att, &exchange{r: r, rec: newRecorder(w, m.cfg.maxSnapshot, false), txh: h})
+			x := &exchange{r: r, rec: newRecorder(m.recorders, w, m.cfg.maxSnapshot, false), txh: h}
+			m.attempt(w, p, att, x)
+			x.rec.release(m.recorders)
 		}
 	}))
 }
@@ -130,7 +132,8 @@ func (m *TxMiddleware) serveKeyless(w http.ResponseWriter, r *http.Request, h Tx
 	// Rolling back after a commit is a no-op; this covers every early return.
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 	htx := &txguard.Tx{Tx: tx, Owned: ErrTxOwned}
-	rec := newRecorder(w, m.cfg.maxSnapshot, false)
+	rec := newRecorder(m.recorders, w, m.cfg.maxSnapshot, false)
+	defer rec.release(m.recorders)
 	h(rec, r, htx) // a panic goes on up, the transaction rolled back by the deferred Rollback
 	ended := endedCause(ctx)
 	switch {
