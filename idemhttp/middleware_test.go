@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -814,5 +815,55 @@ func TestWaitInFlightEnds(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("%d runs, want 1", n)
+	}
+}
+
+// Answers buffered one after another and side by side never carry one
+// another's status, headers or body: 50 goroutines, each request with a
+// header and a body of its own, half of them answering without the header.
+func TestAnswersStayApartUnderConcurrency(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if tag := r.Header.Get("X-Tag"); tag != "" && len(b)%2 == 0 {
+			w.Header().Set("Location", "/things/"+tag)
+			w.WriteHeader(http.StatusCreated)
+		}
+		w.Write(b)
+	})
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore(), idemhttp.WithStoredHeaders("Location")).Wrap(h))
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for g := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				tag := fmt.Sprintf("g%d-%d", g, i)
+				body := `{"tag":"` + tag + `"` + strings.Repeat(" ", (g+i)%2) + `}`
+				req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
+				req.Header.Set("Idempotency-Key", strconv.Quote(newKey()))
+				req.Header.Set("X-Tag", tag)
+				a, err := do(http.DefaultClient, req)
+				wantStatus, wantLocation := http.StatusOK, ""
+				if len(body)%2 == 0 {
+					wantStatus, wantLocation = http.StatusCreated, "/things/"+tag
+				}
+				switch {
+				case err != nil:
+					errs <- err
+				case a.status != wantStatus || a.header.Get("Location") != wantLocation || a.body != body:
+					errs <- fmt.Errorf("%s: answered %d %q %q; want %d %q %q", tag, a.status, a.header.Get("Location"), a.body,
+						wantStatus, wantLocation, body)
+				default:
+					continue
+				}
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
