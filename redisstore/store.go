@@ -148,27 +148,26 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 		args = append(args, r.Fingerprint, r.Lease.Milliseconds(), r.TTL.Milliseconds(), owners[i])
 	}
 	calls := s.split(keys, args, 4)
-	cmds := s.run(ctx, claimScript, calls)
+	cmds := runAs(ctx, s, claimScript, redis.NewStringSliceCmd, calls)
 
 	claims := make([]dedup.Claim, len(reqs))
 	var firstErr error
 	i := 0
 	for ci, cmd := range cmds {
 		n := len(calls[ci].keys)
-		replies, err := cmd.Slice()
-		if err == nil && len(replies) != n {
-			err = fmt.Errorf("%w: %d replies for %d keys", dedup.ErrMalformedRecord, len(replies), n)
-		}
+		vals, err := cmd.Result()
+		r := claimReply{vals: vals, err: err}
 		for j := range n {
-			// Every reply is read, so that a failed batch knows all it
+			// Every answer is read, so that a failed batch knows all it
 			// acquired.
-			cerr := err
-			if cerr == nil {
-				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j], owners[i+j])
+			c, err := r.next(reqs[i+j], owners[i+j])
+			claims[i+j] = c
+			if err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, err)
 			}
-			if cerr != nil && firstErr == nil {
-				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, cerr)
-			}
+		}
+		if err := r.end(); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i].Key, err)
 		}
 		i += n
 	}
@@ -215,32 +214,45 @@ func (s *Store) split(keys []string, args []any, argsPerKey int) []call {
 	return calls
 }
 
-// run runs script once per call, in one round trip, by EVALSHA; calls the
+// run runs sc once per call, in one round trip, by EVALSHA; calls the
 // server answers NOSCRIPT (its script cache was flushed or it restarted) run
 // again in order by EVAL, which carries the script's text. Each command holds
 // its own reply or error.
-func (s *Store) run(ctx context.Context, script *redis.Script, calls []call) []*redis.Cmd {
+func (s *Store) run(ctx context.Context, sc script, calls []call) []*redis.Cmd {
+	return runAs(ctx, s, sc, redis.NewCmd, calls)
+}
+
+// runAs is run with the replies read by commands that newCmd makes, so that
+// a reply of a known shape is decoded into its type directly.
+func runAs[C redis.Cmder](ctx context.Context, s *Store, sc script, newCmd func(context.Context, ...any) C, calls []call) []C {
+	cmds := make([]C, len(calls))
 	if len(calls) == 1 {
-		cmd := script.Run(ctx, s.client, calls[0].keys, calls[0].args...)
-		s.follow(cmd.Err())
-		return []*redis.Cmd{cmd}
+		cmds[0] = newCmd(ctx, evalArgs("evalsha", sc.Hash(), calls[0])...)
+		_ = s.client.Process(ctx, cmds[0])
+		if noScript(cmds[0].Err()) {
+			cmds[0] = newCmd(ctx, evalArgs("eval", sc.src, calls[0])...)
+			_ = s.client.Process(ctx, cmds[0])
+		}
+		s.follow(cmds[0].Err())
+		return cmds
 	}
-	cmds := make([]*redis.Cmd, len(calls))
 	pipe := s.client.Pipeline()
 	for i, c := range calls {
-		cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds[i] = newCmd(ctx, evalArgs("evalsha", sc.Hash(), c)...)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	var again []int
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if noScript(cmd.Err()) {
 			again = append(again, i)
 		}
 	}
 	if len(again) > 0 {
 		pipe = s.client.Pipeline()
 		for _, i := range again {
-			cmds[i] = script.Eval(ctx, pipe, calls[i].keys, calls[i].args...)
+			cmds[i] = newCmd(ctx, evalArgs("eval", sc.src, calls[i])...)
+			_ = pipe.Process(ctx, cmds[i])
 		}
 		_, _ = pipe.Exec(ctx)
 	}
@@ -250,6 +262,23 @@ func (s *Store) run(ctx context.Context, script *redis.Script, calls []call) []*
 		}
 	}
 	return cmds
+}
+
+// noScript reports whether err says that the server does not know a
+// script.
+func noScript(err error) bool {
+	return errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// evalArgs returns the command that runs a script for c: verb (EVALSHA or
+// EVAL), the script's hash or text, then c's keys and arguments.
+func evalArgs(verb, script string, c call) []any {
+	args := make([]any, 0, 3+len(c.keys)+len(c.args))
+	args = append(args, verb, script, len(c.keys))
+	for _, k := range c.keys {
+		args = append(args, k)
+	}
+	return append(args, c.args...)
 }
 
 // Get returns the live record for key, or an error matching
@@ -270,7 +299,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	if vals[0] == nil && vals[1] == nil {
 		return dedup.Record{}, fmt.Errorf("%w: redisstore get %s", dedup.ErrNotFound, key)
 	}
-	rec, err := parseRecord(key, vals)
+	rec, err := recordOf(key, vals)
 	if err != nil {
 		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
 	}
