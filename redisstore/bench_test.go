@@ -104,7 +104,7 @@ func BenchmarkRedisClaimReplay(b *testing.B) {
 		{"conflict", "other", true, dedup.ClaimConflict},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			k := dedup.Key{Scope: scope, EventID: tc.name}
+			k := dedup.Key{Scope: scope, EventID: tc.name + "-" + deduptype.NewOwnerToken()[:8]}
 			c, err := s.Claim(ctx, dedup.ClaimRequest{Key: k, Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour})
 			if err != nil {
 				b.Fatal(err)

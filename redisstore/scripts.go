@@ -1,6 +1,10 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import (
+	"slices"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // A record is one Redis hash. Its fields, in the order the scripts return
 // them (recordFields) and parseRecord reads them:
@@ -37,6 +41,14 @@ type script struct {
 // newScript returns the script of src.
 func newScript(src string) script {
 	return script{Script: redis.NewScript(src), src: src}
+}
+
+// eval returns the arguments of an EVAL that makes call c, whose arguments
+// are an EVALSHA's.
+func (sc script) eval(c call) []any {
+	cmd := slices.Clone(c.cmd)
+	cmd[0], cmd[1] = "eval", sc.src
+	return cmd
 }
 
 // luaNow sets now to the server's time in milliseconds.
