@@ -36,11 +36,14 @@ var recordFields = []string{"st", "fp", "at", "ow", "lu", "ca", "ua", "ea", "le"
 type script struct {
 	*redis.Script
 	src string
+	// hash is the script's hash as a command argument, boxed once.
+	hash any
 }
 
 // newScript returns the script of src.
 func newScript(src string) script {
-	return script{Script: redis.NewScript(src), src: src}
+	sc := redis.NewScript(src)
+	return script{Script: sc, src: src, hash: sc.Hash()}
 }
 
 // eval returns the arguments of an EVAL that makes call c, whose arguments

@@ -193,7 +193,7 @@ func (s *Store) giveBack(ctx context.Context, claims []dedup.Claim) {
 	}
 	calls := make([]call, len(held))
 	for i, c := range held {
-		calls[i] = call{n: 1, cmd: []any{"evalsha", releaseScript.Hash(), 1, redisKey(s.prefix, c.Record.Key), c.Record.Owner, newNonce()}}
+		calls[i] = call{n: 1, cmd: []any{"evalsha", releaseScript.hash, 1, redisKey(s.prefix, c.Record.Key), c.Record.Owner, newNonce()}}
 	}
 	s.run(context.WithoutCancel(ctx), releaseScript, calls)
 }
@@ -217,7 +217,7 @@ func (s *Store) calls(sc script, n, argsPerKey int, key func(i int) string, args
 	for lo := 0; lo < n; lo += per {
 		hi := min(lo+per, n)
 		cmd := make([]any, 0, 3+(hi-lo)*(1+argsPerKey))
-		cmd = append(cmd, "evalsha", sc.Hash(), hi-lo)
+		cmd = append(cmd, "evalsha", sc.hash, hi-lo)
 		for i := lo; i < hi; i++ {
 			cmd = append(cmd, key(i))
 		}
