@@ -19,10 +19,12 @@ import (
 // retries a command whose connection broke) recognise its own first run.
 //
 // Times are Unix milliseconds from the server's TIME, read inside every
-// script, so a worker's clock never decides a lease. The key expires at ea
-// (PEXPIREAT from the same clock), so Redis itself deletes expired records;
-// the scripts still treat ea <= now as absent, for a key whose expiry has
-// not yet been applied.
+// script that writes or decides a lease, so a worker's clock never decides
+// a lease. The key expires at ea (PEXPIREAT from the same clock), so Redis
+// itself deletes expired records, on the first access past ea if not
+// before: a claim that only reads (a replay, a conflict) takes the record
+// it finds as live and does not read the clock. The scripts that read it
+// still treat ea <= now as absent.
 //
 // Every script checks everything before its first write, and that write is
 // one HSET: a server refusing writes (MISCONF, READONLY, OOM) refuses the
