@@ -52,13 +52,12 @@ func (r *claimReply) next(req dedup.ClaimRequest, owner string) (dedup.Claim, er
 		}
 		code, aux, fields := r.vals[0], r.vals[1], r.vals[2:2+len(recordFields)]
 		r.vals = r.vals[2+len(recordFields):]
-		if code == "1" {
-			rec, err := parseRecord(req.Key, fields, false)
-			return dedup.Claim{Status: dedup.ClaimAcquired, Record: rec, Previous: dedup.Status(aux)}, err
-		}
-		rec, err := parseRecord(req.Key, fields, aux == "1")
+		rec, err := parseRecord(req.Key, fields, code == "0" && aux == "1")
 		if err != nil {
 			return dedup.Claim{}, err
+		}
+		if code == "1" {
+			return dedup.Claim{Status: dedup.ClaimAcquired, Record: rec, Previous: dedup.Status(aux)}, nil
 		}
 		return dedup.Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}, nil
 	}
