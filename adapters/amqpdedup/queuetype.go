@@ -84,6 +84,9 @@ func queueOf(d amqp.Delivery, named string) string {
 // of another queue, named: the first time, it logs it at ERROR and Health
 // reports it from then on.
 func (c *Consumer) misnamed(named string) {
+	if c.mismatch.Load() != nil {
+		return
+	}
 	err := fmt.Errorf("%w: amqpdedup: the wrapper reads deliveries with Messages(%q) but the Consumer consumes queue %q: "+
 		"give both the same name (letters go to the consumed queue's dead-letter queue meanwhile)", dedup.ErrConfig, named, c.queue)
 	if c.mismatch.CompareAndSwap(nil, &err) {
