@@ -2,10 +2,9 @@
 // per event, with the event's destination as subject, its ID in the
 // "Nats-Msg-Id" header, where natsdedup reads it, and its key in the
 // "event-key" header ([KeyHeader], or [KeyBase64Header] for a key that is
-// not plain text). A relay that publishes an
-// event again within the stream's duplicate window (it died before marking
-// the row sent) is absorbed by the server itself; a later copy, by the
-// consumer's wrapper.
+// not plain text). A relay that publishes an event again within the
+// stream's duplicate window (it died before marking the row sent) is
+// absorbed by the server itself; a later copy, by the consumer's wrapper.
 //
 //	pub, _ := natsoutbox.NewPublisher(js)
 //	relay, _ := outbox.NewRelay(ob, pgConfig, pub)
