@@ -56,13 +56,32 @@ type Consumer struct {
 	w     *dedup.Wrapper[amqp.Delivery]
 	// notConsuming is why Run cannot consume the queue, while it cannot.
 	notConsuming atomic.Pointer[consumeFailure]
-	cfg          config
-	log          *slog.Logger
+	// mismatch is set once the wrapper reads deliveries with the Messages
+	// of another queue.
+	mismatch atomic.Pointer[error]
+	cfg      config
+	log      *slog.Logger
 }
 
 // NewConsumer returns a Consumer of queue on the broker at url (an amqp://
-// or amqps:// URI) running deliveries through w, which should read them
-// with [Messages] for the same queue. The queue must exist when Run starts.
+// or amqps:// URI) running deliveries through w, which reads them with
+// [Messages] of the same queue (or of ""). The queue must exist when Run
+// starts.
+//
+// The deliveries the Consumer hands to w carry its queue and its type (see
+// [Messages]): a letter's origin, hence its dead-letter queue, is the
+// consumed queue whatever name Messages was given. A wrapper reading them
+// with the Messages of another queue is a configuration error: the first
+// delivery logs it at ERROR and [Consumer.Health] reports it (matching
+// dedup.ErrConfig) from then on.
+//
+// At each connection, before consuming, the Consumer finds out whether the
+// queue is a quorum queue, the only kind whose x-delivery-count the broker
+// writes, on a short connection of its own: RabbitMQ refuses a consumer
+// with a global prefetch on a quorum queue, and accepts it on a classic one
+// (then cancelled at once; a message sent to it in that instant returns to
+// the queue marked redelivered). The refusal shows in the broker's log as
+// a NOT_IMPLEMENTED connection error ("does not support global qos").
 func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt) (*Consumer, error) {
 	cfg, err := consumeropt.Build(defaultConfig(), opts, Opt.apply, (*config).validate)
 	if err != nil {
@@ -163,12 +182,18 @@ type session struct {
 	ch         *amqp.Channel
 	tag        string
 	deliveries <-chan amqp.Delivery
+	acker      *delivered // the Acknowledger of its deliveries
 	closed     chan *amqp.Error
 	cancelled  chan string
 }
 
-// open connects, sets the prefetch and starts consuming.
+// open finds out the queue's type, connects, sets the prefetch and starts
+// consuming.
 func (r *runner) open(ctx context.Context) (*session, error) {
+	quorum, err := probeQuorum(r.url, r.cfg.amqp, r.queue)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := amqpconn.Dial(r.url, r.cfg.amqp, "amqpdedup "+r.queue)
 	if err != nil {
 		return nil, fmt.Errorf("amqpdedup: connect: %w", err)
@@ -181,6 +206,7 @@ func (r *runner) open(ctx context.Context) (*session, error) {
 	if s.ch, err = conn.Channel(); err != nil {
 		return fail("open a channel", err)
 	}
+	s.acker = &delivered{Acknowledger: s.ch, c: r.Consumer, quorum: quorum}
 	if err := s.ch.Qos(r.cfg.prefetch, 0, false); err != nil {
 		return fail("set the prefetch", err)
 	}
@@ -210,6 +236,7 @@ func (r *runner) consume(ctx context.Context, s *session) error {
 				}
 				return lostWhy(s)
 			}
+			d.Acknowledger = s.acker
 			batch := []amqp.Delivery{d}
 		fill:
 			for len(batch) < batchSize {
@@ -218,6 +245,7 @@ func (r *runner) consume(ctx context.Context, s *session) error {
 					if !ok {
 						break fill
 					}
+					d.Acknowledger = s.acker
 					batch = append(batch, d)
 				default:
 					break fill

@@ -6,8 +6,10 @@
 //
 //   - [Messages] tells a dedup.Wrapper how to read an amqp091.Delivery: the
 //     event ID from the message_id property (or a header, or a function),
-//     the body as the payload, and a quorum queue's x-delivery-count as the
-//     transport's attempt count.
+//     the body as the payload, and a quorum queue's x-delivery-count, on a
+//     redelivery only (a publisher can write that header too), as the
+//     transport's attempt count; the deliveries a Consumer hands over carry
+//     its queue, the origin of their letters.
 //   - [Consumer] consumes a queue with manual acknowledgements and a bounded
 //     prefetch, acknowledges a delivery only once its outcome is settled,
 //     returns the others to the queue after their backoff, and connects
@@ -20,10 +22,11 @@
 //
 //	sink, err := amqpdedup.NewSink(url) // letters to "orders.dlq"
 //	...
-//	w, err := dedup.Wrap(store, amqpdedup.Messages("orders"), handle,
+//	const queue = "orders"
+//	w, err := dedup.Wrap(store, amqpdedup.Messages(queue), handle,
 //		dedup.WithScope(dedup.Scope("orders", "charge")), dedup.WithSink(sink))
 //	...
-//	consumer, err := amqpdedup.NewConsumer(url, "orders", w)
+//	consumer, err := amqpdedup.NewConsumer(url, queue, w)
 //	...
 //	err = consumer.Run(ctx) // until ctx is cancelled
 package amqpdedup

@@ -23,12 +23,13 @@ func ExampleNewConsumer() {
 		// Charge the order in d.Body.
 		return nil
 	}
-	w, err := dedup.Wrap(dedup.NewMemoryStore(), amqpdedup.Messages("orders"), charge,
+	const queue = "orders" // named once, for both
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), amqpdedup.Messages(queue), charge,
 		dedup.WithScope(dedup.Scope("orders", "charge")), dedup.WithSink(sink))
 	if err != nil {
 		log.Fatal(err)
 	}
-	consumer, err := amqpdedup.NewConsumer(url, "orders", w)
+	consumer, err := amqpdedup.NewConsumer(url, queue, w)
 	if err != nil {
 		log.Fatal(err)
 	}

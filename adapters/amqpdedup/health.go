@@ -24,9 +24,14 @@ func (c *Consumer) Stats() Stats { return c.w.Stats() }
 // Health returns nil, or an error matching [ErrOutage] while settling
 // deliveries has kept failing for the wrapper's dedup.WithOutageThreshold or
 // longer, or an error wrapping the latest failure while Run cannot consume
-// the queue (the broker unreachable, the queue missing, access refused): a
-// readiness probe can serve it.
+// the queue (the broker unreachable, the queue missing, access refused), or
+// an error matching dedup.ErrConfig once the wrapper has read a delivery
+// with the [Messages] of another queue (see [NewConsumer]): a readiness
+// probe can serve it.
 func (c *Consumer) Health() error {
+	if err := c.mismatch.Load(); err != nil {
+		return *err
+	}
 	if err := c.w.Health(); err != nil {
 		return err
 	}

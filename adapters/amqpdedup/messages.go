@@ -19,7 +19,7 @@ import (
 var ErrNoEventID = errors.New("amqpdedup: delivery carries no event ID")
 
 // deliveryCountHeader is the header quorum queues count a message's earlier
-// deliveries in.
+// deliveries in, and a publisher can write too.
 const deliveryCountHeader = "x-delivery-count"
 
 // MessagesOpt chooses where [Messages] reads the event ID.
@@ -70,19 +70,35 @@ func (s idSource) eventID(d amqp.Delivery) (string, error) {
 
 // Messages returns how a dedup.Wrapper reads deliveries from queue: the event
 // ID from the message_id property (see [WithIDHeader], [WithIDFunc]); the
-// body as the payload; a quorum queue's x-delivery-count, plus one, as the
-// transport's attempt count (a classic queue counts no deliveries: the store
-// counts attempts alone); and the delivery as a dead letter with its headers,
-// its routing key as the message key, and its origin. A W3C trace context in
-// the headers (traceparent, as the outbox's publishers write it) parents the
-// delivery's span.
+// body as the payload; the broker's delivery count as the transport's
+// attempt count, where the broker keeps one; and the delivery as a dead
+// letter with its headers, its routing key as the message key, and its
+// origin. A W3C trace context in the headers (traceparent, as the outbox's
+// publishers write it) parents the delivery's span.
+//
+// The queue's name is given once, to [NewConsumer]: a delivery a Consumer
+// hands over carries its queue, which is the letter's origin, so queue may
+// be "" (it names the origin of deliveries no Consumer handed over); a
+// Consumer reports another name as a configuration error.
+//
+// RabbitMQ counts deliveries only on a quorum queue, in x-delivery-count,
+// and only from the second delivery on: a publisher can set a header of
+// that name too (application code copying headers, a shovel), which a
+// classic queue passes through and a quorum queue may pass through on a
+// first delivery. So the count is read only from a redelivery
+// (Redelivered set) handed over by a [Consumer] that found its queue to be
+// a quorum queue, as x-delivery-count plus one; every other delivery counts
+// none (0), and the store counts attempts alone.
 func Messages(queue string, opts ...MessagesOpt) dedup.Messages[amqp.Delivery] {
 	var src idSource
 	for _, o := range opts {
 		o.apply(&src)
 	}
 	return dedup.Messages[amqp.Delivery]{
-		EventID:  src.eventID,
+		EventID: func(d amqp.Delivery) (string, error) {
+			queueOf(d, queue) // a Consumer of another queue hears of it at once
+			return src.eventID(d)
+		},
 		Payload:  func(d amqp.Delivery) []byte { return d.Body },
 		Attempts: attempts,
 		DeadLetter: func(d amqp.Delivery) dedup.DeadLetter {
@@ -90,7 +106,7 @@ func Messages(queue string, opts ...MessagesOpt) dedup.Messages[amqp.Delivery] {
 				Payload:    d.Body,
 				MessageKey: []byte(d.RoutingKey),
 				Headers:    headers(d.Headers),
-				Origin: dedup.Origin{Queue: queue, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
+				Origin: dedup.Origin{Queue: queueOf(d, queue), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 					MessageID: d.MessageId, Timestamp: d.Timestamp},
 			}
 		},
@@ -98,9 +114,13 @@ func Messages(queue string, opts ...MessagesOpt) dedup.Messages[amqp.Delivery] {
 	}
 }
 
-// attempts returns the delivery's attempt, counting this one, from a quorum
-// queue's x-delivery-count; 0 when the queue counts none.
+// attempts returns the delivery's attempt, counting this one, from the
+// x-delivery-count of a quorum queue's redelivery; 0 for any other
+// delivery, whose x-delivery-count, if any, the publisher wrote.
 func attempts(d amqp.Delivery) int {
+	if by := deliveredBy(d); by == nil || !by.quorum || !d.Redelivered {
+		return 0
+	}
 	switch n := d.Headers[deliveryCountHeader].(type) {
 	case int64:
 		return int(n) + 1

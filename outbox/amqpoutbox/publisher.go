@@ -1,6 +1,7 @@
 // Package amqpoutbox publishes outbox events to RabbitMQ with amqp091-go:
 // one persistent message per event, routed by the event's destination as
-// routing key, with the event ID as message_id, where amqpdedup reads it.
+// routing key, with the event ID as message_id, where amqpdedup reads it,
+// and the event's key in the "event-key" header ([KeyHeader]).
 //
 //	pub, _ := amqpoutbox.NewPublisher(url)
 //	relay, _ := outbox.NewRelay(ob, pgConfig, pub)
@@ -24,6 +25,13 @@ import (
 // TenantHeader is the header carrying an event's tenant, when it has one.
 const TenantHeader = wire.TenantHeader
 
+// KeyHeader is the header carrying an event's key (outbox.Event.Key), when
+// it has one: a string when the key is UTF-8, else a byte array. The
+// routing key is the event's destination, so the key the outbox ordered
+// the event by travels here; a header of this name among the event's
+// headers is not sent.
+const KeyHeader = "event-key"
+
 // Opt configures a [Publisher].
 type Opt interface{ apply(*Publisher) }
 
@@ -44,7 +52,8 @@ func WithDialConfig(cfg amqp.Config) Opt { return optFunc(func(p *Publisher) { p
 // once the broker confirmed it, and an event the broker routes nowhere is a
 // permanent error (amqpdedup.UnroutableError), not a silent drop. An
 // event's message carries its ID as message_id, its headers, its tenant in
-// the "tenant" header, and its destination as routing key.
+// the "tenant" header, its key in the "event-key" header ([KeyHeader]), and
+// its destination as routing key.
 //
 // A batch is published in order on one channel, and RabbitMQ keeps the
 // order of one channel's messages in a queue, so events of one destination
@@ -133,12 +142,18 @@ func (p *Publisher) Publish(ctx context.Context, events []outbox.Event) []error 
 
 // publishing is the message of e.
 func publishing(e *outbox.Event) amqp.Publishing {
-	headers := make(amqp.Table, len(e.Headers)+1)
+	headers := make(amqp.Table, len(e.Headers)+2)
 	for _, h := range e.Headers {
+		if h.Key == KeyHeader {
+			continue // the event's own key wins, or none is sent
+		}
 		headers[h.Key] = headerValue(h.Value)
 	}
 	if e.Tenant != "" {
 		headers[TenantHeader] = e.Tenant
+	}
+	if len(e.Key) > 0 {
+		headers[KeyHeader] = headerValue(e.Key)
 	}
 	return amqp.Publishing{Headers: headers, Body: e.Payload, MessageId: e.ID, DeliveryMode: amqp.Persistent}
 }

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
@@ -26,7 +28,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // A batch published twice, as a relay that died before marking it sent
 // would, reaches the queue twice, and an amqpdedup consumer applies each
 // event once; an event routed nowhere is a permanent error and the others
-// of its batch go out.
+// of its batch go out. The consumer sees each event's key in the
+// event-key header: text as a string, other bytes as a byte array.
 func TestPublishedTwiceAppliedOnce(t *testing.T) {
 	url := testenv.RabbitMQURL(t)
 	ch, err := testenv.RabbitMQ(t).Channel()
@@ -47,7 +50,15 @@ func TestPublishedTwiceAppliedOnce(t *testing.T) {
 	defer pub.Close()
 	var events []outbox.Event
 	for i := range 50 {
-		events = append(events, outbox.Event{ID: fmt.Sprint("ev-", i), Destination: q, Payload: []byte(fmt.Sprint(i))})
+		ev := outbox.Event{ID: fmt.Sprint("ev-", i), Destination: q, Payload: []byte(fmt.Sprint(i)),
+			Headers: []outbox.Header{{Key: amqpoutbox.KeyHeader, Value: []byte("forged")}}}
+		switch i % 3 {
+		case 0:
+			ev.Key = []byte(fmt.Sprint("customer-", i%7))
+		case 1:
+			ev.Key = []byte{0xff, byte(i), 0x00}
+		}
+		events = append(events, ev)
 	}
 	events = append(events, outbox.Event{ID: "lost", Destination: q + "-missing", Payload: []byte("x")})
 	for range 2 {
@@ -65,6 +76,7 @@ func TestPublishedTwiceAppliedOnce(t *testing.T) {
 
 	var mu sync.Mutex
 	applied := map[string]int{}
+	keys := map[string]any{}
 	sink, err := amqpdedup.NewSink(url)
 	if err != nil {
 		t.Fatal(err)
@@ -74,6 +86,7 @@ func TestPublishedTwiceAppliedOnce(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		applied[d.MessageId]++
+		keys[d.MessageId] = d.Headers[amqpoutbox.KeyHeader]
 		return nil
 	}, dedup.WithScope("amqpoutbox-test"), dedup.WithSink(sink), dedup.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
@@ -110,6 +123,19 @@ func TestPublishedTwiceAppliedOnce(t *testing.T) {
 	for id, n := range applied {
 		if n != 1 {
 			t.Errorf("%s applied %d times", id, n)
+		}
+	}
+	for _, ev := range events[:50] {
+		var want any // no key, no header: the event's headers do not forge one
+		switch {
+		case ev.Key == nil:
+		case utf8.Valid(ev.Key):
+			want = string(ev.Key)
+		default:
+			want = ev.Key
+		}
+		if got := keys[ev.ID]; !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: the consumer saw %s %#v, want %#v", ev.ID, amqpoutbox.KeyHeader, got, want)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/dedupkit/dedup/adapters/natsdedup"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/outbox"
+	"github.com/dedupkit/dedup/outbox/natsoutbox"
 )
 
 // The chain end to end: events written in the transactions of their
@@ -79,10 +80,12 @@ func TestOutboxChainEndToEnd(t *testing.T) {
 	}
 	var mu sync.Mutex
 	effects := map[string]int{}
+	keys := map[string]string{}
 	w, err := dedup.Wrap(dedup.NewMemoryStore(), natsdedup.Messages(), func(ctx context.Context, m jetstream.Msg) error {
 		mu.Lock()
 		defer mu.Unlock()
 		effects[string(m.Data())]++
+		keys[string(m.Data())] = m.Headers().Get(natsoutbox.KeyHeader)
 		return nil
 	}, dedup.WithScope(dedup.Scope("orders", "ship")), dedup.WithSink(dedup.NewMemorySink()))
 	if err != nil {
@@ -118,6 +121,9 @@ func TestOutboxChainEndToEnd(t *testing.T) {
 	for _, id := range ids {
 		if effects[id] != 1 {
 			t.Errorf("%s: %d effects, want 1", id, effects[id])
+		}
+		if keys[id] != "customer-1" {
+			t.Errorf("%s: the consumer saw key %q in %s, want the outbox's key customer-1", id, keys[id], natsoutbox.KeyHeader)
 		}
 	}
 	if n := effects["order-rolled-back"]; n != 0 {

@@ -1,9 +1,10 @@
 // Package natsoutbox publishes outbox events to NATS JetStream: one message
-// per event, with the event's destination as subject and its ID in the
-// "Nats-Msg-Id" header, where natsdedup reads it. A relay that publishes an
-// event again within the stream's duplicate window (it died before marking
-// the row sent) is absorbed by the server itself; a later copy, by the
-// consumer's wrapper.
+// per event, with the event's destination as subject, its ID in the
+// "Nats-Msg-Id" header, where natsdedup reads it, and its key in the
+// "event-key" header ([KeyHeader], or [KeyBase64Header] for a key that is
+// not plain text). A relay that publishes an event again within the
+// stream's duplicate window (it died before marking the row sent) is
+// absorbed by the server itself; a later copy, by the consumer's wrapper.
 //
 //	pub, _ := natsoutbox.NewPublisher(js)
 //	relay, _ := outbox.NewRelay(ob, pgConfig, pub)
@@ -11,11 +12,15 @@
 package natsoutbox
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,6 +33,17 @@ import (
 
 // TenantHeader is the header carrying an event's tenant, when it has one.
 const TenantHeader = wire.TenantHeader
+
+// KeyHeader is the header carrying an event's key (outbox.Event.Key) as it
+// is, when it has one and the key is text a NATS header keeps unchanged:
+// UTF-8 without control characters and without a space at either end. A
+// header of this name among the event's headers is not sent.
+const KeyHeader = "event-key"
+
+// KeyBase64Header is the header carrying an event's key in standard, padded
+// base64 instead of [KeyHeader], when the key is not such text. A header of
+// this name among the event's headers is not sent.
+const KeyBase64Header = "event-key-base64"
 
 // DefaultConcurrency is how many keys a Publisher publishes at once unless
 // [WithConcurrency] says otherwise.
@@ -177,8 +193,9 @@ func message(e *outbox.Event) (*nats.Msg, error) {
 	}
 	msg := &nats.Msg{Subject: e.Destination, Data: e.Payload, Header: nats.Header{}}
 	for _, h := range e.Headers {
-		if h.Key == wire.NATSIDHeader || h.Key == TenantHeader {
-			continue // the event's own ID and tenant win
+		switch h.Key {
+		case wire.NATSIDHeader, TenantHeader, KeyHeader, KeyBase64Header:
+			continue // the event's own ID, tenant and key win
 		}
 		if !validHeaderName(h.Key) {
 			return nil, fmt.Errorf("header name %q cannot be carried by NATS (no spaces, colons or control characters)", h.Key)
@@ -187,6 +204,13 @@ func message(e *outbox.Event) (*nats.Msg, error) {
 	}
 	if e.Tenant != "" {
 		msg.Header.Set(TenantHeader, e.Tenant)
+	}
+	switch {
+	case len(e.Key) == 0:
+	case plainText(e.Key):
+		msg.Header.Set(KeyHeader, string(e.Key))
+	default:
+		msg.Header.Set(KeyBase64Header, base64.StdEncoding.EncodeToString(e.Key))
 	}
 	return msg, nil // the event ID goes in with jetstream.WithMsgID
 }
@@ -208,6 +232,16 @@ func checkSubject(s string) error {
 		}
 	}
 	return nil
+}
+
+// plainText reports whether b is a header value NATS carries unchanged:
+// UTF-8 without control characters, and no space at either end (a reader
+// trims it).
+func plainText(b []byte) bool {
+	if !utf8.Valid(b) || len(bytes.TrimSpace(b)) != len(b) {
+		return false
+	}
+	return !bytes.ContainsFunc(b, unicode.IsControl)
 }
 
 // validHeaderName follows NATS: printable ASCII without spaces or colons.

@@ -1,8 +1,10 @@
 package natsoutbox_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -80,16 +82,21 @@ func publish(t *testing.T, p *natsoutbox.Publisher, events []outbox.Event) []err
 }
 
 // Each event is published to its subject with its ID as Nats-Msg-Id, its
-// headers and its tenant; headers naming the ID or the tenant do not
-// override the event's own.
+// headers, its tenant and its key (as text in event-key, or in base64 in
+// event-key-base64 when a NATS header would not keep it); headers naming
+// the ID, the tenant or the key do not override the event's own.
 func TestPublishCarriesIDAndHeaders(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, jetstream.StreamConfig{})
 	events := []outbox.Event{
 		{ID: outbox.NewID(), Destination: e.token + ".orders", Key: []byte("k1"), Payload: []byte(`{"n":1}`), Tenant: "acme",
 			Headers: []outbox.Header{{Key: "traceparent", Value: []byte("00-abc-def-01")}, {Key: "Nats-Msg-Id", Value: []byte("forged")},
-				{Key: "tenant", Value: []byte("other")}}},
-		{ID: "evt-2", Destination: e.token + ".invoices", Payload: []byte("two")},
+				{Key: "tenant", Value: []byte("other")}, {Key: "event-key", Value: []byte("forged")},
+				{Key: "event-key-base64", Value: []byte("Zm9yZ2Vk")}}},
+		{ID: "evt-2", Destination: e.token + ".invoices", Payload: []byte("two"), Headers: []outbox.Header{{Key: "event-key", Value: []byte("forged")}}},
+		{ID: "evt-3", Destination: e.token + ".invoices", Key: []byte{0xff, 0x00, 'k'}, Payload: []byte("three")},
+		{ID: "evt-4", Destination: e.token + ".invoices", Key: []byte(" padded "), Payload: []byte("four")},
+		{ID: "evt-5", Destination: e.token + ".invoices", Key: []byte("clé/42"), Payload: []byte("five")},
 	}
 	for i, err := range publish(t, e.pub, events) {
 		if err != nil {
@@ -97,8 +104,8 @@ func TestPublishCarriesIDAndHeaders(t *testing.T) {
 		}
 	}
 	msgs := e.messages(t)
-	if len(msgs) != 2 {
-		t.Fatalf("%d messages stored, want 2", len(msgs))
+	if len(msgs) != len(events) {
+		t.Fatalf("%d messages stored, want %d", len(msgs), len(events))
 	}
 	byID := map[string]*jetstream.RawStreamMsg{}
 	for _, m := range msgs { // events of different keys are stored in any order
@@ -115,6 +122,25 @@ func TestPublishCarriesIDAndHeaders(t *testing.T) {
 	}
 	if h := byID[events[0].ID].Header; h.Get("traceparent") != "00-abc-def-01" || h.Get("tenant") != "acme" || len(h.Values("tenant")) != 1 {
 		t.Errorf("headers %v", h)
+	}
+	for i, ev := range events {
+		h := byID[ev.ID].Header
+		var key []byte
+		if s := h.Values(natsoutbox.KeyBase64Header); len(s) > 0 {
+			var err error
+			if key, err = base64.StdEncoding.DecodeString(s[0]); err != nil {
+				t.Errorf("event %d: %s %q: %v", i, natsoutbox.KeyBase64Header, s[0], err)
+			}
+		}
+		if s := h.Values(natsoutbox.KeyHeader); len(s) > 0 {
+			key = []byte(s[0])
+		}
+		if n := len(h.Values(natsoutbox.KeyHeader)) + len(h.Values(natsoutbox.KeyBase64Header)); !bytes.Equal(key, ev.Key) || n > 1 {
+			t.Errorf("event %d: key %q in %d headers (%v), want %q", i, key, n, h, ev.Key)
+		}
+	}
+	if h := byID["evt-5"].Header; h.Get(natsoutbox.KeyHeader) != "clé/42" {
+		t.Errorf("a UTF-8 key is not carried as text: %v", h)
 	}
 }
 
