@@ -107,7 +107,7 @@ type Wrapper[M any] struct {
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
 // required.
 func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wrapper[M], error) {
-	w, err := newWrapper(store, msgs, opts)
+	w, err := newConsumer(forWrap, store, msgs, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -122,9 +122,17 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 	return w, nil
 }
 
+// newWrapper returns the engine of a [WrapTx] consumer, as newConsumer
+// does.
 func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], error) {
+	return newConsumer(forWrapTx, store, msgs, opts)
+}
+
+// newConsumer returns the engine of a consumer, e being forWrap or
+// forWrapTx: an option given that e does not honour is refused.
+func newConsumer[M any](e engines, store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], error) {
 	cfg := configure(opts)
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(e); err != nil {
 		return nil, err
 	}
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
