@@ -154,17 +154,31 @@ func deepPanic(n int) {
 }
 
 // In a batch, a panic is logged once per attempt: a later copy of its key,
-// answered from the first's outcome, ran nothing and logs nothing.
+// answered from the first's outcome, ran nothing and logs nothing. The
+// transactional inbox, which runs the batch again without the event whose
+// handler panicked, logs it once too.
 func TestPanicInBatchIsLoggedOncePerAttempt(t *testing.T) {
+	handler := func(ctx context.Context, e event) error {
+		if e.ID == "bad" {
+			panicInHandler(e.ID)
+		}
+		return nil
+	}
+	wrappers := map[string]func(t *testing.T, opts ...dedup.Opt) (*dedup.Wrapper[event], error){
+		"WrapTx": func(t *testing.T, opts ...dedup.Opt) (*dedup.Wrapper[event], error) {
+			return dedup.WrapTx(newPostgresStore(t, testenv.Postgres(t)), events,
+				func(ctx context.Context, _ pgx.Tx, e event) error { return handler(ctx, e) }, opts...)
+		},
+	}
 	for name, newStore := range stores() {
+		wrappers["Wrap/"+name] = func(t *testing.T, opts ...dedup.Opt) (*dedup.Wrapper[event], error) {
+			return dedup.Wrap(newStore(t), events, handler, opts...)
+		}
+	}
+	for name, wrap := range wrappers {
 		t.Run(name, func(t *testing.T) {
-			store, sink, logs := newStore(t), dedup.NewMemorySink(), &logRecords{}
-			w, err := dedup.Wrap(store, events, func(ctx context.Context, e event) error {
-				if e.ID == "bad" {
-					panicInHandler(e.ID)
-				}
-				return nil
-			}, fastOpts(t, sink, dedup.WithLogger(slog.New(logs)))...)
+			logs := &logRecords{}
+			w, err := wrap(t, fastOpts(t, dedup.NewMemorySink(), dedup.WithLogger(slog.New(logs)))...)
 			require.NoError(t, err)
 			msgs := []event{{ID: "bad", Body: "x"}, {ID: "good", Body: "y"}, {ID: "bad", Body: "x"}}
 			outcomes := make([]dedup.Outcome, len(msgs))

@@ -167,7 +167,7 @@ func (c *config) validate() error {
 	case c.ttl < c.lease:
 		// A record that expires while its claim is held lets a retry sent
 		// after it run the handler again.
-		return fmt.Errorf("%w: idemhttp: WithTTL(%v) is shorter than the lease (WithLease, %v): a retry sent after %v would run the handler again",
+		return fmt.Errorf("%w: idemhttp: WithTTL(%v) is shorter than the lease (%v): a retry sent after %v would run the handler again",
 			dedup.ErrConfig, c.ttl, c.lease, c.ttl)
 	case c.waitInFlight < 0:
 		return fmt.Errorf("%w: idemhttp: WithWaitInFlight(%v): must not be negative", dedup.ErrConfig, c.waitInFlight)

@@ -32,13 +32,13 @@ func TestTTLShorterThanLeaseIsRefused(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			err := build(idemhttp.WithTTL(time.Second))
 			require.ErrorIs(t, err, dedup.ErrConfig)
-			require.ErrorContains(t, err, "WithTTL(1s) is shorter than the lease (WithLease, 30s)")
+			require.ErrorContains(t, err, "WithTTL(1s) is shorter than the lease (30s)")
 			require.NoError(t, build(idemhttp.WithTTL(30*time.Second)), "a TTL as long as the default lease")
 		})
 	}
 	_, err := idemhttp.New(store, scope, idemhttp.WithLease(time.Minute), idemhttp.WithTTL(59*time.Second))
 	require.ErrorIs(t, err, dedup.ErrConfig)
-	require.ErrorContains(t, err, "WithTTL(59s) is shorter than the lease (WithLease, 1m0s)")
+	require.ErrorContains(t, err, "WithTTL(59s) is shorter than the lease (1m0s)")
 	_, err = idemhttp.New(store, scope, idemhttp.WithLease(time.Second), idemhttp.WithTTL(time.Second))
 	require.NoError(t, err)
 }
