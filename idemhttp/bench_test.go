@@ -224,20 +224,20 @@ func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.Trace
 
 func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-func benchPostgres(b *testing.B) (*dedup.PostgresStore, *pgxpool.Pool, *atomic.Int64) {
-	setup := testenv.Postgres(b)
+func benchPostgres(tb testing.TB) (*dedup.PostgresStore, *pgxpool.Pool, *atomic.Int64) {
+	setup := testenv.Postgres(tb)
 	cfg := setup.Config()
 	counter := &statementCounter{}
 	cfg.ConnConfig.Tracer = counter
 	cfg.MaxConns = 2 * benchClients
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(pool.Close)
-	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(b, setup)))
+	tb.Cleanup(pool.Close)
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(tb, setup)))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return store, pool, &counter.n
 }

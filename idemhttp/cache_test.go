@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
@@ -420,19 +419,7 @@ func TestReplayCacheConcurrent(t *testing.T) {
 // In transactional mode a cached replay begins no transaction: no
 // statement reaches the database.
 func TestReplayCacheTx(t *testing.T) {
-	base := testenv.Postgres(t)
-	cfg := base.Config()
-	counter := &statementCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(recordsTable(t, pool)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, pool, statements := benchPostgres(t)
 	charges := chargesTable(t, pool)
 	m, err := idemhttp.NewTx(store, pool, idemhttp.WithScope("payments-api"))
 	if err != nil {
@@ -444,7 +431,7 @@ func TestReplayCacheTx(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("first answer %d %q", first.status, first.body)
 	}
-	counter.n.Store(0)
+	statements.Store(0)
 	for range 3 {
 		if a := mustPost(t, srv.URL, key, order); !a.replayed() || a.body != first.body {
 			t.Errorf("replay %d %q, want %q", a.status, a.body, first.body)
@@ -453,7 +440,7 @@ func TestReplayCacheTx(t *testing.T) {
 	if a := mustPost(t, srv.URL, key, `{"amount": 1}`); a.status != http.StatusUnprocessableEntity {
 		t.Errorf("changed body: %d %q", a.status, a.body)
 	}
-	if n := counter.n.Load(); n != 0 {
+	if n := statements.Load(); n != 0 {
 		t.Errorf("%d statements for cached replays and a refusal, want 0", n)
 	}
 	if n := countRows(t, pool, charges); n != 1 {

@@ -78,3 +78,53 @@ func BenchmarkRedisCompleteBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRedisClaimReplay claims keys that are already settled or held,
+// the claims that answer a retry: a succeeded key with a 300-byte result
+// (ClaimDuplicate), a key another owner holds (ClaimInFlight), a key stored
+// with another fingerprint (ClaimConflict). One round trip each.
+func BenchmarkRedisClaimReplay(b *testing.B) {
+	s, err := New(testenv.Redis(b), WithKeyPrefix("bench:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	scope := "bench-replay-" + deduptype.NewOwnerToken()[:8]
+	result := make([]byte, 300)
+	for i := range result {
+		result[i] = 'a' + byte(i%26)
+	}
+	for _, tc := range []struct {
+		name, fp string
+		settle   bool
+		want     dedup.ClaimStatus
+	}{
+		{"duplicate", "fp", true, dedup.ClaimDuplicate},
+		{"in-flight", "fp", false, dedup.ClaimInFlight},
+		{"conflict", "other", true, dedup.ClaimConflict},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			k := dedup.Key{Scope: scope, EventID: tc.name + "-" + deduptype.NewOwnerToken()[:8]}
+			c, err := s.Claim(ctx, dedup.ClaimRequest{Key: k, Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if tc.settle {
+				if err := s.Complete(ctx, k, c.Record.Owner, result, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+			req := dedup.ClaimRequest{Key: k, Fingerprint: tc.fp, Lease: time.Minute, TTL: time.Minute}
+			b.ReportAllocs()
+			for b.Loop() {
+				c, err := s.Claim(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c.Status != tc.want {
+					b.Fatalf("%v, want %v", c.Status, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -166,7 +167,7 @@ func TestScriptRunTwice(t *testing.T) {
 	for _, code := range []int64{2, 1} { // created, then recognised as held by this claim
 		reply, err := claimScript.Run(ctx, client, []string{key}, "fp", 60000, 3600000, owner).Slice()
 		require.NoError(t, err)
-		require.Equal(t, code, reply[0].([]any)[0])
+		require.Equal(t, code, reply[0])
 	}
 	for _, nonce := range []string{"n1", "n1"} {
 		ok, err := completeScript.Run(ctx, client, []string{key}, owner, nonce, 3600000, "0", "").Int64Slice()
@@ -182,4 +183,59 @@ func TestScriptRunTwice(t *testing.T) {
 	st, err := client.HGet(ctx, key, "st").Result()
 	require.NoError(t, err)
 	require.Equal(t, "SUCCEEDED", st)
+}
+
+// A claim's answer carries every field of the record it found as it is
+// stored, whether the client speaks RESP2 or RESP3 (where a script's false
+// is a boolean, no string): an absent result is nil, an empty one empty, a
+// result "false" or "" is that text; an absent optional field is zero. The
+// record is the one Get reads, in a batch too.
+func TestClaimAnswerFields(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	for _, protocol := range []int{2, 3} {
+		opts := *client.Options()
+		opts.Protocol = protocol
+		c := redis.NewClient(&opts)
+		t.Cleanup(func() { c.Close() })
+		s, err := New(c)
+		require.NoError(t, err)
+		scope := fmt.Sprintf("redisstore-answer-%d-%s", protocol, deduptype.NewOwnerToken())
+		results := map[string][]byte{"nil": nil, "empty": {}, "false": []byte("false"), "zeros": {0, 0}}
+		var reqs []dedup.ClaimRequest
+		for id, result := range results {
+			req := request(scope, id)
+			cl, err := s.Claim(ctx, req)
+			require.NoError(t, err)
+			require.NoError(t, s.Complete(ctx, req.Key, cl.Record.Owner, result, time.Hour))
+			reqs = append(reqs, req)
+		}
+		failed := request(scope, "failed")
+		cl, err := s.Claim(ctx, failed)
+		require.NoError(t, err)
+		require.NoError(t, s.Fail(ctx, failed.Key, cl.Record.Owner, dedup.Failure{Final: true, Error: "false", TTL: time.Hour}))
+		reqs = append(reqs, failed)
+
+		batch, err := s.ClaimBatch(ctx, reqs)
+		require.NoError(t, err)
+		for i, req := range reqs {
+			one, err := s.Claim(ctx, req)
+			require.NoError(t, err)
+			stored, err := s.Get(ctx, req.Key)
+			require.NoError(t, err)
+			for _, got := range []dedup.Claim{one, batch[i]} {
+				require.Equal(t, stored, got.Record, "RESP%d %s", protocol, req.Key.EventID)
+				if result, ok := results[req.Key.EventID]; ok {
+					require.Equal(t, dedup.ClaimDuplicate, got.Status)
+					require.Equal(t, result == nil, got.Record.Result == nil, "RESP%d %s", protocol, req.Key.EventID)
+					require.Equal(t, string(result), string(got.Record.Result))
+					require.True(t, got.Record.FirstFailure.IsZero())
+				} else {
+					require.Equal(t, dedup.ClaimFinal, got.Status)
+					require.Equal(t, "false", got.Record.LastError)
+					require.False(t, got.Record.FirstFailure.IsZero())
+				}
+			}
+		}
+	}
 }

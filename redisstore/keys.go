@@ -10,9 +10,34 @@ import (
 // gives another.
 const DefaultKeyPrefix = "dedup:"
 
-// keyEscaper makes scope and event ID safe inside a key: % starts an escape,
-// a colon separates them, braces would end or start a hash tag.
-var keyEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
+// escapes holds, for each byte that key parts escape, its escape: % starts
+// an escape, a colon separates scope and event ID, braces would end or
+// start a hash tag.
+var escapes = [256]string{'%': "%25", ':': "%3A", '{': "%7B", '}': "%7D"}
+
+// escapedLen returns the length of s escaped.
+func escapedLen(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		if escapes[s[i]] != "" {
+			n += 2 // an escape is 3 bytes for 1
+		}
+	}
+	return n
+}
+
+// writeEscaped writes s escaped to b.
+func writeEscaped(b *strings.Builder, s string) {
+	last := 0
+	for i := 0; i < len(s); i++ {
+		if e := escapes[s[i]]; e != "" {
+			b.WriteString(s[last:i])
+			b.WriteString(e)
+			last = i + 1
+		}
+	}
+	b.WriteString(s[last:])
+}
 
 // redisKey returns the Redis key of k's record:
 //
@@ -26,12 +51,12 @@ var keyEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%
 // can open or close a tag of its own.
 func redisKey(prefix string, k dedup.Key) string {
 	var b strings.Builder
-	b.Grow(len(prefix) + len(k.Scope) + len(k.EventID) + 3)
+	b.Grow(len(prefix) + escapedLen(k.Scope) + escapedLen(k.EventID) + 3)
 	b.WriteString(prefix)
 	b.WriteByte('{')
-	_, _ = keyEscaper.WriteString(&b, k.Scope)
+	writeEscaped(&b, k.Scope)
 	b.WriteByte(':')
-	_, _ = keyEscaper.WriteString(&b, k.EventID)
+	writeEscaped(&b, k.EventID)
 	b.WriteByte('}')
 	return b.String()
 }

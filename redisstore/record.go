@@ -9,64 +9,93 @@ import (
 	"github.com/dedupkit/dedup/deduptype"
 )
 
-// parseClaim reads the claim script's answer for one request made with
-// owner: {2, now} for a record it created, else {code, previous status,
-// record fields}.
-func parseClaim(reply any, req dedup.ClaimRequest, owner string) (dedup.Claim, error) {
-	vals, ok := reply.([]any)
-	if ok && len(vals) == 2 && vals[0] == int64(2) {
-		if ms, ok := vals[1].(int64); ok {
-			now := time.UnixMilli(ms)
-			return dedup.Claim{Status: dedup.ClaimAcquired, Record: dedup.Record{
-				Key: req.Key, Status: dedup.StatusProcessing, Fingerprint: req.Fingerprint, Attempts: 1, Owner: owner,
-				LeaseUntil: time.UnixMilli(ms + req.Lease.Milliseconds()), CreatedAt: now, UpdatedAt: now,
-				ExpiresAt: time.UnixMilli(ms + req.TTL.Milliseconds()),
-			}}, nil
-		}
-	}
-	if !ok || len(vals) != 2+len(recordFields) {
-		return dedup.Claim{}, fmt.Errorf("%w: claim reply %v", dedup.ErrMalformedRecord, reply)
-	}
-	code, ok := vals[0].(int64)
-	if !ok || code < -1 || code > 1 {
-		return dedup.Claim{}, fmt.Errorf("%w: claim code %v", dedup.ErrMalformedRecord, vals[0])
-	}
-	if code == -1 {
-		return dedup.Claim{}, fmt.Errorf("%w: stored attempts, lease or expiry is not a number", dedup.ErrMalformedRecord)
-	}
-	rec, err := parseRecord(req.Key, vals[2:])
-	if err != nil {
-		return dedup.Claim{}, err
-	}
-	if code == 1 {
-		prev, _ := text(vals[1])
-		return dedup.Claim{Status: dedup.ClaimAcquired, Record: rec, Previous: dedup.Status(prev)}, nil
-	}
-	return dedup.Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}, nil
+// claimReply reads the claim script's flat answer (see claimSource), one
+// key's part after another.
+type claimReply struct {
+	vals []string
+	// err is the call's error, or the first part that could not be read:
+	// the parts after it cannot be found.
+	err error
 }
 
-// parseRecord reads the record fields, in recordFields' order, of key.
-func parseRecord(key dedup.Key, vals []any) (dedup.Record, error) {
+// next reads the answer to req, claimed with owner.
+func (r *claimReply) next(req dedup.ClaimRequest, owner string) (dedup.Claim, error) {
+	if r.err != nil {
+		return dedup.Claim{}, r.err
+	}
+	if len(r.vals) == 0 {
+		r.err = fmt.Errorf("%w: claim reply too short", dedup.ErrMalformedRecord)
+		return dedup.Claim{}, r.err
+	}
+	switch r.vals[0] {
+	case "2":
+		if len(r.vals) < 2 {
+			break
+		}
+		ms, err := strconv.ParseInt(r.vals[1], 10, 64)
+		if err != nil {
+			break
+		}
+		r.vals = r.vals[2:]
+		now := time.UnixMilli(ms)
+		return dedup.Claim{Status: dedup.ClaimAcquired, Record: dedup.Record{
+			Key: req.Key, Status: dedup.StatusProcessing, Fingerprint: req.Fingerprint, Attempts: 1, Owner: owner,
+			LeaseUntil: time.UnixMilli(ms + req.Lease.Milliseconds()), CreatedAt: now, UpdatedAt: now,
+			ExpiresAt: time.UnixMilli(ms + req.TTL.Milliseconds()),
+		}}, nil
+	case "-1":
+		r.vals = r.vals[1:]
+		return dedup.Claim{}, fmt.Errorf("%w: stored attempts, lease or expiry is not a number", dedup.ErrMalformedRecord)
+	case "0", "1":
+		if len(r.vals) < 2+len(recordFields) {
+			break
+		}
+		code, aux, fields := r.vals[0], r.vals[1], r.vals[2:2+len(recordFields)]
+		r.vals = r.vals[2+len(recordFields):]
+		rec, err := parseRecord(req.Key, fields, code == "0" && aux == "1")
+		if err != nil {
+			return dedup.Claim{}, err
+		}
+		if code == "1" {
+			return dedup.Claim{Status: dedup.ClaimAcquired, Record: rec, Previous: dedup.Status(aux)}, nil
+		}
+		return dedup.Claim{Status: deduptype.Classify(rec, req.Fingerprint), Record: rec}, nil
+	}
+	r.err = fmt.Errorf("%w: claim reply %.100q", dedup.ErrMalformedRecord, r.vals)
+	return dedup.Claim{}, r.err
+}
+
+// end returns an error if the reply holds more than its parts.
+func (r *claimReply) end() error {
+	if r.err == nil && len(r.vals) > 0 {
+		return fmt.Errorf("%w: %d values left in the claim reply", dedup.ErrMalformedRecord, len(r.vals))
+	}
+	return nil
+}
+
+// parseRecord reads the record fields of key, in recordFields' order with
+// "" for an absent one; hasResult says whether rs is present.
+func parseRecord(key dedup.Key, vals []string, hasResult bool) (dedup.Record, error) {
 	if len(vals) != len(recordFields) {
 		return dedup.Record{}, fmt.Errorf("%w: %d fields", dedup.ErrMalformedRecord, len(vals))
 	}
 	p := fieldParser{vals: vals}
 	rec := dedup.Record{
 		Key:          key,
-		Status:       dedup.Status(p.text(0)),
-		Fingerprint:  p.text(1),
+		Status:       dedup.Status(vals[0]),
+		Fingerprint:  vals[1],
 		Attempts:     p.int(2),
-		Owner:        p.text(3),
+		Owner:        vals[3],
 		LeaseUntil:   p.time(4),
 		CreatedAt:    p.time(5),
 		UpdatedAt:    p.time(6),
 		ExpiresAt:    p.time(7),
-		LastError:    p.text(8),
+		LastError:    vals[8],
 		FirstFailure: p.optTime(9),
 		LastFailure:  p.optTime(10),
 	}
-	if s, ok := text(vals[11]); ok {
-		rec.Result = []byte(s)
+	if hasResult {
+		rec.Result = []byte(vals[11])
 	}
 	if p.err == nil && !rec.Status.Valid() {
 		p.fail(0)
@@ -75,6 +104,20 @@ func parseRecord(key dedup.Key, vals []any) (dedup.Record, error) {
 		return dedup.Record{}, p.err
 	}
 	return rec, nil
+}
+
+// recordOf reads the record fields of key as HMGET answers them (nil for
+// an absent field).
+func recordOf(key dedup.Key, vals []any) (dedup.Record, error) {
+	if len(vals) != len(recordFields) {
+		return dedup.Record{}, fmt.Errorf("%w: %d fields", dedup.ErrMalformedRecord, len(vals))
+	}
+	strs := make([]string, len(vals))
+	for i, v := range vals {
+		strs[i], _ = text(v)
+	}
+	_, hasResult := text(vals[len(vals)-1])
+	return parseRecord(key, strs, hasResult)
 }
 
 // text returns a field's value; ok is false when the field is absent (nil,
@@ -86,38 +129,27 @@ func text(v any) (s string, ok bool) {
 
 // fieldParser reads record fields, keeping the first error.
 type fieldParser struct {
-	vals []any
+	vals []string
 	err  error
 }
 
 func (p *fieldParser) fail(i int) {
 	if p.err == nil {
-		p.err = fmt.Errorf("%w: field %s is %v", dedup.ErrMalformedRecord, recordFields[i], p.vals[i])
+		p.err = fmt.Errorf("%w: field %s is %.100q", dedup.ErrMalformedRecord, recordFields[i], p.vals[i])
 	}
-}
-
-func (p *fieldParser) text(i int) string {
-	s, _ := text(p.vals[i])
-	return s
 }
 
 func (p *fieldParser) int(i int) int {
 	return int(p.num(i))
 }
 
-// num reads an integer field, a string as stored or an integer the script
-// just computed.
+// num reads an integer field.
 func (p *fieldParser) num(i int) int64 {
-	switch v := p.vals[i].(type) {
-	case int64:
-		return v
-	case string:
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			return n
-		}
+	n, err := strconv.ParseInt(p.vals[i], 10, 64)
+	if err != nil {
+		p.fail(i)
 	}
-	p.fail(i)
-	return 0
+	return n
 }
 
 func (p *fieldParser) time(i int) time.Time {
@@ -129,7 +161,7 @@ func (p *fieldParser) time(i int) time.Time {
 }
 
 func (p *fieldParser) optTime(i int) time.Time {
-	if v := p.vals[i]; v == nil || v == false {
+	if p.vals[i] == "" {
 		return time.Time{}
 	}
 	return p.time(i)

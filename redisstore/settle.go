@@ -43,21 +43,21 @@ func (s *Store) complete(ctx context.Context, op string, cs []deduptype.Completi
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("redisstore: %s %s: %w", op, cs[0].Key, err)
 	}
-	keys := make([]string, len(cs))
-	args := make([]any, 0, 5*len(cs))
-	for i, c := range cs {
-		keys[i] = redisKey(s.prefix, c.Key)
-		hasResult := "0"
+	hasResult := func(c deduptype.Completion) string {
 		if c.Result != nil {
-			hasResult = "1"
+			return "1"
 		}
-		args = append(args, c.Owner, newNonce(), c.TTL.Milliseconds(), hasResult, c.Result)
+		return "0"
 	}
-	calls := s.split(keys, args, 5)
+	calls := s.calls(completeScript, len(cs), 5,
+		func(i int) string { return redisKey(s.prefix, cs[i].Key) },
+		func(i int, cmd []any) []any {
+			return append(cmd, cs[i].Owner, newNonce(), cs[i].TTL.Milliseconds(), hasResult(cs[i]), cs[i].Result)
+		})
 	errs := make([]error, len(cs))
 	i := 0
 	for ci, cmd := range s.run(ctx, completeScript, calls) {
-		n := len(calls[ci].keys)
+		n := calls[ci].n
 		oks, err := cmd.Int64Slice()
 		if err == nil && len(oks) != n {
 			err = fmt.Errorf("%w: %d replies for %d keys", dedup.ErrMalformedRecord, len(oks), n)

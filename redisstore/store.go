@@ -140,35 +140,34 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 		return nil, fmt.Errorf("redisstore: %s %s: %w", op, reqs[0].Key, err)
 	}
 	owners := make([]string, len(reqs))
-	keys := make([]string, len(reqs))
-	args := make([]any, 0, 4*len(reqs))
-	for i, r := range reqs {
+	for i := range owners {
 		owners[i] = deduptype.NewOwnerToken()
-		keys[i] = redisKey(s.prefix, r.Key)
-		args = append(args, r.Fingerprint, r.Lease.Milliseconds(), r.TTL.Milliseconds(), owners[i])
 	}
-	calls := s.split(keys, args, 4)
-	cmds := s.run(ctx, claimScript, calls)
+	calls := s.calls(claimScript, len(reqs), 4,
+		func(i int) string { return redisKey(s.prefix, reqs[i].Key) },
+		func(i int, cmd []any) []any {
+			return append(cmd, reqs[i].Fingerprint, reqs[i].Lease.Milliseconds(), reqs[i].TTL.Milliseconds(), owners[i])
+		})
+	cmds := runAs(ctx, s, claimScript, redis.NewStringSliceCmd, calls)
 
 	claims := make([]dedup.Claim, len(reqs))
 	var firstErr error
 	i := 0
 	for ci, cmd := range cmds {
-		n := len(calls[ci].keys)
-		replies, err := cmd.Slice()
-		if err == nil && len(replies) != n {
-			err = fmt.Errorf("%w: %d replies for %d keys", dedup.ErrMalformedRecord, len(replies), n)
-		}
+		n := calls[ci].n
+		vals, err := cmd.Result()
+		r := claimReply{vals: vals, err: err}
 		for j := range n {
-			// Every reply is read, so that a failed batch knows all it
+			// Every answer is read, so that a failed batch knows all it
 			// acquired.
-			cerr := err
-			if cerr == nil {
-				claims[i+j], cerr = parseClaim(replies[j], reqs[i+j], owners[i+j])
+			c, err := r.next(reqs[i+j], owners[i+j])
+			claims[i+j] = c
+			if err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, err)
 			}
-			if cerr != nil && firstErr == nil {
-				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, cerr)
-			}
+		}
+		if err := r.end(); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i].Key, err)
 		}
 		i += n
 	}
@@ -183,64 +182,92 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 // gets no owner tokens to settle them with. It is best effort; a claim not
 // released is freed when its lease ends.
 func (s *Store) giveBack(ctx context.Context, claims []dedup.Claim) {
-	var calls []call
+	var held []dedup.Claim
 	for _, c := range claims {
 		if c.Status == dedup.ClaimAcquired {
-			calls = append(calls, call{keys: []string{redisKey(s.prefix, c.Record.Key)}, args: []any{c.Record.Owner, newNonce()}})
+			held = append(held, c)
 		}
 	}
-	if len(calls) > 0 {
-		s.run(context.WithoutCancel(ctx), releaseScript, calls)
+	if len(held) == 0 {
+		return
 	}
+	calls := make([]call, len(held))
+	for i, c := range held {
+		calls[i] = call{n: 1, cmd: []any{"evalsha", releaseScript.hash, 1, redisKey(s.prefix, c.Record.Key), c.Record.Owner, newNonce()}}
+	}
+	s.run(context.WithoutCancel(ctx), releaseScript, calls)
 }
 
-// call is one script invocation.
+// call is one script invocation: the arguments of its EVALSHA, from the
+// command's name on (see Store.calls).
 type call struct {
-	keys []string
-	args []any
+	n   int   // keys
+	cmd []any // "evalsha", hash, n, n keys, their arguments
 }
 
-// split cuts keys, with argsPerKey arguments each, into script calls: one
-// per key on a sharded client, up to maxScriptKeys otherwise.
-func (s *Store) split(keys []string, args []any, argsPerKey int) []call {
+// calls lays n keys, with argsPerKey arguments each, out in script calls of
+// sc: one per key on a sharded client, up to maxScriptKeys otherwise. key
+// returns the Redis key of key i, args appends the arguments of key i.
+func (s *Store) calls(sc script, n, argsPerKey int, key func(i int) string, args func(i int, cmd []any) []any) []call {
 	per := maxScriptKeys
 	if s.sharded {
 		per = 1
 	}
-	calls := make([]call, 0, (len(keys)+per-1)/per)
-	for lo := 0; lo < len(keys); lo += per {
-		hi := min(lo+per, len(keys))
-		calls = append(calls, call{keys: keys[lo:hi], args: args[lo*argsPerKey : hi*argsPerKey]})
+	calls := make([]call, 0, (n+per-1)/per)
+	for lo := 0; lo < n; lo += per {
+		hi := min(lo+per, n)
+		cmd := make([]any, 0, 3+(hi-lo)*(1+argsPerKey))
+		cmd = append(cmd, "evalsha", sc.hash, hi-lo)
+		for i := lo; i < hi; i++ {
+			cmd = append(cmd, key(i))
+		}
+		for i := lo; i < hi; i++ {
+			cmd = args(i, cmd)
+		}
+		calls = append(calls, call{n: hi - lo, cmd: cmd})
 	}
 	return calls
 }
 
-// run runs script once per call, in one round trip, by EVALSHA; calls the
+// run runs sc once per call, in one round trip, by EVALSHA; calls the
 // server answers NOSCRIPT (its script cache was flushed or it restarted) run
 // again in order by EVAL, which carries the script's text. Each command holds
 // its own reply or error.
-func (s *Store) run(ctx context.Context, script *redis.Script, calls []call) []*redis.Cmd {
+func (s *Store) run(ctx context.Context, sc script, calls []call) []*redis.Cmd {
+	return runAs(ctx, s, sc, redis.NewCmd, calls)
+}
+
+// runAs is run with the replies read by commands that newCmd makes, so that
+// a reply of a known shape is decoded into its type directly.
+func runAs[C redis.Cmder](ctx context.Context, s *Store, sc script, newCmd func(context.Context, ...any) C, calls []call) []C {
+	cmds := make([]C, len(calls))
 	if len(calls) == 1 {
-		cmd := script.Run(ctx, s.client, calls[0].keys, calls[0].args...)
-		s.follow(cmd.Err())
-		return []*redis.Cmd{cmd}
+		cmds[0] = newCmd(ctx, calls[0].cmd...)
+		_ = s.client.Process(ctx, cmds[0])
+		if noScript(cmds[0].Err()) {
+			cmds[0] = newCmd(ctx, sc.eval(calls[0])...)
+			_ = s.client.Process(ctx, cmds[0])
+		}
+		s.follow(cmds[0].Err())
+		return cmds
 	}
-	cmds := make([]*redis.Cmd, len(calls))
 	pipe := s.client.Pipeline()
 	for i, c := range calls {
-		cmds[i] = script.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds[i] = newCmd(ctx, c.cmd...)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, _ = pipe.Exec(ctx) // errors are read per command
 	var again []int
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if noScript(cmd.Err()) {
 			again = append(again, i)
 		}
 	}
 	if len(again) > 0 {
 		pipe = s.client.Pipeline()
 		for _, i := range again {
-			cmds[i] = script.Eval(ctx, pipe, calls[i].keys, calls[i].args...)
+			cmds[i] = newCmd(ctx, sc.eval(calls[i])...)
+			_ = pipe.Process(ctx, cmds[i])
 		}
 		_, _ = pipe.Exec(ctx)
 	}
@@ -250,6 +277,12 @@ func (s *Store) run(ctx context.Context, script *redis.Script, calls []call) []*
 		}
 	}
 	return cmds
+}
+
+// noScript reports whether err says that the server does not know a
+// script.
+func noScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
 // Get returns the live record for key, or an error matching
@@ -270,7 +303,7 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	if vals[0] == nil && vals[1] == nil {
 		return dedup.Record{}, fmt.Errorf("%w: redisstore get %s", dedup.ErrNotFound, key)
 	}
-	rec, err := parseRecord(key, vals)
+	rec, err := recordOf(key, vals)
 	if err != nil {
 		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
 	}
