@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,7 +108,7 @@ type Wrapper[M any] struct {
 // Wrap returns a Wrapper running h over store. WithScope and WithSink are
 // required.
 func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wrapper[M], error) {
-	w, err := newWrapper(store, msgs, opts)
+	w, err := newConsumer(forWrap, store, msgs, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -122,9 +123,17 @@ func Wrap[M any](store Store, msgs Messages[M], h Handler[M], opts ...Opt) (*Wra
 	return w, nil
 }
 
+// newWrapper returns the engine of a [WrapTx] consumer, as newConsumer
+// does.
 func newWrapper[M any](store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], error) {
+	return newConsumer(forWrapTx, store, msgs, opts)
+}
+
+// newConsumer returns the engine of a consumer, e being forWrap or
+// forWrapTx: an option given that e does not honour is refused.
+func newConsumer[M any](e engines, store Store, msgs Messages[M], opts []Opt) (*Wrapper[M], error) {
 	cfg := configure(opts)
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(e); err != nil {
 		return nil, err
 	}
 	if msgs.EventID == nil || msgs.Payload == nil || msgs.DeadLetter == nil {
@@ -293,7 +302,20 @@ func (w *Wrapper[M]) observe(ctx context.Context, d *delivery[M], res Result, er
 	if err == nil && w.cfg.observer != nil {
 		w.cfg.observer(ctx, res)
 	}
+	if err == nil && res.Outcome == OutcomeRetry && d.att != nil {
+		w.warnPanicRetry(d, res)
+	}
 	return durable
+}
+
+// warnPanicRetry logs at WARN, with its stack, a panic that res, the
+// retry of an attempt d ran (a later copy of its key in a batch ran none),
+// tries again; a dead-lettered one is logged by park.
+func (w *Wrapper[M]) warnPanicRetry(d *delivery[M], res Result) {
+	if stack := panicStack(res.Err, maxLoggedStack); stack != "" {
+		w.cfg.logger.Warn("dedup: handler panicked; will retry", slog.String("key", d.key.String()),
+			slog.Int("attempt", res.Attempts), slog.String("error", res.Err.Error()), slog.String("stack", stack))
+	}
 }
 
 // process claims d's key and settles the attempt.
@@ -346,14 +368,19 @@ func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, ca
 	dl.Scope = orDefault(d.key.Scope, w.cfg.scope)
 	dl.FirstFailure = orNow(rec.FirstFailure, now)
 	dl.LastFailure = now
+	dl.Stack = panicStack(cause, maxLetterStack)
 	if d.span != nil {
 		dl.Headers = withTraceContext(trace.ContextWithSpan(ctx, d.span), dl.Headers)
 	}
 	if err := w.cfg.sink.Send(ctx, dl); err != nil {
 		return fmt.Errorf("dedup: dead-letter %s (%s): %w", d.key, reason, err)
 	}
-	w.cfg.logger.Warn("dedup: message dead-lettered", slog.String("key", d.key.String()),
-		slog.String("reason", string(reason)), slog.Int("attempts", rec.Attempts), slog.String("error", dl.Error))
+	attrs := []slog.Attr{slog.String("key", d.key.String()), slog.String("reason", string(reason)),
+		slog.Int("attempts", rec.Attempts), slog.String("error", dl.Error)}
+	if dl.Stack != "" {
+		attrs = append(attrs, slog.String("stack", panicStack(cause, maxLoggedStack)))
+	}
+	w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "dedup: message dead-lettered", attrs...)
 	return nil
 }
 
@@ -410,4 +437,57 @@ func capturePanic(err *error) {
 	if v := recover(); v != nil {
 		*err = &PanicError{Value: v, Stack: debug.Stack()}
 	}
+}
+
+// The most of a panic's stack logged with the WARN that retries or
+// dead-letters it, and kept in a dead letter, whose metadata travels in a
+// broker's headers (DeadLetter.Stack).
+const (
+	maxLoggedStack = 8 << 10
+	maxLetterStack = 2 << 10
+)
+
+// stackCut ends a stack cut short.
+const stackCut = "\n...(cut)"
+
+// panicStack returns the stack of the panic err holds (a *PanicError),
+// from the goroutine's header and the frame that panicked, the recovery's
+// own frames left out, cut at a line to at most limit bytes; "" when err
+// holds none.
+func panicStack(err error, limit int) string {
+	var perr *PanicError
+	if !errors.As(err, &perr) || len(perr.Stack) == 0 {
+		return ""
+	}
+	s := strings.TrimSuffix(string(perr.Stack), "\n")
+	// debug.Stack's own frame, capturePanic's and the runtime's panic
+	// come first, after the goroutine's header line: the handler's frames
+	// start after panic's (a function line, then its file line).
+	if head := strings.IndexByte(s, '\n'); head >= 0 {
+		if at := strings.Index(s, "\npanic("); at > head {
+			if rest, ok := skipLines(s[at+1:], 2); ok {
+				s = s[:head+1] + rest
+			}
+		}
+	}
+	if len(s) <= limit {
+		return s
+	}
+	s = s[:limit-len(stackCut)]
+	if nl := strings.LastIndexByte(s, '\n'); nl > 0 {
+		s = s[:nl]
+	}
+	return s + stackCut
+}
+
+// skipLines returns s after its first n lines, and whether it had them.
+func skipLines(s string, n int) (string, bool) {
+	for ; n > 0; n-- {
+		nl := strings.IndexByte(s, '\n')
+		if nl < 0 {
+			return "", false
+		}
+		s = s[nl+1:]
+	}
+	return s, true
 }

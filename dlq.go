@@ -78,9 +78,14 @@ type DeadLetter struct {
 	Scope        string
 	FirstFailure time.Time
 	LastFailure  time.Time
+	// Stack is, for ReasonPanic, the stack of the handler's panic from the
+	// frame that panicked, cut at a line to at most 2 KiB; empty otherwise.
+	Stack string
 }
 
-// Metadata returns the dedup-* headers describing the dead letter.
+// Metadata returns the dedup-* headers describing the dead letter; a
+// panic's letter has dedup-stack, the stack on one line (its line breaks
+// written \n).
 func (d *DeadLetter) Metadata() []Header {
 	h := []Header{
 		{Key: "dedup-reason", Value: []byte(d.Reason)},
@@ -93,6 +98,9 @@ func (d *DeadLetter) Metadata() []Header {
 		{Key: "dedup-scope", Value: []byte(d.Scope)},
 		{Key: "dedup-first-failure", Value: []byte(formatTime(d.FirstFailure))},
 		{Key: "dedup-last-failure", Value: []byte(formatTime(d.LastFailure))},
+	}
+	if d.Stack != "" {
+		h = append(h, Header{Key: "dedup-stack", Value: []byte(oneLine(d.Stack))})
 	}
 	o := d.Origin
 	if o.Topic != "" {
@@ -143,6 +151,13 @@ func (d *DeadLetter) HeadersWithMetadata() []Header {
 		}
 	}
 	return append(out, meta...)
+}
+
+// oneLine returns s on one line, as a header value must be on every
+// transport (a NATS header ends at a line break): a backslash, a line feed
+// and a carriage return are written \\, \n and \r.
+func oneLine(s string) string {
+	return strings.NewReplacer("\\", "\\\\", "\n", "\\n", "\r", "\\r").Replace(s)
 }
 
 func formatTime(t time.Time) string {

@@ -57,18 +57,76 @@ type config struct {
 	// tracerProvider and meterProvider are OpenTelemetry's; nil: none.
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
-	// consumerOnly names the options given that only a consumer honours
-	// (consumerOpt), in order, for a Front to refuse.
-	consumerOnly []string
+	// narrow notes the options given that only some engines honour
+	// (narrowOpt), in order, for the others to refuse (refuseIgnored).
+	narrow []narrowGiven
 }
 
-// consumerOpt is an option only a consumer (Wrap, WrapTx) honours: set
-// applies it, and its name is noted for a Front to refuse it.
-func consumerOpt(name string, set func(*config)) Opt {
+// engines is a set of the constructors an option is for.
+type engines uint8
+
+// The engines an option can be for: Wrap, WrapTx, and a front end's
+// (NewFront, NewTxFront).
+const (
+	forWrap engines = 1 << iota
+	forWrapTx
+	forFront
+
+	forConsumers = forWrap | forWrapTx
+)
+
+// String names the constructors of e, as an error refusing an option does.
+func (e engines) String() string {
+	var names []string
+	for _, n := range [...]struct {
+		e    engines
+		name string
+	}{{forWrap, "Wrap"}, {forWrapTx, "WrapTx"}, {forFront, "NewFront"}} {
+		if e&n.e != 0 {
+			names = append(names, n.name)
+		}
+	}
+	return strings.Join(names, " and ")
+}
+
+// narrowGiven is an option given that only the engines in by honour.
+type narrowGiven struct {
+	name string
+	by   engines
+}
+
+// narrowOpt is an option only the engines in by honour: set applies it,
+// and its name is noted for the others to refuse it (refuseIgnored).
+func narrowOpt(name string, by engines, set func(*config)) Opt {
 	return optFunc(func(c *config) {
 		set(c)
-		c.consumerOnly = append(c.consumerOnly, name)
+		c.narrow = append(c.narrow, narrowGiven{name, by})
 	})
+}
+
+// consumerOpt is an option only a consumer (Wrap, WrapTx) honours.
+func consumerOpt(name string, set func(*config)) Opt { return narrowOpt(name, forConsumers, set) }
+
+// refuseIgnored is the one rule for an option given to a constructor that
+// would ignore it: an error matching [ErrConfig] naming the options the
+// engine e (one of forWrap, forWrapTx, forFront) does not honour, and who
+// does; nil when it honours them all.
+func (c *config) refuseIgnored(e engines, who string) error {
+	var refused []string
+	for _, o := range c.narrow {
+		if o.by&e == 0 {
+			verb := "does"
+			if o.by&(o.by-1) != 0 {
+				verb = "do"
+			}
+			refused = append(refused, fmt.Sprintf("%s (only %v %s)", o.name, o.by, verb))
+		}
+	}
+	if len(refused) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s cannot honour %s: refused rather than ignored",
+		ErrConfig, who, strings.Join(refused, ", "))
 }
 
 func defaultConfig() config {
@@ -87,13 +145,19 @@ func defaultConfig() config {
 // by a store's or an adapter's for theirs.
 var ErrConfig = deduptype.ErrConfig
 
-func (c *config) validate() error {
+// validate checks the options of a consumer, e being forWrap or
+// forWrapTx: a scope and a sink, none that e does not honour, and those
+// of every engine.
+func (c *config) validate(e engines) error {
 	// The scope is checked as a key's is, and first.
 	if kerr := (*KeyError)(nil); errors.As(Key{Scope: c.scope, EventID: "-"}.Validate(), &kerr) {
 		return fmt.Errorf("%w: WithScope(%q): %s", ErrConfig, c.scope, kerr.Reason)
 	}
 	if nilcheck.IsNil(c.sink) {
 		return fmt.Errorf("%w: a dead-letter sink is required (WithSink)", ErrConfig)
+	}
+	if err := c.refuseIgnored(e, e.String()); err != nil {
+		return err
 	}
 	return c.validateEngine()
 }
@@ -103,9 +167,8 @@ func (c *config) validate() error {
 // and their fingerprints, never dead-letters, decides itself whether to
 // try again and has no batches).
 func (c *config) validateFront() error {
-	if len(c.consumerOnly) > 0 {
-		return fmt.Errorf("%w: %s: a front end's engine cannot honour it (only Wrap and WrapTx do)",
-			ErrConfig, strings.Join(c.consumerOnly, ", "))
+	if err := c.refuseIgnored(forFront, "a front end's engine"); err != nil {
+		return err
 	}
 	return c.validateEngine()
 }
@@ -125,6 +188,11 @@ func (c *config) validateEngine() error {
 		return fmt.Errorf("%w: WithOutageThreshold(%v): must be positive", ErrConfig, c.outageThreshold)
 	case c.ttl <= 0:
 		return fmt.Errorf("%w: WithTTL(%v): must be positive", ErrConfig, c.ttl)
+	case c.ttl < c.leaseFloor():
+		// A record that expires while its claim is held lets a duplicate
+		// delivered after it run the handler again.
+		return fmt.Errorf("%w: WithTTL(%v) is shorter than the lease (%s): a duplicate delivered after %v would run again",
+			ErrConfig, c.ttl, c.leaseName(), c.ttl)
 	case c.fingerprint == nil || c.backoff == nil || nilcheck.IsNil(c.logger):
 		return fmt.Errorf("%w: nil fingerprint, backoff or logger", ErrConfig)
 	}
@@ -165,8 +233,28 @@ func WithBackoff(b Backoff) Opt {
 func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease = d }) }
 
 // WithTTL sets how long records are kept (default 7 days). It must cover the
-// transport's whole redelivery horizon, replays and DLQ redrives included.
+// transport's whole redelivery horizon, replays and DLQ redrives included,
+// and is refused with [ErrConfig] when shorter than the lease (WithLease,
+// else 30 s): a record would expire while its claim is held.
 func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }) }
+
+// leaseFloor is the least TTL the options allow: the lease WithLease gives,
+// else the default one. A transport's own lease ([CallLease]) is known
+// only per call.
+func (c *config) leaseFloor() time.Duration {
+	if c.lease > 0 {
+		return c.lease
+	}
+	return defaultLease
+}
+
+// leaseName names the lease leaseFloor returns, for an error.
+func (c *config) leaseName() string {
+	if c.lease > 0 {
+		return fmt.Sprintf("WithLease(%v)", c.lease)
+	}
+	return fmt.Sprintf("%v by default", defaultLease)
+}
 
 // WithSink sets where dead letters go. It is required; the transport
 // adapters provide one for their dead-letter topic or queue.
@@ -226,9 +314,10 @@ func WithBatchCompletion(maxWait time.Duration) Opt {
 // transaction among up to 1,024 events of the batch. Use it for handlers that
 // must not share a transaction (one that takes locks for long), or that must
 // not run again after a later handler's failure rolled the shared
-// transaction back. Wrap ignores it.
+// transaction back. It is for WrapTx only: Wrap and a front end refuse it
+// with [ErrConfig].
 func WithTxPerEvent() Opt {
-	return consumerOpt("WithTxPerEvent", func(c *config) { c.txPerEvent = true })
+	return narrowOpt("WithTxPerEvent", forWrapTx, func(c *config) { c.txPerEvent = true })
 }
 
 // DefaultTable is the table a [PostgresStore] or a [DynamoDBStore] uses

@@ -78,9 +78,8 @@ func crashServer(ctx context.Context, cfg crashConfig, hang bool) (http.Handler,
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := []idemhttp.Opt{idemhttp.WithScope("payments-api"), idemhttp.WithLease(cfg.Lease),
-		idemhttp.WithLogger(slog.New(slog.DiscardHandler))}
-	if cfg.Tx {
+	opts := []idemhttp.Opt{idemhttp.WithScope("payments-api"), idemhttp.WithLogger(slog.New(slog.DiscardHandler))}
+	if cfg.Tx { // no lease: the row lock is the claim
 		m, err := idemhttp.NewTx(store, pool, opts...)
 		if err != nil {
 			return nil, nil, err
@@ -89,7 +88,7 @@ func crashServer(ctx context.Context, cfg crashConfig, hang bool) (http.Handler,
 			crashHandler(cfg, hang, func(*http.Request) (pgx.Tx, func(), error) { return tx, func() {}, nil })(w, r)
 		}), pool, nil
 	}
-	m, err := idemhttp.New(store, opts...)
+	m, err := idemhttp.New(store, append(opts, idemhttp.WithLease(cfg.Lease))...)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -88,6 +89,31 @@ type config struct {
 	replayCache       int              // the replay cache's budget in bytes; 0: no cache
 	replayCacheMaxAge time.Duration    // the longest a cached answer is replayed
 	now               func() time.Time // the replay cache's clock; tests move it
+
+	// newOnly names the options given that only [New] honours
+	// (newOnlyOpt), in order, for [NewTx] to refuse (refuseNewOnly).
+	newOnly []string
+}
+
+// newOnlyOpt is an option only [New] honours, a [TxMiddleware] having no
+// use for it: set applies it, and its name is noted for [NewTx] to refuse
+// it.
+func newOnlyOpt(name string, set func(*config)) Opt {
+	return optFunc(func(c *config) {
+		set(c)
+		c.newOnly = append(c.newOnly, name)
+	})
+}
+
+// refuseNewOnly is the one rule for the options given to [NewTx] that it
+// would ignore (newOnlyOpt): an error matching [dedup.ErrConfig] naming
+// them; nil when there is none.
+func (c *config) refuseNewOnly() error {
+	if len(c.newOnly) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: idemhttp: NewTx cannot honour %s (only New does: a TxMiddleware's claim is its transaction's row lock): refused rather than ignored",
+		dedup.ErrConfig, strings.Join(c.newOnly, ", "))
 }
 
 func defaultConfig() config {
@@ -138,6 +164,11 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: idemhttp: WithMinKeyEntropy(%v): must not be negative", dedup.ErrConfig, c.minKeyBits)
 	case c.lease <= 0 || c.ttl <= 0 || c.retryAfter < 0:
 		return fmt.Errorf("%w: idemhttp: lease and TTL must be positive, Retry-After not negative", dedup.ErrConfig)
+	case c.ttl < c.lease:
+		// A record that expires while its claim is held lets a retry sent
+		// after it run the handler again.
+		return fmt.Errorf("%w: idemhttp: WithTTL(%v) is shorter than the lease (%v): a retry sent after %v would run the handler again",
+			dedup.ErrConfig, c.ttl, c.lease, c.ttl)
 	case c.waitInFlight < 0:
 		return fmt.Errorf("%w: idemhttp: WithWaitInFlight(%v): must not be negative", dedup.ErrConfig, c.waitInFlight)
 	case c.outageThreshold < 0:
@@ -213,10 +244,13 @@ func WithMinKeyEntropy(bits float64) Opt { return optFunc(func(c *config) { c.mi
 // WithLease sets how long a claim stays exclusive between heartbeats
 // (default 30 s). The lease is extended every third of it while the handler
 // runs; a server that dies holding it releases the key after at most this
-// long.
-func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease = d }) }
+// long. It is for [New] only: [NewTx], whose claim is its transaction's row
+// lock, refuses it with [dedup.ErrConfig].
+func WithLease(d time.Duration) Opt { return newOnlyOpt("WithLease", func(c *config) { c.lease = d }) }
 
-// WithTTL sets how long answers are kept for replay (default 7 days).
+// WithTTL sets how long answers are kept for replay (default 7 days). One
+// shorter than the lease (WithLease, default 30 s) is refused with
+// [dedup.ErrConfig]: the key would be free again while its request runs.
 func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }) }
 
 // WithRetryAfter sets the Retry-After of the answer to a request whose key
@@ -230,9 +264,11 @@ func WithRetryAfter(d time.Duration) Opt { return optFunc(func(c *config) { c.re
 // [WithInFlightAccepted]'s 202) only past d or when its own request ends.
 // It waits between claims, so it holds no store connection meanwhile, and
 // works across instances sharing the store. Off by default (d = 0), as the
-// draft answers 409. A [TxMiddleware] waits on the key's row lock already;
-// this option does not apply to it.
-func WithWaitInFlight(d time.Duration) Opt { return optFunc(func(c *config) { c.waitInFlight = d }) }
+// draft answers 409. A [TxMiddleware] waits on the key's row lock already:
+// [NewTx] refuses this option with [dedup.ErrConfig].
+func WithWaitInFlight(d time.Duration) Opt {
+	return newOnlyOpt("WithWaitInFlight", func(c *config) { c.waitInFlight = d })
+}
 
 // WithOutageThreshold sets how long the store must keep failing to claim
 // keys or record answers before Health reports an outage (default 30 s, as

@@ -61,8 +61,9 @@ type TxMiddleware struct {
 }
 
 // NewTx returns a TxMiddleware over store, beginning its transactions on db.
-// Its options are those of [New]; WithLease does not apply (the row lock is
-// the lease).
+// Its options are those of [New] but two it refuses with [dedup.ErrConfig]:
+// WithLease (the row lock is the lease) and WithWaitInFlight (a retry waits
+// on the row lock already).
 //
 // Every request holds one of db's connections from its claim until its
 // answer commits, the handler's whole run included, and a retry waiting on
@@ -77,6 +78,9 @@ func NewTx(store *dedup.PostgresStore, db TxBeginner, opts ...Opt) (*TxMiddlewar
 	}
 	f, err := newFront(opts)
 	if err != nil {
+		return nil, err
+	}
+	if err := f.cfg.refuseNewOnly(); err != nil {
 		return nil, err
 	}
 	if f.core, err = dedup.NewTxFront(store, db, serveTx, f.coreOpts()...); err != nil {
