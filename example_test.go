@@ -3,6 +3,8 @@ package dedup_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -184,4 +186,24 @@ func ExampleWrapper_HandleConcurrent() {
 	// o-2 duplicate
 	// o-3 duplicate
 	// map[o-1:1 o-2:1 o-3:1]
+}
+
+// ExampleReadinessHandler serves the readiness of every part of a binary
+// (here two fronts; a consumer, an idemhttp middleware and an outbox relay
+// are health checkers too) on one path.
+func ExampleReadinessHandler() {
+	charge := func(context.Context, Order) error { return nil }
+	orders, err := dedup.NewFront(dedup.NewMemoryStore(), charge)
+	if err != nil {
+		panic(err)
+	}
+	refunds, err := dedup.NewFront(dedup.NewMemoryStore(), charge)
+	if err != nil {
+		panic(err)
+	}
+	readyz := dedup.ReadinessHandler(orders, refunds)
+	rec := httptest.NewRecorder()
+	readyz.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	fmt.Print(rec.Code, " ", rec.Body.String())
+	// Output: 200 ok
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
@@ -27,7 +28,61 @@ type Relay struct {
 	cfg  relayConfig
 	log  *slog.Logger
 	purg time.Duration
-	tel  *relayTelemetry // nil: no spans, no metrics
+	tel  *relayTelemetry  // nil: no spans, no metrics
+	now  func() time.Time // the clock of health; tests drive it
+
+	mu      sync.Mutex // guards the fields below
+	running bool
+	failing time.Time // start of the current run of failed passes, or of Run until its first pass succeeds; zero: none
+	lastErr error     // the latest failed pass's, or what ended Run
+}
+
+// Health returns nil, or an error matching [dedup.ErrOutage] when the
+// relay is not publishing: its passes have failed for the outage threshold
+// ([WithOutageThreshold]) or longer, its first pass has not succeeded that
+// long after Run began (a database unreachable from the start), or Run is
+// not running (not started yet, or ended: the error says why). A readiness
+// probe can serve it ([dedup.ReadinessHandler]).
+func (r *Relay) Health() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case !r.running && r.lastErr != nil:
+		return fmt.Errorf("%w: outbox relay stopped: %w", dedup.ErrOutage, r.lastErr)
+	case !r.running:
+		return fmt.Errorf("%w: outbox relay not running", dedup.ErrOutage)
+	case r.failing.IsZero() || r.now().Sub(r.failing) < r.cfg.outage:
+		return nil
+	case r.lastErr == nil:
+		return fmt.Errorf("%w: outbox relay: no pass succeeded in %v since it started", dedup.ErrOutage,
+			r.now().Sub(r.failing).Round(time.Millisecond))
+	}
+	return fmt.Errorf("%w: outbox relay passes failing for %v (since %s): %w", dedup.ErrOutage,
+		r.now().Sub(r.failing).Round(time.Millisecond), r.failing.UTC().Format(time.RFC3339), r.lastErr)
+}
+
+// passed records how a pass ended for Health: err nil, it succeeded.
+func (r *Relay) passed(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case err == nil:
+		r.failing, r.lastErr = time.Time{}, nil
+	case r.failing.IsZero():
+		r.failing, r.lastErr = r.now(), err
+	default:
+		r.lastErr = err
+	}
+}
+
+// runs records that Run began (ended false) or ended with err.
+func (r *Relay) runs(ended bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.running, r.lastErr = !ended, err
+	if !ended {
+		r.failing = r.now()
+	}
 }
 
 // DefaultApplicationName is the application_name of a relay's connections
@@ -73,7 +128,7 @@ func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (
 		pg.ConnConfig.RuntimeParams["application_name"] = DefaultApplicationName
 	}
 	return &Relay{ob: ob, pg: pg, pub: pub, cfg: cfg, tel: tel, log: log.With(slog.String("outbox", ob.table)),
-		purg: min(max(cfg.retention/2, 10*time.Millisecond), time.Minute)}, nil
+		purg: min(max(cfg.retention/2, 10*time.Millisecond), time.Minute), now: time.Now}, nil
 }
 
 // Run publishes events until ctx is cancelled, then returns nil. It polls
@@ -84,7 +139,9 @@ func NewRelay(ob *Outbox, pg *pgxpool.Config, pub Publisher, opts ...RelayOpt) (
 // exist, failed authentication): waiting cannot fix either. Other database
 // errors are logged and retried, waiting longer each time up to five
 // seconds.
-func (r *Relay) Run(ctx context.Context) error {
+func (r *Relay) Run(ctx context.Context) (err error) {
+	r.runs(false, nil)
+	defer func() { r.runs(true, err) }()
 	pool, err := pgxpool.NewWithConfig(ctx, r.pg)
 	if err != nil {
 		return fmt.Errorf("outbox: relay pool: %w", err)
@@ -111,6 +168,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		r.passed(err)
 		if errors.Is(err, ErrNotMigrated) || refused(err) {
 			return err
 		}

@@ -27,6 +27,7 @@ type relayConfig struct {
 	publishTimeout time.Duration
 	deleteSent     bool
 	retention      time.Duration
+	outage         time.Duration
 	logger         *slog.Logger
 	tracerProvider trace.TracerProvider
 	meterProvider  metric.MeterProvider
@@ -41,8 +42,14 @@ func defaultRelayConfig() relayConfig {
 		busyPoll:       10 * time.Millisecond,
 		publishTimeout: 30 * time.Second,
 		retention:      24 * time.Hour,
+		outage:         DefaultOutageThreshold,
 	}
 }
+
+// DefaultOutageThreshold is how long a relay's passes fail, or its first one
+// has not succeeded, before [Relay.Health] reports an outage, unless
+// [WithOutageThreshold] says otherwise: the consumers' default.
+const DefaultOutageThreshold = 30 * time.Second
 
 func (c *relayConfig) validate() error {
 	switch {
@@ -60,6 +67,8 @@ func (c *relayConfig) validate() error {
 		return fmt.Errorf("%w: publish timeout %v, want more than 0", errConfig, c.publishTimeout)
 	case c.retention < 0:
 		return fmt.Errorf("%w: retention %v, want 0 or more", errConfig, c.retention)
+	case c.outage <= 0:
+		return fmt.Errorf("%w: outage threshold %v, want more than 0", errConfig, c.outage)
 	}
 	return nil
 }
@@ -113,6 +122,13 @@ func WithDeleteSent() RelayOpt { return relayOptFunc(func(c *relayConfig) { c.de
 // them (default 24 hours).
 func WithRetention(d time.Duration) RelayOpt {
 	return relayOptFunc(func(c *relayConfig) { c.retention = d })
+}
+
+// WithOutageThreshold sets how long the relay's passes may fail (the
+// database or the broker unreachable), or its first pass not succeed, before
+// [Relay.Health] reports it (default [DefaultOutageThreshold]).
+func WithOutageThreshold(d time.Duration) RelayOpt {
+	return relayOptFunc(func(c *relayConfig) { c.outage = d })
 }
 
 // WithLogger sets the relay's logger (default slog.Default()).
