@@ -48,18 +48,28 @@ func (r *Relay) Health() error {
 	defer r.mu.Unlock()
 	switch {
 	case !r.running && r.lastErr != nil:
-		return fmt.Errorf("%w: outbox relay stopped: %w", dedup.ErrOutage, r.lastErr)
+		return &relayOutage{"outbox relay stopped: " + r.lastErr.Error(), r.lastErr}
 	case !r.running:
-		return fmt.Errorf("%w: outbox relay not running", dedup.ErrOutage)
+		return &relayOutage{"outbox relay not running", nil}
 	case r.failing.IsZero() || r.now().Sub(r.failing) < r.cfg.outage:
 		return nil
 	case r.lastErr == nil:
-		return fmt.Errorf("%w: outbox relay: no pass succeeded in %v since it started", dedup.ErrOutage,
-			r.now().Sub(r.failing).Round(time.Millisecond))
+		return &relayOutage{fmt.Sprintf("outbox relay: no pass succeeded in %v since it started",
+			r.now().Sub(r.failing).Round(time.Millisecond)), nil}
 	}
-	return fmt.Errorf("%w: outbox relay passes failing for %v (since %s): %w", dedup.ErrOutage,
-		r.now().Sub(r.failing).Round(time.Millisecond), r.failing.UTC().Format(time.RFC3339), r.lastErr)
+	return &relayOutage{fmt.Sprintf("outbox relay passes failing for %v (since %s): %v",
+		r.now().Sub(r.failing).Round(time.Millisecond), r.failing.UTC().Format(time.RFC3339), r.lastErr), r.lastErr}
 }
+
+// relayOutage is a relay's Health error: it matches [dedup.ErrOutage] and
+// the failure behind it, in the relay's own words.
+type relayOutage struct {
+	msg string
+	err error // the latest failure, or nil
+}
+
+func (e *relayOutage) Error() string   { return e.msg }
+func (e *relayOutage) Unwrap() []error { return []error{dedup.ErrOutage, e.err} }
 
 // passed records how a pass ended for Health: err nil, it succeeded.
 func (r *Relay) passed(err error) {
