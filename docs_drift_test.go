@@ -38,10 +38,10 @@ func TestOperationsDocNames(t *testing.T) {
 	doc := string(b)
 
 	t.Run("adapters", func(t *testing.T) {
-		compareNames(t, "adapter", subdirs(t, "adapters"), wordsEnding(doc, "dedup"))
+		compareDocNames(t, "adapter", packageDirs(t, "adapters"), docWordsEnding(doc, "dedup"))
 	})
 	t.Run("publishers", func(t *testing.T) {
-		compareNames(t, "outbox publisher", subdirs(t, "outbox"), wordsEnding(doc, "outbox"))
+		compareDocNames(t, "outbox publisher", packageDirs(t, "outbox"), docWordsEnding(doc, "outbox"))
 	})
 	t.Run("metrics", func(t *testing.T) {
 		code := registeredInstruments(t)
@@ -50,36 +50,36 @@ func TestOperationsDocNames(t *testing.T) {
 				code[name] = where
 			}
 		}
-		compareNames(t, "metric", code, metricsTable(t, doc))
+		compareDocNames(t, "metric", code, docMetricsTable(t, doc))
 	})
 	t.Run("commands", func(t *testing.T) {
-		compareNames(t, "command", dedupCommands(t), tableMatches(doc, "`dedup ([a-z]+)"))
+		compareDocNames(t, "command", dedupCommands(t), docTableMatches(doc, "`dedup ([a-z]+)"))
 	})
 	t.Run("redrive", func(t *testing.T) {
-		compareNames(t, "redrive transport", redriveTransports(t), tableMatches(doc, "`dedup redrive ([a-z]+)"))
+		compareDocNames(t, "redrive transport", redriveTransports(t), docTableMatches(doc, "`dedup redrive ([a-z]+)"))
 	})
 }
 
-// compareNames fails t for each name of the code (name to where it was
+// compareDocNames fails t for each name of the code (name to where it was
 // found) the doc lacks and each name of the doc the code lacks.
-func compareNames(t *testing.T, kind string, code map[string]string, doc map[string]bool) {
+func compareDocNames(t *testing.T, kind string, code map[string]string, doc map[string]bool) {
 	t.Helper()
 	if len(code) == 0 {
 		t.Fatalf("found no %s in the code: the test no longer reads it right", kind)
 	}
-	for _, name := range sortedKeys(code) {
+	for _, name := range sortedDocNames(code) {
 		if !doc[name] {
 			t.Errorf("%s %q (%s) is missing from %s", kind, name, code[name], operationsDoc)
 		}
 	}
-	for _, name := range sortedKeys(doc) {
+	for _, name := range sortedDocNames(doc) {
 		if _, ok := code[name]; !ok {
 			t.Errorf("%s names %s %q, which the code does not have", operationsDoc, kind, name)
 		}
 	}
 }
 
-func sortedKeys[V any](m map[string]V) []string {
+func sortedDocNames[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -88,8 +88,8 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// subdirs returns the package directories under dir, each with its path.
-func subdirs(t *testing.T, dir string) map[string]string {
+// packageDirs returns the package directories under dir, each with its path.
+func packageDirs(t *testing.T, dir string) map[string]string {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -104,9 +104,9 @@ func subdirs(t *testing.T, dir string) map[string]string {
 	return names
 }
 
-// wordsEnding returns the words of doc made of a lower-case prefix and
+// docWordsEnding returns the words of doc made of a lower-case prefix and
 // suffix, such as kafkadedup for "dedup": the way the doc names a package.
-func wordsEnding(doc, suffix string) map[string]bool {
+func docWordsEnding(doc, suffix string) map[string]bool {
 	words := map[string]bool{}
 	for _, w := range regexp.MustCompile(`\b[a-z0-9]+`+suffix+`\b`).FindAllString(doc, -1) {
 		words[w] = true
@@ -114,9 +114,9 @@ func wordsEnding(doc, suffix string) map[string]bool {
 	return words
 }
 
-// tableMatches returns the first group of pattern's matches in doc's table
+// docTableMatches returns the first group of pattern's matches in doc's table
 // rows.
-func tableMatches(doc, pattern string) map[string]bool {
+func docTableMatches(doc, pattern string) map[string]bool {
 	re := regexp.MustCompile(pattern)
 	names := map[string]bool{}
 	for line := range strings.Lines(doc) {
@@ -130,9 +130,9 @@ func tableMatches(doc, pattern string) map[string]bool {
 	return names
 }
 
-// metricsTable returns the instrument names in the first column of the
+// docMetricsTable returns the instrument names in the first column of the
 // table under the doc's "### Metrics" heading.
-func metricsTable(t *testing.T, doc string) map[string]bool {
+func docMetricsTable(t *testing.T, doc string) map[string]bool {
 	t.Helper()
 	_, section, ok := strings.Cut(doc, "\n### Metrics\n")
 	if !ok {
@@ -141,7 +141,7 @@ func metricsTable(t *testing.T, doc string) map[string]bool {
 	if end := strings.Index(section, "\n#"); end >= 0 {
 		section = section[:end]
 	}
-	return tableMatches(section, "^\\| `([a-z_.]+)`")
+	return docTableMatches(section, "^\\| `([a-z_.]+)`")
 }
 
 // registeredInstruments builds the wrapper, an idemhttp middleware and an
@@ -251,7 +251,7 @@ func instrumentsInSource(t *testing.T) map[string]string {
 func dedupCommands(t *testing.T) map[string]string {
 	t.Helper()
 	const file = "cmd/dedup/main.go"
-	f := parseFile(t, file)
+	f := parseGoFile(t, file)
 	names := map[string]string{}
 	ast.Inspect(f, func(n ast.Node) bool {
 		spec, ok := n.(*ast.ValueSpec)
@@ -264,7 +264,7 @@ func dedupCommands(t *testing.T) map[string]string {
 		}
 		for _, elt := range list.Elts {
 			if c, ok := elt.(*ast.CompositeLit); ok && len(c.Elts) > 0 {
-				if name, ok := stringLit(c.Elts[0]); ok {
+				if name, ok := goStringLit(c.Elts[0]); ok {
 					names[name] = "in " + file + "'s commands"
 				}
 			}
@@ -279,7 +279,7 @@ func dedupCommands(t *testing.T) map[string]string {
 func redriveTransports(t *testing.T) map[string]string {
 	t.Helper()
 	const file = "cmd/dedup/redrive.go"
-	f := parseFile(t, file)
+	f := parseGoFile(t, file)
 	names := map[string]string{}
 	for _, decl := range f.Decls {
 		fn, ok := decl.(*ast.FuncDecl)
@@ -289,7 +289,7 @@ func redriveTransports(t *testing.T) map[string]string {
 		ast.Inspect(fn, func(n ast.Node) bool {
 			if cc, ok := n.(*ast.CaseClause); ok {
 				for _, e := range cc.List {
-					if name, ok := stringLit(e); ok {
+					if name, ok := goStringLit(e); ok {
 						names[name] = "a case of runRedrive in " + file
 					}
 				}
@@ -300,7 +300,7 @@ func redriveTransports(t *testing.T) map[string]string {
 	return names
 }
 
-func parseFile(t *testing.T, path string) *ast.File {
+func parseGoFile(t *testing.T, path string) *ast.File {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.SkipObjectResolution)
 	if err != nil {
@@ -309,7 +309,7 @@ func parseFile(t *testing.T, path string) *ast.File {
 	return f
 }
 
-func stringLit(e ast.Expr) (string, bool) {
+func goStringLit(e ast.Expr) (string, bool) {
 	lit, ok := e.(*ast.BasicLit)
 	if !ok || lit.Kind != token.STRING {
 		return "", false
