@@ -5,9 +5,15 @@
 // events to a broker through a [Publisher] and marks each one sent only after
 // the broker acknowledged it. Delivery is at least once: a relay that dies
 // after publishing and before marking publishes again. Every published message
-// carries its event ID where the consumer adapters read it (the "event-id"
-// Kafka header or SQS message attribute), so a consumer wrapped with
-// dedup.Wrap or dedup.WrapTx applies each committed event exactly once.
+// carries its event ID where the consumer adapters read it, so a consumer
+// wrapped with dedup.Wrap or dedup.WrapTx applies each committed event
+// exactly once, and its key, the one the outbox orders by:
+//
+//	broker          publisher    event ID               key
+//	Kafka           kafkaoutbox  "event-id" header      the record's key
+//	SQS             sqsoutbox    "event-id" attribute   the FIFO message group (a standard queue: none)
+//	RabbitMQ        amqpoutbox   message_id property    "event-key" header
+//	NATS JetStream  natsoutbox   "Nats-Msg-Id" header   "event-key" header (or "event-key-base64")
 //
 // The order promise. Events with the same destination and key are published
 // in the order their transactions committed, with any number of relays and
@@ -28,6 +34,10 @@
 // forwarder lost such rows, its issue #311); the relays never move past a
 // row, they take whatever is pending.
 //
-// The publishers live in subpackages (kafkaoutbox, sqsoutbox), so that this
-// package depends on neither broker's SDK.
+// The outbox is a PostgreSQL table, whatever store the consumers keep their
+// records in (dedup.PostgresStore, dedup.DynamoDBStore, redisstore.Store or
+// dedup.MemoryStore). The publishers live in subpackages (kafkaoutbox,
+// sqsoutbox, amqpoutbox, natsoutbox), so that this package depends on no
+// broker's SDK. [Relay.Health] reports whether the relay is publishing, for
+// a readiness probe (dedup.ReadinessHandler).
 package outbox
