@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
@@ -147,18 +148,20 @@ func (f *front) answerConflict(w http.ResponseWriter) {
 }
 
 // cached answers p from the replay cache when it holds p's key, as a
-// claim finding the key settled would: the stored response for the same
-// request, the conflict for another. It reports whether it answered.
-func (f *front) cached(w http.ResponseWriter, p *prepared) bool {
+// claim finding the key settled would: by the stores' own rule
+// (deduptype.Classify), the stored response for the same request and the
+// conflict for another. It reports whether it answered.
+func (f *front) cached(w http.ResponseWriter, r *http.Request, p *prepared) bool {
 	e := f.cache.get(p.key)
-	switch {
-	case e == nil:
+	if e == nil {
 		return false
-	case e.fingerprint != p.fingerprint:
-		f.answerConflict(w)
-	default:
-		e.answer.writeReplay(w)
 	}
+	settled := dedup.Record{Key: p.key, Status: dedup.StatusSucceeded, Fingerprint: e.fingerprint}
+	if status := deduptype.Classify(settled, p.fingerprint); status != dedup.ClaimDuplicate {
+		f.answerClaim(w, r, p, dedup.Claim{Status: status, Record: settled})
+		return true
+	}
+	e.answer.writeReplay(w)
 	return true
 }
 

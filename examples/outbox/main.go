@@ -136,10 +136,8 @@ func run(ctx context.Context, dsn string, n int, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	for deadline := time.Now().Add(30 * time.Second); duplicates.Load() < tag.RowsAffected(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the consumer saw %d of %d republished events", duplicates.Load(), tag.RowsAffected())
-		}
+	if err := waitFor(ctx, "republished events seen by the consumer", duplicates.Load, tag.RowsAffected()); err != nil {
+		return err
 	}
 	fmt.Printf("republished %d events: the consumer skipped %d duplicates, still %d shipments\n",
 		tag.RowsAffected(), duplicates.Load(), shipments(ctx, pool))
@@ -230,9 +228,27 @@ func shipments(ctx context.Context, pool *pgxpool.Pool) int {
 }
 
 func waitShipped(ctx context.Context, pool *pgxpool.Pool, want int) error {
-	for deadline := time.Now().Add(30 * time.Second); shipments(ctx, pool) < want; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("only %d of %d orders shipped after 30 s", shipments(ctx, pool), want)
+	return waitFor(ctx, "orders shipped", func() int64 { return int64(shipments(ctx, pool)) }, int64(want))
+}
+
+// stall is how long waitFor waits with no progress before it gives up: the
+// relays or the consumer are stuck, not slow (a busy machine is slow).
+const stall = 2 * time.Minute
+
+// waitFor waits until count reaches want, as long as it keeps moving.
+func waitFor(ctx context.Context, what string, count func() int64, want int64) error {
+	last, moved := count(), time.Now()
+	for n := last; n < want; n = count() {
+		if n != last {
+			last, moved = n, time.Now()
+		}
+		if time.Since(moved) > stall {
+			return fmt.Errorf("%s: %d of %d, none more in %v", what, n, want, stall)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	return nil
