@@ -68,7 +68,7 @@ var commands = []command{
 	{"purge", "delete expired records", runPurge},
 	{"migrate", "print the PostgreSQL table's migration to record v2; -yes to migrate", runMigrate},
 	{"outbox", "status of the outbox, requeue failed events", runOutbox},
-	{"redrive", "send dead letters back to their origin (kafka, sqs)", runRedrive},
+	{"redrive", "send dead letters back to their origin (kafka, sqs, amqp, nats)", runRedrive},
 }
 
 // run runs the command line args and returns the exit status.
