@@ -72,8 +72,15 @@ func parkedRecord(t *testing.T, store dedup.Store, key dedup.Key) {
 // fixed: a dry run lists it and leaves the dead-letter queue as it was, in
 // its order; -yes resets its record, the consumer runs it exactly once and
 // it leaves the dead-letter queue; -reason and the loop guard leave the
-// other letters in place, in their order, until a run chooses them.
+// other letters in place, in their order, until a run chooses them. Both
+// queue types keep the order of the letters a redrive requeues.
 func TestRedriveAMQP(t *testing.T) {
+	for _, kind := range []string{"classic", "quorum"} {
+		t.Run(kind, func(t *testing.T) { testRedriveAMQP(t, kind) })
+	}
+}
+
+func testRedriveAMQP(t *testing.T, kind string) {
 	ctx := context.Background()
 	url := testenv.RabbitMQURL(t)
 	ch, err := testenv.RabbitMQ(t).Channel()
@@ -82,7 +89,7 @@ func TestRedriveAMQP(t *testing.T) {
 	queue := "dedup-redrive-" + strings.ToLower(rand.Text()[:12])
 	dlq := queue + ".dlq"
 	for _, q := range []string{queue, dlq} {
-		_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+		_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": kind})
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = ch.QueueDelete(q, false, false, false) })
 	}
@@ -202,4 +209,17 @@ func TestRedriveAMQPUnknownQueue(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "queue no-such-queue.dlq")
 	require.Contains(t, errOut, "NOT_FOUND")
+}
+
+// The new redrives are used as the others: -dlq is required.
+func TestRedriveAMQPNATSUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"redrive", "amqp", "-postgres", "postgres://x"},
+		{"redrive", "nats", "-postgres", "postgres://x"},
+		{"redrive", "nats", "-dlq", "DLQ", "-postgres", "postgres://x", "-max-redrives", "0"},
+	} {
+		code, _, errOut := cli(t, args...)
+		require.Equal(t, 2, code, "%q", args)
+		require.Contains(t, errOut, "dedup redrive: usage", "%q", args)
+	}
 }
