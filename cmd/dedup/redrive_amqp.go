@@ -107,6 +107,8 @@ func (r *redrive) amqpLetter(ctx context.Context, pub *amqp.Channel, returns <-c
 	if err := r.reset(ctx, l); err != nil {
 		return false, fmt.Errorf("reset %s: %w", l.key, err)
 	}
+	// Not the expiration, which could drop the copy, nor the user_id,
+	// which the broker checks against the redrive's own user.
 	back := amqp.Publishing{
 		Headers: amqp.Table{redriveCountHeader: strconv.Itoa(l.redrives + 1)}, Body: d.Body,
 		ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: amqp.Persistent,
