@@ -15,31 +15,37 @@ import (
 	"github.com/dedupkit/dedup"
 )
 
-// redriveCountHeader counts the redrives of a message (a Kafka header, an
-// SQS attribute). It is not a dedup-* name: a dead letter's dedup-*
+// redriveCountHeader counts the redrives of a message (a Kafka, RabbitMQ or
+// NATS header, an SQS attribute). It is not a dedup-* name: a dead letter's dedup-*
 // metadata is replaced each time it is dead-lettered, and the count must
 // survive that.
 const redriveCountHeader = "x-dedup-redrive-count"
 
 func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: dedup redrive kafka|sqs [flags]", errUsage)
+		return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats [flags]", errUsage)
 	}
 	if isHelp(args[0]) {
-		return help(os.Stderr, "dedup redrive kafka|sqs [flags]: send dead letters back to their origin",
+		return help(os.Stderr, "dedup redrive kafka|sqs|amqp|nats [flags]: send dead letters back to their origin",
 			"kafka", "from a Kafka dead-letter topic to the topics they came from",
-			"sqs", "from an SQS dead-letter queue to the queues they came from")
+			"sqs", "from an SQS dead-letter queue to the queues they came from",
+			"amqp", "from a RabbitMQ dead-letter queue to the queues they came from",
+			"nats", "from a NATS JetStream dead-letter stream to the subjects they came from")
 	}
 	switch args[0] {
 	case "kafka":
 		return redriveKafka(ctx, args[1:], out)
 	case "sqs":
 		return redriveSQS(ctx, args[1:], out)
+	case "amqp":
+		return redriveAMQP(ctx, args[1:], out)
+	case "nats":
+		return redriveNATS(ctx, args[1:], out)
 	}
-	return fmt.Errorf("%w: dedup redrive kafka|sqs, not %q", errUsage, args[0])
+	return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats, not %q", errUsage, args[0])
 }
 
-// redrive is what both redrives share: the filters, the loop guard, the
+// redrive is what every redrive shares: the filters, the loop guard, the
 // reset of each event's record, the pace, the progress and the summary.
 type redrive struct {
 	stores      storeFlags
@@ -145,7 +151,7 @@ func interrupted(ctx context.Context) error {
 
 // letter is what a redrive reads of one dead letter.
 type letter struct {
-	where       string // for the summary: topic/partition@offset, or message ID
+	where       string // for the summary: topic/partition@offset, message ID, queue#n or stream@sequence
 	key         dedup.Key
 	origin      string
 	reason      string
