@@ -18,6 +18,7 @@ import (
 	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/group"
 	"github.com/dedupkit/dedup/internal/heartbeat"
+	"github.com/dedupkit/dedup/internal/logattr"
 	"github.com/dedupkit/dedup/internal/slots"
 	"github.com/dedupkit/dedup/internal/sqsbody"
 )
@@ -192,7 +193,7 @@ func (r *runner) poll(ctx context.Context) {
 			}
 			failures++
 			wait := dedup.ExponentialBackoff(time.Second, 30*time.Second)(failures)
-			r.log.Warn("sqsdedup: receive failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+			r.log.Warn("sqsdedup: receive failed", slog.Any("error", err), logattr.Duration("retry_in", wait))
 			if sleep(ctx, wait) != nil {
 				return
 			}
@@ -404,7 +405,7 @@ func (r *runner) act(m types.Message, res dedup.Result, d adapterkit.Decision, n
 	}
 	if d.Err != nil {
 		d.LogFailure(r.Work, r.log, "sqsdedup: message not acknowledged; it will come back",
-			slog.String("message_id", aws.ToString(m.MessageId)), slog.String("key", res.Key.String()))
+			slog.String("message_id", aws.ToString(m.MessageId)), slog.Any("key", res.Key))
 	}
 	switch {
 	case d.Action == adapterkit.Lapse:
