@@ -99,3 +99,29 @@ func TestRetryLogBuildsNoOriginWhenOff(t *testing.T) {
 	require.Zero(t, built.Load(), "dead letters built for a retry logged at DEBUG with DEBUG off")
 	require.Empty(t, logs.String())
 }
+
+// Each transport's origin is logged by the coordinates it names a message
+// by, empty fields left out.
+func TestOriginLogValue(t *testing.T) {
+	for name, tc := range map[string]struct {
+		origin dedup.Origin
+		want   map[string]any
+	}{
+		"kafka": {dedup.Origin{Topic: "payments", Partition: 3, Offset: 42, Group: "billing"},
+			map[string]any{"topic": "payments", "partition": 3.0, "offset": 42.0, "group": "billing"}},
+		"sqs": {dedup.Origin{QueueURL: "http://sqs/q", MessageID: "m-1"},
+			map[string]any{"queue_url": "http://sqs/q", "message_id": "m-1"}},
+		"rabbitmq": {dedup.Origin{Queue: "payments", Exchange: "events", RoutingKey: "pay", DeliveryTag: 5},
+			map[string]any{"queue": "payments", "exchange": "events", "routing_key": "pay", "delivery_tag": 5.0}},
+		"nats": {dedup.Origin{Topic: "orders.created", Stream: "ORDERS", Offset: 17, Group: "billing", MessageID: "e1"},
+			map[string]any{"stream": "ORDERS", "subject": "orders.created", "sequence": 17.0, "consumer": "billing", "message_id": "e1"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			logs := testenv.NewJSONLogs(t)
+			logs.Logger(slog.LevelInfo).Info("m", slog.Any("origin", tc.origin))
+			lines := logs.Lines("m")
+			require.Len(t, lines, 1)
+			require.Equal(t, tc.want, lines[0]["origin"])
+		})
+	}
+}
