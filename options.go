@@ -241,7 +241,9 @@ func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease =
 // WithTTL sets how long records are kept (default 7 days). It must cover the
 // transport's whole redelivery horizon, replays and DLQ redrives included,
 // and is refused with [ErrConfig] when shorter than the lease (WithLease,
-// else 30 s): a record would expire while its claim is held.
+// else 30 s): a record would expire while its claim is held. A transport's
+// own deadline (the SQS visibility timeout) is checked by its adapter once
+// known ([Wrapper.CheckCallLease]).
 func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }) }
 
 // leaseFloor is the least TTL the options allow: the lease WithLease gives,
