@@ -313,7 +313,7 @@ func (w *Wrapper[M]) observe(ctx context.Context, d *delivery[M], res Result, er
 // tries again; a dead-lettered one is logged by park.
 func (w *Wrapper[M]) warnPanicRetry(d *delivery[M], res Result) {
 	if stack := panicStack(res.Err, maxLoggedStack); stack != "" {
-		w.cfg.logger.Warn("dedup: handler panicked; will retry", slog.String("key", d.key.String()),
+		w.cfg.logger.Warn("dedup: handler panicked; will retry", slog.Any("key", d.key), w.origin(d),
 			slog.Int("attempt", res.Attempts), slog.String("error", res.Err.Error()), slog.String("stack", stack))
 	}
 }
@@ -347,7 +347,7 @@ func (w *Wrapper[M]) parkConflict(ctx context.Context, d *delivery[M], rec Recor
 	if err := w.park(ctx, d, ReasonConflict, cause, Record{Attempts: rec.Attempts}); err != nil {
 		return Result{Key: d.key}, err
 	}
-	w.cfg.logger.Warn("dedup: event ID reused with another payload", slog.String("key", d.key.String()))
+	w.cfg.logger.Warn("dedup: event ID reused with another payload", slog.Any("key", d.key), w.origin(d))
 	return Result{Outcome: OutcomeConflict, Key: d.key, Attempts: rec.Attempts, Reason: ReasonConflict, Err: cause}, nil
 }
 
@@ -375,7 +375,7 @@ func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, ca
 	if err := w.cfg.sink.Send(ctx, dl); err != nil {
 		return fmt.Errorf("dedup: dead-letter %s (%s): %w", d.key, reason, err)
 	}
-	attrs := []slog.Attr{slog.String("key", d.key.String()), slog.String("reason", string(reason)),
+	attrs := []slog.Attr{slog.Any("key", d.key), slog.Any("origin", dl.Origin), slog.String("reason", string(reason)),
 		slog.Int("attempts", rec.Attempts), slog.String("error", dl.Error)}
 	if dl.Stack != "" {
 		attrs = append(attrs, slog.String("stack", panicStack(cause, maxLoggedStack)))
@@ -390,7 +390,7 @@ func (w *Wrapper[M]) park(ctx context.Context, d *delivery[M], reason Reason, ca
 // an error: nil means done.
 func (w *Wrapper[M]) warnNilAfterCancel(key Key) {
 	w.cfg.logger.Warn("dedup: handler returned nil after its context was cancelled; recorded as processed",
-		slog.String("key", key.String()))
+		slog.Any("key", key))
 }
 
 // clamp bounds d to [lo, hi].

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dedupkit/dedup/internal/logattr"
 )
 
 // attempt is one acquired claim on its way to an outcome. Each way of
@@ -274,8 +276,10 @@ func (w *Wrapper[M]) afterFailure(ctx context.Context, d *delivery[M], rec Recor
 		return Result{Key: d.key}, nil // the batch holding the attempt records it
 	}
 	attempts = max(attempts, recorded)
-	w.cfg.logger.Debug("dedup: attempt failed, will retry", slog.String("key", d.key.String()),
-		slog.Int("attempt", attempts), slog.Any("error", herr))
+	if w.cfg.logger.Enabled(ctx, slog.LevelDebug) {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "dedup: attempt failed, will retry", slog.Any("key", d.key), w.origin(d),
+			slog.Int("attempt", attempts), slog.Any("error", herr))
+	}
 	return Result{Outcome: OutcomeRetry, Key: d.key, Attempts: attempts, Err: herr,
 		RetryAfter: w.cfg.backoff(attempts)}, nil
 }
@@ -377,7 +381,7 @@ func (w *Wrapper[M]) retryHeld(ctx context.Context, bound time.Duration, write f
 		w.health.Failure(err)
 		if tries == 1 {
 			w.cfg.logger.Warn("dedup: outcome not recorded; retrying it while the delivery is held",
-				slog.Duration("for_up_to", time.Until(deadline).Round(time.Millisecond)), slog.Any("error", err))
+				logattr.Duration("for_up_to", time.Until(deadline).Round(time.Millisecond)), slog.Any("error", err))
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -411,14 +415,14 @@ func (w *Wrapper[M]) settleError(op string, key Key, err error, applied bool) er
 	case !lost && applied && !errors.As(err, new(sharedFate)):
 		w.tel.outcomeUnrecorded(context.Background())
 		w.cfg.logger.Error("dedup: outcome not recorded after the handler succeeded; its effect may run again when the event is redelivered",
-			slog.String("key", key.String()), slog.String("op", op), slog.Any("error", err))
+			slog.Any("key", key), slog.String("op", op), slog.Any("error", err))
 	case !lost:
 	case applied:
 		w.cfg.logger.Error("dedup: lease lost: another worker took this event over while it ran; its effect may be applied twice",
-			slog.String("key", key.String()), slog.String("op", op))
+			slog.Any("key", key), slog.String("op", op))
 	default:
 		w.cfg.logger.Warn("dedup: lease lost: another worker took this event over; this attempt's failure is not recorded",
-			slog.String("key", key.String()), slog.String("op", op))
+			slog.Any("key", key), slog.String("op", op))
 	}
 	return err // the store's error names its operation and key already
 }

@@ -152,7 +152,7 @@ func (r *storeRunner[M]) release(ctx context.Context, i int) {
 		}
 		if err := r.b.w.store.Release(ctx, c.Record.Key, c.Record.Owner); err != nil {
 			r.b.w.cfg.logger.Warn("dedup: releasing an unstarted claim failed; it frees when its lease expires",
-				slog.String("key", c.Record.Key.String()), slog.Any("error", err))
+				slog.Any("key", c.Record.Key), slog.Any("error", err))
 		}
 	}
 	for k := max(i-r.from, 0); k < len(r.at); k++ {

@@ -61,7 +61,7 @@ func (h *heartbeat) beat() {
 		cancel(err) // the store's error names the operation and key
 		return
 	case err != nil && ctx.Err() == nil:
-		h.logger.Warn("dedup: lease extension failed", slog.String("key", key.String()), slog.Any("error", err))
+		h.logger.Warn("dedup: lease extension failed", slog.Any("key", key), slog.Any("error", err))
 	}
 	h.mu.Lock()
 	if !h.stopped {

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,7 +42,8 @@ type Header struct {
 
 // Origin says where a dead-lettered message came from. Kafka fills Topic,
 // Partition, Offset, Group and Timestamp; SQS fills QueueURL and MessageID;
-// RabbitMQ fills Queue, Exchange, RoutingKey, MessageID and Timestamp;
+// RabbitMQ fills Queue, Exchange, RoutingKey, DeliveryTag, MessageID and
+// Timestamp;
 // NATS JetStream fills Topic (the subject), Stream, Offset (the stream
 // sequence), Group (the consumer), MessageID and Timestamp.
 type Origin struct {
@@ -55,7 +57,41 @@ type Origin struct {
 	Queue      string
 	Exchange   string
 	RoutingKey string
-	Stream     string
+	// DeliveryTag is RabbitMQ's number of the delivery on its channel.
+	DeliveryTag uint64
+	Stream      string
+}
+
+// LogValue returns the origin for a log line as a group of the coordinates
+// its transport names a message by: Kafka's topic, partition, offset and
+// group; SQS's queue URL and message ID; RabbitMQ's queue, exchange,
+// routing key, delivery tag and message ID; NATS JetStream's stream,
+// subject, stream sequence and consumer. Empty fields are left out.
+func (o Origin) LogValue() slog.Value {
+	var as []slog.Attr
+	str := func(key, v string) {
+		if v != "" {
+			as = append(as, slog.String(key, v))
+		}
+	}
+	switch {
+	case o.Stream != "":
+		str("stream", o.Stream)
+		str("subject", o.Topic)
+		as = append(as, slog.Int64("sequence", o.Offset))
+		str("consumer", o.Group)
+	case o.Topic != "":
+		as = append(as, slog.String("topic", o.Topic), slog.Int64("partition", int64(o.Partition)), slog.Int64("offset", o.Offset))
+		str("group", o.Group)
+	case o.QueueURL != "":
+		str("queue_url", o.QueueURL)
+	case o.Queue != "":
+		as = append(as, slog.String("queue", o.Queue), slog.String("exchange", o.Exchange))
+		str("routing_key", o.RoutingKey)
+		as = append(as, slog.Uint64("delivery_tag", o.DeliveryTag))
+	}
+	str("message_id", o.MessageID)
+	return slog.GroupValue(as...)
 }
 
 // DeadLetter is a message parked because it can never succeed, with why.
@@ -131,6 +167,7 @@ func (d *DeadLetter) Metadata() []Header {
 			Header{Key: "dedup-origin-queue", Value: []byte(o.Queue)},
 			Header{Key: "dedup-origin-exchange", Value: []byte(o.Exchange)},
 			Header{Key: "dedup-origin-routing-key", Value: []byte(o.RoutingKey)},
+			Header{Key: "dedup-origin-delivery-tag", Value: []byte(strconv.FormatUint(o.DeliveryTag, 10))},
 			Header{Key: "dedup-origin-message-id", Value: []byte(o.MessageID)},
 		)
 		if !o.Timestamp.IsZero() {
@@ -218,4 +255,30 @@ func (s *MemorySink) Letters() []DeadLetter {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]DeadLetter(nil), s.letters...)
+}
+
+// originOf is a message's origin for a log line: the transport's dead letter
+// of it is built only when a handler writes the line.
+type originOf[M any] struct {
+	deadLetter func(M) DeadLetter
+	msg        M
+	group      string // the call's consumer group, where the message does not say
+}
+
+// LogValue returns the message's [Origin.LogValue].
+func (o originOf[M]) LogValue() slog.Value {
+	origin := o.deadLetter(o.msg).Origin
+	if origin.Group == "" {
+		origin.Group = o.group
+	}
+	return origin.LogValue()
+}
+
+// origin returns the "origin" attribute of d's message, built lazily.
+func (w *Wrapper[M]) origin(d *delivery[M]) slog.Attr {
+	o := originOf[M]{deadLetter: w.msgs.DeadLetter, msg: d.msg}
+	if d.call != nil {
+		o.group = d.call.group
+	}
+	return slog.Any("origin", o)
 }

@@ -188,13 +188,19 @@ func (c *config) validateEngine() error {
 		return fmt.Errorf("%w: WithOutageThreshold(%v): must be positive", ErrConfig, c.outageThreshold)
 	case c.ttl <= 0:
 		return fmt.Errorf("%w: WithTTL(%v): must be positive", ErrConfig, c.ttl)
-	case c.ttl < c.leaseFloor():
-		// A record that expires while its claim is held lets a duplicate
-		// delivered after it run the handler again.
-		return fmt.Errorf("%w: WithTTL(%v) is shorter than the lease (%s): a duplicate delivered after %v would run again",
-			ErrConfig, c.ttl, c.leaseName(), c.ttl)
 	case c.fingerprint == nil || c.backoff == nil || nilcheck.IsNil(c.logger):
 		return fmt.Errorf("%w: nil fingerprint, backoff or logger", ErrConfig)
+	}
+	return c.refuseTTLUnder(c.leaseFloor(), c.leaseName())
+}
+
+// refuseTTLUnder returns an error matching ErrConfig when the TTL is
+// shorter than lease, named by name: a record that expires while its claim
+// is held lets a duplicate delivered after it run the handler again.
+func (c *config) refuseTTLUnder(lease time.Duration, name string) error {
+	if c.ttl < lease {
+		return fmt.Errorf("%w: WithTTL(%v) is shorter than the lease (%s): a duplicate delivered after %v would run again",
+			ErrConfig, c.ttl, name, c.ttl)
 	}
 	return nil
 }
@@ -235,7 +241,9 @@ func WithLease(d time.Duration) Opt { return optFunc(func(c *config) { c.lease =
 // WithTTL sets how long records are kept (default 7 days). It must cover the
 // transport's whole redelivery horizon, replays and DLQ redrives included,
 // and is refused with [ErrConfig] when shorter than the lease (WithLease,
-// else 30 s): a record would expire while its claim is held.
+// else 30 s): a record would expire while its claim is held. A transport's
+// own deadline (the SQS visibility timeout) is checked by its adapter once
+// known ([Wrapper.CheckCallLease]).
 func WithTTL(d time.Duration) Opt { return optFunc(func(c *config) { c.ttl = d }) }
 
 // leaseFloor is the least TTL the options allow: the lease WithLease gives,

@@ -2,6 +2,7 @@ package deduptype
 
 import (
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"unicode"
@@ -18,8 +19,8 @@ type Key struct {
 	EventID string
 }
 
-// String returns the key for logs and errors as scope/eventID, the scope
-// quoted when it contains a '/' or starts with a quote, so that every key
+// String returns the key for errors (a log line has [Key.LogValue]) as
+// scope/eventID, the scope quoted when it contains a '/' or starts with a quote, so that every key
 // reads back one way: "billing/charge"/e1. The zero Key is "". A part
 // longer than [MaxIDLen], which no valid key has, is cut and its length
 // said.
@@ -32,6 +33,18 @@ func (k Key) String() string {
 		return strconv.Quote(scope) + "/" + id
 	}
 	return scope + "/" + id
+}
+
+// LogValue returns the key for a log line as scope/eventID, unquoted even
+// when the scope holds a '/' ("order-payments/record-payment/evt_1"): a
+// person reads one string, which a JSON handler need not escape, and the
+// scope is the consumer's own. Errors keep [Key.String], which reads back
+// one way. Parts are cut as String cuts them; the zero Key is "".
+func (k Key) LogValue() slog.Value {
+	if k == (Key{}) {
+		return slog.StringValue("")
+	}
+	return slog.StringValue(cutID(k.Scope) + "/" + cutID(k.EventID))
 }
 
 // cutID returns s, or, when it is longer than any valid ID, its first 64

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/logattr"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
@@ -185,7 +186,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		if err != nil {
 			failures++
 			wait := min(50*time.Millisecond<<min(failures, 7), 5*time.Second)
-			r.log.Warn("outbox relay pass failed", slog.Any("error", err), slog.Int("failures", failures), slog.Duration("retry_in", wait))
+			r.log.Warn("outbox relay pass failed", slog.Any("error", err), slog.Int("failures", failures), logattr.Duration("retry_in", wait))
 			if !sleep(ctx, wait) {
 				return nil
 			}
@@ -242,7 +243,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		}
 		failures++
 		wait := min(100*time.Millisecond<<min(failures, 6), 5*time.Second)
-		r.log.Warn("outbox relay: listening for notifications failed; polling meanwhile", slog.Any("error", err), slog.Duration("retry_in", wait))
+		r.log.Warn("outbox relay: listening for notifications failed; polling meanwhile", slog.Any("error", err), logattr.Duration("retry_in", wait))
 		if !sleep(ctx, wait) {
 			return
 		}

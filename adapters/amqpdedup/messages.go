@@ -107,7 +107,7 @@ func Messages(queue string, opts ...MessagesOpt) dedup.Messages[amqp.Delivery] {
 				MessageKey: []byte(d.RoutingKey),
 				Headers:    headers(d.Headers),
 				Origin: dedup.Origin{Queue: queueOf(d, queue), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
-					MessageID: d.MessageId, Timestamp: d.Timestamp},
+					DeliveryTag: d.DeliveryTag, MessageID: d.MessageId, Timestamp: d.Timestamp},
 			}
 		},
 		TraceCarrier: func(d amqp.Delivery) propagation.TextMapCarrier { return tableCarrier(d.Headers) },

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/adapterkit"
+	"github.com/dedupkit/dedup/internal/logattr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -163,7 +164,7 @@ func (p *partition) process(recs []*kgo.Record) (rest []*kgo.Record, d adapterki
 			held, d = true, rd
 			if rd.Err == nil && !p.stopping() {
 				p.log.Debug("kafkadedup: record not settled yet; waiting in place", slog.Int64("offset", recs[i].Offset),
-					slog.String("outcome", res.Outcome.String()), slog.Duration("retry_after", rd.Delay))
+					slog.String("outcome", res.Outcome.String()), logattr.Duration("retry_after", rd.Delay))
 			}
 			return
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/dedupkit/dedup/internal/consumeropt"
 	"github.com/dedupkit/dedup/internal/group"
 	"github.com/dedupkit/dedup/internal/heartbeat"
+	"github.com/dedupkit/dedup/internal/logattr"
 	"github.com/dedupkit/dedup/internal/slots"
 	"github.com/dedupkit/dedup/internal/sqsbody"
 )
@@ -71,7 +72,11 @@ type Consumer struct {
 }
 
 // NewConsumer returns a Consumer of the queue at queueURL running messages
-// through w, which should read messages with [Messages] for the same URL.
+// through w, which reads messages with [Messages] for the same URL: the
+// letters' origin, where a redrive sends them back. Messages of another URL
+// is an error matching dedup.ErrConfig, and so is a
+// [WithVisibilityTimeout] longer than w's dedup.WithTTL, as Run's reading
+// of the queue's own timeout is.
 func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Message], opts ...Opt) (*Consumer, error) {
 	cfg, err := consumeropt.Build(defaultConfig(), opts, Opt.apply, (*config).validate)
 	if err != nil {
@@ -84,6 +89,16 @@ func NewConsumer(client *sqs.Client, queueURL string, w *dedup.Wrapper[types.Mes
 		return nil, fmt.Errorf("%w: sqsdedup: %v", dedup.ErrConfig, checkQueueURL(queueURL))
 	case w == nil:
 		return nil, fmt.Errorf("%w: sqsdedup: nil wrapper", dedup.ErrConfig)
+	}
+	if read := originQueue(w.Messages()); read != "" && read != queueURL {
+		return nil, fmt.Errorf("%w: sqsdedup: the wrapper reads messages with Messages(%q) but the Consumer receives from %q: "+
+			"give both the same URL (a letter's origin, where a redrive sends it back, is Messages')", dedup.ErrConfig, read, queueURL)
+	}
+	if cfg.visibility > 0 {
+		vis := time.Duration(seconds(cfg.visibility)) * time.Second
+		if err := w.CheckCallLease(vis, fmt.Sprintf("WithVisibilityTimeout(%v)", vis)); err != nil {
+			return nil, fmt.Errorf("sqsdedup: %w", err)
+		}
 	}
 	log := cfg.Logger.With(slog.String("queue", queueURL))
 	return &Consumer{client: client, url: queueURL, fifo: isFIFO(queueURL), w: w, cfg: cfg, log: log}, nil
@@ -114,7 +129,9 @@ func VisibilityTimeout(ctx context.Context, client *sqs.Client, queueURL string)
 // visibility 0. Even if SQS or a handler hangs, it returns within the wait
 // time plus the shutdown timeout plus 35 s; a handler still running then is
 // reported as an error. Run fails at once if the queue's visibility timeout
-// cannot be read, unless ctx is done by then. With [WithMaxOutage], Run also
+// cannot be read, unless ctx is done by then, or, with an error matching
+// dedup.ErrConfig, if it is longer than the wrapper's dedup.WithTTL (and
+// the wrapper has no dedup.WithLease). With [WithMaxOutage], Run also
 // shuts down, and returns an error matching [ErrOutage], once settling
 // messages has kept failing for longer than that bound.
 func (c *Consumer) Run(ctx context.Context) error {
@@ -133,6 +150,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if vis < time.Second {
 		return fmt.Errorf("%w: %s has a visibility timeout of 0, which no heartbeat can keep: use WithVisibilityTimeout",
 			dedup.ErrConfig, c.url)
+	}
+	if err := c.w.CheckCallLease(vis, fmt.Sprintf("the visibility timeout of %s, %v", c.url, vis)); err != nil {
+		return fmt.Errorf("sqsdedup: %w", err)
 	}
 
 	r := c.start(ctx, vis)
@@ -192,7 +212,7 @@ func (r *runner) poll(ctx context.Context) {
 			}
 			failures++
 			wait := dedup.ExponentialBackoff(time.Second, 30*time.Second)(failures)
-			r.log.Warn("sqsdedup: receive failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+			r.log.Warn("sqsdedup: receive failed", slog.Any("error", err), logattr.Duration("retry_in", wait))
 			if sleep(ctx, wait) != nil {
 				return
 			}
@@ -404,7 +424,7 @@ func (r *runner) act(m types.Message, res dedup.Result, d adapterkit.Decision, n
 	}
 	if d.Err != nil {
 		d.LogFailure(r.Work, r.log, "sqsdedup: message not acknowledged; it will come back",
-			slog.String("message_id", aws.ToString(m.MessageId)), slog.String("key", res.Key.String()))
+			slog.String("message_id", aws.ToString(m.MessageId)), slog.Any("key", res.Key))
 	}
 	switch {
 	case d.Action == adapterkit.Lapse:

@@ -134,3 +134,18 @@ func deadLetter(body string, headers []dedup.Header, system map[string]string, o
 	}
 	return dl
 }
+
+// originQueue returns the queue URL msgs gives its letters' origin, or ""
+// when it gives none or panics on an empty message (a DeadLetter of the
+// caller's own making): then nothing is checked.
+func originQueue(msgs dedup.Messages[types.Message]) (url string) {
+	if msgs.DeadLetter == nil {
+		return ""
+	}
+	defer func() {
+		if recover() != nil {
+			url = ""
+		}
+	}()
+	return msgs.DeadLetter(types.Message{}).Origin.QueueURL
+}

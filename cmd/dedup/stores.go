@@ -6,16 +6,19 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/pgident"
 	"github.com/dedupkit/dedup/internal/sqsbody"
 	"github.com/dedupkit/dedup/redisstore"
 )
@@ -80,6 +83,9 @@ func (s *storeFlags) open(ctx context.Context) ([]namedStore, error) {
 			return fail(fmt.Errorf("cannot reach PostgreSQL at %s: %w", redactDSN(s.postgres), err))
 		}
 		store, err := dedup.NewPostgresStore(pool, dedup.WithTable(s.table))
+		if err == nil {
+			err = findTable(ctx, pool, s.table)
+		}
 		if err != nil {
 			pool.Close()
 			return fail(err)
@@ -193,4 +199,38 @@ func redactDSN(dsn string) string {
 		return u.String()
 	}
 	return "the DSN given"
+}
+
+// findTable returns nil when PostgreSQL finds table (as -table names it,
+// valid) for the connection's user, else an error saying where it looked
+// (the schemas the search_path gives) and in which schemas a table of that
+// name exists, with what to change: a table made by Migrate under another
+// search_path is there, only not where this connection looks.
+func findTable(ctx context.Context, pool *pgxpool.Pool, table string) error {
+	ident, _ := pgident.Parse(table)
+	var found bool
+	var user string
+	var searched []string
+	err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, current_user, current_schemas(false)`,
+		ident.Sanitize()).Scan(&found, &user, &searched)
+	if err != nil || found {
+		return err
+	}
+	name := ident[len(ident)-1]
+	rows, _ := pool.Query(ctx, `SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY 1`, name)
+	elsewhere, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("look for table %s in other schemas: %w", name, err)
+	}
+	where := fmt.Sprintf("in the schemas the search_path gives user %s (%s)", user, strings.Join(searched, ", "))
+	if len(ident) == 2 {
+		where = "in schema " + ident[0]
+	}
+	if len(elsewhere) == 0 {
+		return fmt.Errorf("table %s does not exist %s nor in any other schema: create it with dedup migrate -table %s -yes (PostgresStore.Migrate)",
+			table, where, table)
+	}
+	return fmt.Errorf("table %s does not exist %s, but a table %s exists in schema %s: name it with -table %s.%s, or set search_path=%s in the DSN",
+		table, where, name, strings.Join(elsewhere, ", "), elsewhere[0], name, elsewhere[0])
 }

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup/deduptype"
+	"github.com/dedupkit/dedup/internal/logattr"
 )
 
 // Action is what an adapter does with a delivery once the wrapper has
@@ -91,7 +92,7 @@ func (d Decision) Settled() bool { return d.Action == Ack || d.Action == Park }
 // delivery's attrs, the delay before it comes back and the error.
 func (d Decision) LogFailure(ctx context.Context, log *slog.Logger, msg string, attrs ...slog.Attr) {
 	if d.Action == Redeliver {
-		attrs = append(attrs, slog.Duration("retry_in", d.Delay))
+		attrs = append(attrs, logattr.Duration("retry_in", d.Delay))
 	}
 	attrs = append(attrs, slog.Any("error", d.Err))
 	log.LogAttrs(ctx, d.Level, msg, attrs...)

@@ -1,6 +1,7 @@
 package adapterkit
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/outage"
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 var errStore = errors.New("store down")
@@ -111,5 +113,22 @@ func TestFailureDuringAnOutage(t *testing.T) {
 	}
 	if len(gave) != 1 || !errors.Is(gave[0], deduptype.ErrOutage) {
 		t.Errorf("gave up with %v, want once with ErrOutage", gave)
+	}
+}
+
+// A delivery not settled is logged with the wait before it comes back as a
+// Go duration string, and its error.
+func TestLogFailureRetryIn(t *testing.T) {
+	logs := testenv.NewJSONLogs(t)
+	d := Decision{Action: Redeliver, Delay: 1500 * time.Millisecond, Err: errStore, Level: slog.LevelWarn}
+	d.LogFailure(context.Background(), logs.Logger(slog.LevelInfo), "test: not acknowledged", slog.String("message_id", "m1"))
+	lines := logs.Lines("test: not acknowledged")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want 1:\n%s", len(lines), logs)
+	}
+	for key, want := range map[string]string{"level": "WARN", "retry_in": "1.5s", "error": "store down", "message_id": "m1"} {
+		if got := lines[0][key]; got != want {
+			t.Errorf("%s = %#v, want %q", key, got, want)
+		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dedupkit/dedup/internal/logattr"
 )
 
 // Tracker records the outcome of each attempt to make a delivery durable. A
@@ -66,7 +68,7 @@ func (t *Tracker) Success() {
 	defer t.mu.Unlock()
 	if !t.loggedAt.IsZero() {
 		t.log.Info("dedup: deliveries are recorded again after an outage",
-			slog.Duration("outage", now.Sub(t.since).Round(time.Millisecond)))
+			logattr.Duration("outage", now.Sub(t.since).Round(time.Millisecond)))
 	}
 	t.since, t.loggedAt, t.failures, t.lastErr = time.Time{}, time.Time{}, 0, nil
 	t.failing.Store(false)
@@ -94,11 +96,11 @@ func (t *Tracker) Failure(err error) slog.Level {
 		return slog.LevelWarn
 	case t.loggedAt.IsZero():
 		t.log.Error("dedup: the store or dead-letter sink has been failing; deliveries are not acknowledged and come back",
-			slog.Duration("for", failingFor.Round(time.Millisecond)), slog.Any("error", err))
+			logattr.Duration("for", failingFor.Round(time.Millisecond)), slog.Any("error", err))
 		t.loggedAt, t.failures = now, 0
 	case now.Sub(t.loggedAt) >= t.threshold:
 		t.log.Error("dedup: store or dead-letter sink still failing: deliveries are not being acknowledged",
-			slog.Duration("failing_for", failingFor.Round(time.Millisecond)), slog.Time("since", t.since),
+			logattr.Duration("failing_for", failingFor.Round(time.Millisecond)), slog.Time("since", t.since),
 			slog.Int("failures", t.failures), slog.Any("error", err))
 		t.loggedAt, t.failures = now, 0
 	}

@@ -131,3 +131,34 @@ func TestFailed(t *testing.T) {
 		})
 	}
 }
+
+// An outage's JSON log lines give durations as Go duration strings
+// ("35.297s"), which a person reads, not integer nanoseconds.
+func TestTrackerLogsDurationsAsStrings(t *testing.T) {
+	logs := testenv.NewJSONLogs(t)
+	c := &clock{now: time.Unix(1_700_000_000, 0)}
+	tr := outage.New(logs.Logger(slog.LevelInfo), 30*time.Second, errSentinel)
+	tr.Now = c.Now
+
+	tr.Failure(errDown)
+	c.advance(35297 * time.Millisecond)
+	tr.Failure(errDown)
+	c.advance(30 * time.Second)
+	tr.Failure(errDown)
+	c.advance(1500 * time.Millisecond)
+	tr.Success()
+
+	for _, want := range []struct{ msg, key, value string }{
+		{"dedup: the store or dead-letter sink has been failing; deliveries are not acknowledged and come back", "for", "35.297s"},
+		{"dedup: store or dead-letter sink still failing: deliveries are not being acknowledged", "failing_for", "1m5.297s"},
+		{"dedup: deliveries are recorded again after an outage", "outage", "1m6.797s"},
+	} {
+		lines := logs.Lines(want.msg)
+		if len(lines) != 1 {
+			t.Fatalf("%d lines %q, want 1:\n%s", len(lines), want.msg, logs)
+		}
+		if got := lines[0][want.key]; got != want.value {
+			t.Errorf("%q: %s = %#v, want %q", want.msg, want.key, got, want.value)
+		}
+	}
+}
