@@ -62,7 +62,7 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 	fail := func(reason string) {
 		if err := att.Fail(ctx, errors.New(reason)); err != nil {
 			f.cfg.logger.Warn("idemhttp: could not leave the key retryable; it is freed when its lease lapses",
-				slog.String("key", p.key.String()), slog.String("reason", reason), slog.Any("error", err))
+				slog.Any("key", p.key), slog.String("reason", reason), slog.Any("error", err))
 		}
 	}
 	switch {
@@ -75,7 +75,7 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 		fail("response over the snapshot limit")
 		if !tx {
 			f.cfg.logger.Warn("idemhttp: response answered but not stored (over the snapshot limit); a retry runs the handler again",
-				slog.String("key", p.key.String()), slog.Int("limit", f.cfg.maxSnapshot))
+				slog.Any("key", p.key), slog.Int("limit", f.cfg.maxSnapshot))
 			return
 		}
 		f.answerOverLimit(w, p)
@@ -94,12 +94,12 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 		fail("response not storable")
 		if !tx {
 			f.cfg.logger.Warn("idemhttp: response answered but not stored (its headers could not be replayed); a retry runs the handler again",
-				slog.String("key", p.key.String()), slog.Any("error", err))
+				slog.Any("key", p.key), slog.Any("error", err))
 			rec.flush()
 			return
 		}
 		f.cfg.logger.Warn("idemhttp: response's headers could not be replayed; transaction rolled back",
-			slog.String("key", p.key.String()), slog.Any("error", err))
+			slog.Any("key", p.key), slog.Any("error", err))
 		f.cfg.writeProblem(w, ProblemUnstorable, http.StatusInternalServerError,
 			"the answer's headers cannot be stored for replay, so the operation was not applied", 0)
 		return
@@ -121,14 +121,14 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 		f.storeError(w, p, "complete", err)
 	case errors.Is(err, dedup.ErrLeaseLost):
 		f.cfg.logger.Error("idemhttp: handler outlived its lease; its response was not stored and another request may have run it again",
-			slog.String("key", p.key.String()), slog.Any("error", err))
+			slog.Any("key", p.key), slog.Any("error", err))
 		f.cfg.writeProblem(w, ProblemLeaseLost, http.StatusServiceUnavailable,
 			"the request took longer than its lease; retry to get the stored answer", f.cfg.retryAfter)
 	default:
 		// The effect is done but not recorded: answering it is the best
 		// the client can get; a retry after the lease would run it again.
 		f.cfg.logger.Error("idemhttp: response answered but not stored; a retry after the lease runs the handler again",
-			slog.String("key", p.key.String()), slog.Any("error", err))
+			slog.Any("key", p.key), slog.Any("error", err))
 		rec.flush()
 	}
 }
@@ -140,7 +140,7 @@ func (f *front) attempt(w http.ResponseWriter, p *prepared, att *dedup.Attempt[*
 // limit: it cannot be sent after the commit, so the work was rolled back.
 func (f *front) answerOverLimit(w http.ResponseWriter, p *prepared) {
 	f.cfg.logger.Warn("idemhttp: response over the snapshot limit; transaction rolled back",
-		slog.String("key", keyName(p)), slog.Int("limit", f.cfg.maxSnapshot))
+		keyAttr(p), slog.Int("limit", f.cfg.maxSnapshot))
 	f.cfg.writeProblem(w, ProblemTooLarge, http.StatusInternalServerError,
 		fmt.Sprintf("the answer is over the %d bytes a stored response may hold (WithMaxSnapshotBytes), so the operation was not applied; "+
 			"every retry of it will get this answer until the limit is raised", f.cfg.maxSnapshot), 0)
@@ -150,7 +150,7 @@ func (f *front) answerOverLimit(w http.ResponseWriter, p *prepared) {
 // the transaction the middleware ends.
 func (f *front) answerTxEnded(w http.ResponseWriter, p *prepared) {
 	f.cfg.logger.Error("idemhttp: the handler committed or rolled back its transaction, which the middleware ends; rolled back",
-		slog.String("key", keyName(p)))
+		keyAttr(p))
 	f.cfg.writeProblem(w, ProblemTxEnded, http.StatusInternalServerError,
 		"the handler tried to end the transaction the middleware commits, so the operation was not applied", 0)
 }
@@ -160,7 +160,7 @@ func (f *front) answerTxEnded(w http.ResponseWriter, p *prepared) {
 // the answer reports cannot commit.
 func (f *front) answerTxAborted(w http.ResponseWriter, p *prepared, status int) {
 	f.cfg.logger.Error("idemhttp: handler answered after a failed statement aborted its transaction; rolled back",
-		slog.String("key", keyName(p)), slog.Int("status", status))
+		keyAttr(p), slog.Int("status", status))
 	detail := "a statement of the handler failed, so the operation was not applied"
 	if p != nil {
 		detail += "; retry with the same key"

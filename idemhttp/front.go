@@ -190,7 +190,7 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 	var s snapshot
 	if err := decodeSnapshot(rec.Result, &s); err != nil {
 		f.cfg.logger.Error("idemhttp: stored response unreadable; not replayed",
-			slog.String("key", p.key.String()), slog.Any("error", err))
+			slog.Any("key", p.key), slog.Any("error", err))
 		f.cfg.writeProblem(w, ProblemStoredMalformed, http.StatusInternalServerError,
 			"the stored answer for this key cannot be read", 0)
 		return
@@ -199,17 +199,17 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 	s.writeReplay(w)
 }
 
-// keyName names p's key in logs.
-func keyName(p *prepared) string {
+// keyAttr names p's key in logs, as scope/id.
+func keyAttr(p *prepared) slog.Attr {
 	if p == nil {
-		return "(none)"
+		return slog.String("key", "(none)")
 	}
-	return p.key.String()
+	return slog.Any("key", p.key)
 }
 
 // storeError answers a request the store could not serve.
 func (f *front) storeError(w http.ResponseWriter, p *prepared, op string, err error) {
-	f.cfg.logger.Warn("idemhttp: store "+op+" failed", slog.String("key", keyName(p)), slog.Any("error", err))
+	f.cfg.logger.Warn("idemhttp: store "+op+" failed", keyAttr(p), slog.Any("error", err))
 	f.cfg.writeProblem(w, ProblemStore, http.StatusServiceUnavailable,
 		"the idempotency store is unavailable; retry with the same key", f.cfg.retryAfter)
 }

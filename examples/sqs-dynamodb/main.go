@@ -95,7 +95,7 @@ func run(ctx context.Context, o options, log *slog.Logger) error {
 		dedup.WithMaxAttempts(o.maxAttempts),
 		dedup.WithLogger(log),
 		dedup.WithObserver(func(_ context.Context, r dedup.Result) {
-			log.Info("delivery", slog.String("key", r.Key.String()), slog.String("outcome", r.Outcome.String()),
+			log.Info("delivery", slog.Any("key", r.Key), slog.String("outcome", r.Outcome.String()),
 				slog.Int("attempts", r.Attempts))
 		}),
 	)
