@@ -22,9 +22,9 @@ import (
 // would), a durable pull consumer with a 2 s AckWait shared by the
 // consumers, a stream of its own as the dead-letter destination, and a TCP
 // proxy between the consumers' connection and the server, cut as a broken
-// connection.
+// connection, which Health reports (WithConn).
 func TestConformance(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Features{}, newNATSHarness)
+	adaptertest.Run(t, adaptertest.Features{HealthCoversBroker: true}, newNATSHarness)
 }
 
 // natsHarness is the suite's view of one stream, its durable consumer and
@@ -89,7 +89,7 @@ func (h *natsHarness) NewConsumer(t *testing.T, cfg adaptertest.Config) adaptert
 		}
 		return msg
 	})
-	c, err := natsdedup.NewConsumer(h.consumed, w, natsdedup.WithFetchWait(time.Second),
+	c, err := natsdedup.NewConsumer(h.consumed, w, natsdedup.WithConn(h.nc), natsdedup.WithFetchWait(time.Second),
 		natsdedup.WithInFlightDelay(time.Second), natsdedup.WithAckTimeout(2*time.Second),
 		natsdedup.WithShutdownTimeout(cfg.ShutdownTimeout), natsdedup.WithLogger(adaptertest.Logger(t)))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -62,6 +63,9 @@ type Consumer struct {
 	w    *dedup.Wrapper[jetstream.Msg]
 	cfg  config
 	log  *slog.Logger
+	nc   *nats.Conn // WithConn's, or nil
+	// connLost is set while Run sees nc lost.
+	connLost atomic.Pointer[connLoss]
 }
 
 // NewConsumer returns a Consumer pulling from cons and running messages
@@ -81,7 +85,7 @@ func NewConsumer(cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg], opts 
 	if info := cons.CachedInfo(); info != nil {
 		log = log.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name))
 	}
-	return &Consumer{cons: cons, w: w, cfg: cfg, log: log}, nil
+	return &Consumer{cons: cons, w: w, cfg: cfg, log: log, nc: cfg.nc}, nil
 }
 
 // Run pulls and handles messages until ctx is done, then shuts down and
@@ -113,6 +117,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		InFlightDelay: c.cfg.InFlightDelay, Backoff: dedup.ExponentialBackoff(time.Second, maxFailureDelay),
 	})
 	r.Serve(r.hb.Run)
+	if c.nc != nil {
+		r.Serve(c.watchConn)
+	}
 	if err := r.poll(r.Ctx); err != nil {
 		r.GiveUp(err)
 	}
@@ -206,7 +213,7 @@ func (r *runner) poll(ctx context.Context) error {
 		}
 		pullFailures++
 		wait := dedup.ExponentialBackoff(100*time.Millisecond, 10*time.Second)(pullFailures)
-		r.log.Warn("natsdedup: pull failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+		r.log.Warn("natsdedup: pull failed", slog.Any("error", err), slog.String("retry_in", wait.String()))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -13,7 +13,8 @@
 //     batches, keeps held messages from redelivery with InProgress, acks
 //     settled messages (DoubleAck), terminates parked ones, naks the others
 //     with a delay, shuts down gracefully, and reports an outage of the store
-//     or the sink ([Consumer.Health], [WithMaxOutage]).
+//     or the sink ([Consumer.Health], [WithMaxOutage]) and a lost connection
+//     ([WithConn]).
 //   - [Sink] is a dedup.Sink that publishes dead letters to a JetStream
 //     stream, "dlq." + the origin subject by default.
 //
@@ -26,6 +27,6 @@
 //	sink, _ := natsdedup.NewSink(js) // a stream must capture "dlq.>"
 //	w, _ := dedup.Wrap(store, natsdedup.Messages(), charge,
 //		dedup.WithScope(dedup.Scope("billing", "charge")), dedup.WithSink(sink))
-//	c, _ := natsdedup.NewConsumer(cons, w)
+//	c, _ := natsdedup.NewConsumer(cons, w, natsdedup.WithConn(nc)) // Health sees nc lost
 //	err := c.Run(ctx) // until ctx is cancelled
 package natsdedup

@@ -5,7 +5,8 @@ import "github.com/dedupkit/dedup"
 // ErrOutage is dedup.ErrOutage: settling messages has kept failing (the
 // store or the dead-letter sink unreachable) for longer than the wrapper's
 // dedup.WithOutageThreshold, as reported by [Consumer.Health], or than
-// [WithMaxOutage], as returned by [Consumer.Run].
+// [WithMaxOutage], as returned by [Consumer.Run]; Health also reports with
+// it a lost connection ([WithConn]).
 var ErrOutage = dedup.ErrOutage
 
 // Stats is what the wrapper a [Consumer] runs through knows of its recent
@@ -18,5 +19,12 @@ func (c *Consumer) Stats() Stats { return c.w.Stats() }
 
 // Health returns nil, or an error matching [ErrOutage] (and wrapping the
 // last failure) while settling messages has kept failing for the wrapper's
-// dedup.WithOutageThreshold or longer: a readiness probe can serve it.
-func (c *Consumer) Health() error { return c.w.Health() }
+// dedup.WithOutageThreshold or longer, or, from the moment it is lost until
+// it is back, while Run's connection ([WithConn]) is lost: a readiness
+// probe can serve it.
+func (c *Consumer) Health() error {
+	if err := c.w.Health(); err != nil {
+		return err
+	}
+	return c.connHealth()
+}

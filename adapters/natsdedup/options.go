@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/consumeropt"
 )
@@ -44,6 +46,7 @@ type config struct {
 	ackWait    time.Duration
 	ackTimeout time.Duration
 	plainAck   bool
+	nc         *nats.Conn
 }
 
 func defaultConfig() config {
@@ -134,3 +137,11 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger 
 // longer than d (default 0: Run never gives up), so that a supervisor can
 // restart or replace the process.
 func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.MaxOutage = d }) }
+
+// WithConn names the connection the jetstream.Consumer pulls on, so that
+// while it is lost [Consumer.Health] reports an outage and the Consumer
+// logs it (at WARN when lost, at INFO when back). The Consumer listens to
+// the connection's status changes (nats.Conn.StatusChanged), leaving the
+// connection's handlers as they are. Without it, a lost connection shows
+// only as pulls that bring nothing.
+func WithConn(nc *nats.Conn) Opt { return optFunc(func(c *config) { c.nc = nc }) }
