@@ -71,9 +71,8 @@ func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c
 // WithErrorBackoff sets how long a delivery that could not be settled (the
 // store or the sink unreachable) is held before it is returned to the queue,
 // by the number of batches in a row with such a failure (only a settled
-// delivery ends the run), and how long the consumer waits
-// before connecting again after a failure (default: exponential from 1 s to
-// 30 s).
+// delivery ends the run) (default: exponential from 1 s to 30 s). Connecting
+// again after a lost connection has a backoff of its own (see [Consumer]).
 func WithErrorBackoff(b dedup.Backoff) Opt { return optFunc(func(c *config) { c.errorBackoff = b }) }
 
 // WithShutdownTimeout sets how long Run waits, once its context is done, for
