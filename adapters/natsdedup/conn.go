@@ -17,7 +17,7 @@ type connLoss struct {
 	err   error // the connection's last error when it was lost, if any
 }
 
-// watchConn follows the connection given with [WithConn] until bg is done:
+// watchConn follows the connection of [WithJetStream] until bg is done:
 // it listens to the connection's status changes (a listener of its own,
 // so that the handlers the user set stay as they are) and records a lost
 // connection for Health, logging the loss at WARN, a reminder at WARN every

@@ -79,6 +79,9 @@ func TestConnectionLossShowsInHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.conn.>"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
 	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +92,7 @@ func TestConnectionLossShowsInHealth(t *testing.T) {
 		return nil
 	})
 	logs := &keptLogs{}
-	c, err := natsdedup.NewConsumer(cons, w, natsdedup.WithConn(nc), natsdedup.WithFetchWait(time.Second),
+	c, err := natsdedup.NewConsumer(cons, w, natsdedup.WithJetStream(js), natsdedup.WithFetchWait(time.Second),
 		natsdedup.WithLogger(slog.New(logs)))
 	if err != nil {
 		t.Fatal(err)

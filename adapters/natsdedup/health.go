@@ -6,7 +6,7 @@ import "github.com/dedupkit/dedup"
 // store or the dead-letter sink unreachable) for longer than the wrapper's
 // dedup.WithOutageThreshold, as reported by [Consumer.Health], or than
 // [WithMaxOutage], as returned by [Consumer.Run]; Health also reports with
-// it a lost connection ([WithConn]).
+// it a lost connection ([WithJetStream]).
 var ErrOutage = dedup.ErrOutage
 
 // Stats is what the wrapper a [Consumer] runs through knows of its recent
@@ -20,11 +20,18 @@ func (c *Consumer) Stats() Stats { return c.w.Stats() }
 // Health returns nil, or an error matching [ErrOutage] (and wrapping the
 // last failure) while settling messages has kept failing for the wrapper's
 // dedup.WithOutageThreshold or longer, or, from the moment it is lost until
-// it is back, while Run's connection ([WithConn]) is lost: a readiness
-// probe can serve it.
+// it is back, while Run's connection is lost; or an error matching
+// dedup.ErrConfig while Run finds no stream capturing its dead-letter
+// subjects (see [WithJetStream]): a readiness probe can serve it.
 func (c *Consumer) Health() error {
 	if err := c.w.Health(); err != nil {
 		return err
 	}
-	return c.connHealth()
+	if err := c.connHealth(); err != nil {
+		return err
+	}
+	if err := c.dlqMissing.Load(); err != nil {
+		return *err
+	}
+	return nil
 }

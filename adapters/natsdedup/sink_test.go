@@ -187,7 +187,7 @@ func TestPoisonOverMaxPayloadIsDeadLetteredCut(t *testing.T) {
 	if _, err := js.Publish(ctx, "big.orders", []byte(body), jetstream.WithMsgID("big-1")); err != nil {
 		t.Fatalf("publish a message under max_payload: %v", err)
 	}
-	stop := start(t, cons, w, natsdedup.WithConn(nc))
+	stop := start(t, cons, w, natsdedup.WithJetStream(js))
 	adaptertest.WaitFor(t, deadline, "the message dead-lettered", func() bool { return rec.Outcomes(dedup.OutcomeDeadLettered) == 1 })
 	assertAllAcked(t, cons)
 	stop()
