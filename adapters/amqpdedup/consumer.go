@@ -62,8 +62,12 @@ type Consumer struct {
 	// mismatch is set once the wrapper reads deliveries with the Messages
 	// of another queue.
 	mismatch atomic.Pointer[error]
-	cfg      config
-	log      *slog.Logger
+	// dlq is the dead-letter queue Run checks ("": none); dlqMissing is
+	// set while it is missing.
+	dlq        string
+	dlqMissing atomic.Pointer[error]
+	cfg        config
+	log        *slog.Logger
 }
 
 // NewConsumer returns a Consumer of queue on the broker at url (an amqp://
@@ -99,7 +103,11 @@ func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt
 	case w == nil:
 		return nil, fmt.Errorf("%w: amqpdedup: nil wrapper", dedup.ErrConfig)
 	}
-	return &Consumer{url: url, queue: queue, w: w, cfg: cfg, log: cfg.Logger.With(slog.String("queue", queue))}, nil
+	dlq := queue + ".dlq"
+	if cfg.dlqSet {
+		dlq = cfg.dlq
+	}
+	return &Consumer{url: url, queue: queue, w: w, dlq: dlq, cfg: cfg, log: cfg.Logger.With(slog.String("queue", queue))}, nil
 }
 
 // Run consumes and handles deliveries until ctx is done, then shuts down and
@@ -146,6 +154,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	c.notConsuming.Store(nil)
+	c.dlqMissing.Store(nil) // Health speaks of a running consumer only
 	return r.Stop(func() {
 		r.returnHeld()
 		for _, s := range sessions {
@@ -215,6 +224,7 @@ type session struct {
 	acker      *delivered // the Acknowledger of its deliveries
 	closed     chan *amqp.Error
 	cancelled  chan string
+	dlqFound   bool // or nothing to check
 }
 
 // open finds out the queue's type, connects, sets the prefetch and starts
@@ -240,6 +250,7 @@ func (r *runner) open(ctx context.Context) (*session, error) {
 	if err := s.ch.Qos(r.cfg.prefetch, 0, false); err != nil {
 		return fail("set the prefetch", err)
 	}
+	s.dlqFound = r.checkDLQ(conn)
 	s.closed = s.ch.NotifyClose(make(chan *amqp.Error, 1))
 	s.cancelled = s.ch.NotifyCancel(make(chan string, 1))
 	if s.deliveries, err = s.ch.ConsumeWithContext(ctx, r.queue, s.tag, false, false, false, false, nil); err != nil {
@@ -252,8 +263,18 @@ func (r *runner) open(ctx context.Context) (*session, error) {
 // the session is lost (why).
 func (r *runner) consume(ctx context.Context, s *session) error {
 	batchSize := max(1, r.cfg.prefetch/2)
+	var recheck <-chan time.Time
+	if !s.dlqFound {
+		t := time.NewTicker(dlqRecheck)
+		defer t.Stop()
+		recheck = t.C
+	}
 	for {
 		select {
+		case <-recheck:
+			if r.checkDLQ(s.conn) {
+				recheck = nil
+			}
 		case <-ctx.Done():
 			// Deliveries already sent to this channel stay unacknowledged
 			// and return to the queue when it closes.

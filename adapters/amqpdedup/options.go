@@ -31,6 +31,8 @@ type config struct {
 	prefetch     int
 	amqp         amqp.Config
 	errorBackoff dedup.Backoff
+	dlq          string
+	dlqSet       bool // dlq given, "" included
 }
 
 func defaultConfig() config {
@@ -91,3 +93,16 @@ func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.Max
 // delivery not acknowledged); the wrapper logs an outage of the store or
 // the sink (dedup.WithOutageThreshold).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }
+
+// WithDeadLetterQueue names the queue the [Sink] routes the Consumer's
+// letters to, which Run checks exists (a passive declare, on a channel of
+// its own) at each connection and every 10 s while it is missing: default
+// the queue's name followed by ".dlq", the Sink's default. While it is
+// missing, [Consumer.Health] reports an error matching dedup.ErrConfig
+// saying what to declare, and the Consumer logs it at ERROR; deliveries are
+// handled meanwhile, and a poison one is retried until the queue exists.
+// "" checks nothing: for letters routed through an exchange, or a sink of
+// another kind.
+func WithDeadLetterQueue(name string) Opt {
+	return optFunc(func(c *config) { c.dlq, c.dlqSet = name, true })
+}
