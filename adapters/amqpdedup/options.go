@@ -89,9 +89,11 @@ func WithShutdownTimeout(d time.Duration) Opt {
 func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.MaxOutage = d }) }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
-// The Consumer logs at WARN what it will retry (a lost connection, a
-// delivery not acknowledged); the wrapper logs an outage of the store or
-// the sink (dedup.WithOutageThreshold).
+// The Consumer logs at INFO when it stops or consumes again, at WARN what
+// it will retry (a lost connection, a delivery not acknowledged), at ERROR a
+// set-up that cannot work (a missing dead-letter queue, the Messages of
+// another queue); the wrapper logs an outage of the store or the sink
+// (dedup.WithOutageThreshold).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }
 
 // WithDeadLetterQueue names the queue the [Sink] routes the Consumer's

@@ -128,8 +128,10 @@ func WithAckTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.ac
 func WithPlainAck() Opt { return optFunc(func(c *config) { c.plainAck = true }) }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
-// The Consumer logs at INFO only when it stops, at WARN what it will retry
-// (a failed pull, a message not acknowledged). The wrapper has its own
+// The Consumer logs at INFO only when it stops or its connection is back,
+// at WARN what it will retry (a failed pull, a message not acknowledged, a
+// lost connection), at ERROR a set-up that cannot work (a missing
+// dead-letter stream, MaxDeliver too low). The wrapper has its own
 // logger, dedup.WithLogger, and logs an outage of the store or the
 // dead-letter sink (dedup.WithOutageThreshold).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }
