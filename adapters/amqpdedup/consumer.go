@@ -45,8 +45,11 @@ import (
 // When the connection or the channel is lost (the broker restarts, the
 // network drops, the broker cancels the consumer because the queue was
 // deleted), RabbitMQ returns every unacknowledged delivery to the queue.
-// The Consumer connects again, with [WithErrorBackoff] between failed
-// tries, logging each at WARN with the queue's name; handlers still running
+// The Consumer connects again at once, then every 0.5 to 1 s while it
+// fails (a backoff of its own, not [WithErrorBackoff], so that the queue is
+// consumed again within about a second of the broker's return), logging the
+// failure at WARN with the queue's name, again every 30 s while it lasts,
+// and the return at INFO with how long it took; handlers still running
 // on the lost channel finish and record their outcomes, so the redelivered
 // copies are answered as duplicates (or, while they run, held as in
 // flight) and acknowledged on the new channel.
@@ -59,8 +62,12 @@ type Consumer struct {
 	// mismatch is set once the wrapper reads deliveries with the Messages
 	// of another queue.
 	mismatch atomic.Pointer[error]
-	cfg      config
-	log      *slog.Logger
+	// dlq is the dead-letter queue Run checks ("": none); dlqMissing is
+	// set while it is missing.
+	dlq        string
+	dlqMissing atomic.Pointer[error]
+	cfg        config
+	log        *slog.Logger
 }
 
 // NewConsumer returns a Consumer of queue on the broker at url (an amqp://
@@ -96,7 +103,11 @@ func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt
 	case w == nil:
 		return nil, fmt.Errorf("%w: amqpdedup: nil wrapper", dedup.ErrConfig)
 	}
-	return &Consumer{url: url, queue: queue, w: w, cfg: cfg, log: cfg.Logger.With(slog.String("queue", queue))}, nil
+	dlq := queue + ".dlq"
+	if cfg.dlqSet {
+		dlq = cfg.dlq
+	}
+	return &Consumer{url: url, queue: queue, w: w, dlq: dlq, cfg: cfg, log: cfg.Logger.With(slog.String("queue", queue))}, nil
 }
 
 // Run consumes and handles deliveries until ctx is done, then shuts down and
@@ -124,17 +135,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 				break
 			}
 			failures++
-			c.failedToConsume(err)
-			wait := c.cfg.errorBackoff(failures)
-			c.log.Warn("amqpdedup: cannot consume the queue; trying again", slog.Any("error", err), slog.Duration("retry_in", wait))
+			wait := reconnectDelay(failures)
+			c.cannotConsume(err, failures, wait)
 			sleep(ctx, wait)
 			continue
 		}
-		if failures > 0 || len(sessions) > 0 {
+		if f := c.notConsuming.Swap(nil); f != nil {
+			c.log.Info("amqpdedup: consuming the queue again", slog.String("after", ago(f.since)))
+		} else if len(sessions) > 0 {
 			c.log.Info("amqpdedup: consuming the queue again")
 		}
 		failures = 0
-		c.notConsuming.Store(nil)
 		sessions = append(sessions, s)
 		if lost := r.consume(ctx, s); lost != nil && ctx.Err() == nil {
 			c.log.Warn("amqpdedup: consuming stopped; connecting again (unacknowledged deliveries return to the queue)",
@@ -143,6 +154,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	c.notConsuming.Store(nil)
+	c.dlqMissing.Store(nil) // Health speaks of a running consumer only
 	return r.Stop(func() {
 		r.returnHeld()
 		for _, s := range sessions {
@@ -153,19 +165,46 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // consumeFailure is why, and since when, Run cannot consume the queue.
 type consumeFailure struct {
-	since time.Time
-	err   error
+	since  time.Time
+	warned time.Time // when it was last logged at WARN
+	err    error
 }
 
-// failedToConsume records err as why Run cannot consume, keeping the time
-// of the first failure in a row.
-func (c *Consumer) failedToConsume(err error) {
-	f := &consumeFailure{since: time.Now(), err: err}
+// reconnectDelay is the wait before the next try to consume after failures
+// tries in a row failed: 250 to 500 ms after the first, then 0.5 to 1 s,
+// jittered so that many consumers do not dial at once. It is the
+// connection's own, not the handlers' error backoff: the queue is consumed
+// again within about a second of the broker's return.
+func reconnectDelay(failures int) time.Duration {
+	return dedup.ExponentialBackoff(500*time.Millisecond, time.Second)(failures)
+}
+
+// cannotConsumeReminder is how often a failure to consume that goes on is
+// logged again at WARN; the tries between are logged at DEBUG.
+const cannotConsumeReminder = 30 * time.Second
+
+// cannotConsume records err, the failures-th failure in a row to consume,
+// as why Run cannot consume (keeping the time of the first), and logs it
+// with the wait before the next try: at WARN the first and one every
+// cannotConsumeReminder, else at DEBUG.
+func (c *Consumer) cannotConsume(err error, failures int, wait time.Duration) {
+	f := &consumeFailure{since: time.Now(), warned: time.Now(), err: err}
+	level := slog.LevelWarn
 	if prev := c.notConsuming.Load(); prev != nil {
-		f.since = prev.since
+		f.since, f.warned = prev.since, prev.warned
+		if time.Since(prev.warned) < cannotConsumeReminder {
+			level = slog.LevelDebug
+		} else {
+			f.warned = time.Now()
+		}
 	}
 	c.notConsuming.Store(f)
+	c.log.Log(context.Background(), level, "amqpdedup: cannot consume the queue; trying again", slog.Any("error", err),
+		slog.Int("tries", failures), slog.String("for", ago(f.since)), slog.String("retry_in", wait.String()))
 }
+
+// ago says how long ago t was, as a Go duration.
+func ago(t time.Time) string { return time.Since(t).Round(time.Millisecond).String() }
 
 // runner is the state of one Run.
 type runner struct {
@@ -185,6 +224,7 @@ type session struct {
 	acker      *delivered // the Acknowledger of its deliveries
 	closed     chan *amqp.Error
 	cancelled  chan string
+	dlqFound   bool // or nothing to check
 }
 
 // open finds out the queue's type, connects, sets the prefetch and starts
@@ -210,6 +250,7 @@ func (r *runner) open(ctx context.Context) (*session, error) {
 	if err := s.ch.Qos(r.cfg.prefetch, 0, false); err != nil {
 		return fail("set the prefetch", err)
 	}
+	s.dlqFound = r.checkDLQ(conn)
 	s.closed = s.ch.NotifyClose(make(chan *amqp.Error, 1))
 	s.cancelled = s.ch.NotifyCancel(make(chan string, 1))
 	if s.deliveries, err = s.ch.ConsumeWithContext(ctx, r.queue, s.tag, false, false, false, false, nil); err != nil {
@@ -222,8 +263,18 @@ func (r *runner) open(ctx context.Context) (*session, error) {
 // the session is lost (why).
 func (r *runner) consume(ctx context.Context, s *session) error {
 	batchSize := max(1, r.cfg.prefetch/2)
+	var recheck <-chan time.Time
+	if !s.dlqFound {
+		t := time.NewTicker(dlqRecheck)
+		defer t.Stop()
+		recheck = t.C
+	}
 	for {
 		select {
+		case <-recheck:
+			if r.checkDLQ(s.conn) {
+				recheck = nil
+			}
 		case <-ctx.Done():
 			// Deliveries already sent to this channel stay unacknowledged
 			// and return to the queue when it closes.

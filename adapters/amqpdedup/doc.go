@@ -12,17 +12,24 @@
 //     its queue, the origin of their letters.
 //   - [Consumer] consumes a queue with manual acknowledgements and a bounded
 //     prefetch, acknowledges a delivery only once its outcome is settled,
-//     returns the others to the queue after their backoff, and connects
-//     again when the connection or the channel is lost.
+//     returns the others to the queue after their backoff, connects again
+//     within about a second of the broker's return when the connection or
+//     the channel is lost, and reports in [Consumer.Health] a queue it
+//     cannot consume and a missing dead-letter queue ([WithDeadLetterQueue]).
 //   - [Sink] is a dedup.Sink that publishes dead letters with publisher
 //     confirms and as mandatory, so that a letter is acknowledged by the
 //     broker, or an error, before the original is.
 //
 // A worker:
 //
+//	const queue = "orders"
+//	quorum := amqp.Table{"x-queue-type": "quorum"}
+//	_, err := ch.QueueDeclare(queue, true, false, false, false, quorum)
+//	...
+//	_, err = ch.QueueDeclare(queue+".dlq", true, false, false, false, quorum)
+//	...
 //	sink, err := amqpdedup.NewSink(url) // letters to "orders.dlq"
 //	...
-//	const queue = "orders"
 //	w, err := dedup.Wrap(store, amqpdedup.Messages(queue), handle,
 //		dedup.WithScope(dedup.Scope("orders", "charge")), dedup.WithSink(sink))
 //	...

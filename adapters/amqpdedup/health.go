@@ -26,8 +26,9 @@ func (c *Consumer) Stats() Stats { return c.w.Stats() }
 // longer, or an error wrapping the latest failure while Run cannot consume
 // the queue (the broker unreachable, the queue missing, access refused), or
 // an error matching dedup.ErrConfig once the wrapper has read a delivery
-// with the [Messages] of another queue (see [NewConsumer]): a readiness
-// probe can serve it.
+// with the [Messages] of another queue (see [NewConsumer]) or while Run
+// finds the dead-letter queue missing (see [WithDeadLetterQueue]): a
+// readiness probe can serve it.
 func (c *Consumer) Health() error {
 	if err := c.mismatch.Load(); err != nil {
 		return *err
@@ -37,6 +38,9 @@ func (c *Consumer) Health() error {
 	}
 	if f := c.notConsuming.Load(); f != nil {
 		return fmt.Errorf("amqpdedup: not consuming queue %q since %s: %w", c.queue, f.since.UTC().Format(time.RFC3339), f.err)
+	}
+	if err := c.dlqMissing.Load(); err != nil {
+		return *err
 	}
 	return nil
 }

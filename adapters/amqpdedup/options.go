@@ -31,6 +31,8 @@ type config struct {
 	prefetch     int
 	amqp         amqp.Config
 	errorBackoff dedup.Backoff
+	dlq          string
+	dlqSet       bool // dlq given, "" included
 }
 
 func defaultConfig() config {
@@ -71,9 +73,8 @@ func WithInFlightDelay(d time.Duration) Opt { return optFunc(func(c *config) { c
 // WithErrorBackoff sets how long a delivery that could not be settled (the
 // store or the sink unreachable) is held before it is returned to the queue,
 // by the number of batches in a row with such a failure (only a settled
-// delivery ends the run), and how long the consumer waits
-// before connecting again after a failure (default: exponential from 1 s to
-// 30 s).
+// delivery ends the run) (default: exponential from 1 s to 30 s). Connecting
+// again after a lost connection has a backoff of its own (see [Consumer]).
 func WithErrorBackoff(b dedup.Backoff) Opt { return optFunc(func(c *config) { c.errorBackoff = b }) }
 
 // WithShutdownTimeout sets how long Run waits, once its context is done, for
@@ -88,7 +89,22 @@ func WithShutdownTimeout(d time.Duration) Opt {
 func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.MaxOutage = d }) }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
-// The Consumer logs at WARN what it will retry (a lost connection, a
-// delivery not acknowledged); the wrapper logs an outage of the store or
-// the sink (dedup.WithOutageThreshold).
+// The Consumer logs at INFO when it stops or consumes again, at WARN what
+// it will retry (a lost connection, a delivery not acknowledged), at ERROR a
+// set-up that cannot work (a missing dead-letter queue, the Messages of
+// another queue); the wrapper logs an outage of the store or the sink
+// (dedup.WithOutageThreshold).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }
+
+// WithDeadLetterQueue names the queue the [Sink] routes the Consumer's
+// letters to, which Run checks exists (a passive declare, on a channel of
+// its own) at each connection and every 10 s while it is missing: default
+// the queue's name followed by ".dlq", the Sink's default. While it is
+// missing, [Consumer.Health] reports an error matching dedup.ErrConfig
+// saying what to declare, and the Consumer logs it at ERROR; deliveries are
+// handled meanwhile, and a poison one is retried until the queue exists.
+// "" checks nothing: for letters routed through an exchange, or a sink of
+// another kind.
+func WithDeadLetterQueue(name string) Opt {
+	return optFunc(func(c *config) { c.dlq, c.dlqSet = name, true })
+}

@@ -22,18 +22,19 @@ import (
 // would), a durable pull consumer with a 2 s AckWait shared by the
 // consumers, a stream of its own as the dead-letter destination, and a TCP
 // proxy between the consumers' connection and the server, cut as a broken
-// connection.
+// connection, which Health reports (WithJetStream).
 func TestConformance(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Features{}, newNATSHarness)
+	adaptertest.Run(t, adaptertest.Features{HealthCoversBroker: true}, newNATSHarness)
 }
 
 // natsHarness is the suite's view of one stream, its durable consumer and
 // its dead-letter stream.
 type natsHarness struct {
 	e        *env
-	durable  jetstream.Consumer // on the harness's own connection
-	consumed jetstream.Consumer // the same durable, on the connection through proxy
-	nc       *nats.Conn         // through proxy
+	durable  jetstream.Consumer  // on the harness's own connection
+	consumed jetstream.Consumer  // the same durable, on the connection through proxy
+	nc       *nats.Conn          // through proxy
+	js       jetstream.JetStream // on nc
 	proxy    *testenv.Proxy
 	sink     *natsdedup.Sink
 }
@@ -64,7 +65,7 @@ func newNATSHarness(t *testing.T) adaptertest.Harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &natsHarness{e: e, durable: durable, consumed: consumed, nc: nc, proxy: proxy, sink: sink}
+	return &natsHarness{e: e, durable: durable, consumed: consumed, nc: nc, js: js, proxy: proxy, sink: sink}
 }
 
 // Publish publishes each message with its ID as Nats-Msg-Id, again after
@@ -89,7 +90,7 @@ func (h *natsHarness) NewConsumer(t *testing.T, cfg adaptertest.Config) adaptert
 		}
 		return msg
 	})
-	c, err := natsdedup.NewConsumer(h.consumed, w, natsdedup.WithFetchWait(time.Second),
+	c, err := natsdedup.NewConsumer(h.consumed, w, natsdedup.WithJetStream(h.js), natsdedup.WithFetchWait(time.Second),
 		natsdedup.WithInFlightDelay(time.Second), natsdedup.WithAckTimeout(2*time.Second),
 		natsdedup.WithShutdownTimeout(cfg.ShutdownTimeout), natsdedup.WithLogger(adaptertest.Logger(t)))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -62,6 +63,12 @@ type Consumer struct {
 	w    *dedup.Wrapper[jetstream.Msg]
 	cfg  config
 	log  *slog.Logger
+	nc   *nats.Conn // WithJetStream's, or nil
+	// connLost is set while Run sees nc lost.
+	connLost atomic.Pointer[connLoss]
+	// dlqMissing is set while Run finds no stream capturing a dead-letter
+	// subject.
+	dlqMissing atomic.Pointer[error]
 }
 
 // NewConsumer returns a Consumer pulling from cons and running messages
@@ -81,7 +88,11 @@ func NewConsumer(cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg], opts 
 	if info := cons.CachedInfo(); info != nil {
 		log = log.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name))
 	}
-	return &Consumer{cons: cons, w: w, cfg: cfg, log: log}, nil
+	c := &Consumer{cons: cons, w: w, cfg: cfg, log: log}
+	if cfg.js != nil {
+		c.nc = cfg.js.Conn()
+	}
+	return c, nil
 }
 
 // Run pulls and handles messages until ctx is done, then shuts down and
@@ -113,6 +124,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		InFlightDelay: c.cfg.InFlightDelay, Backoff: dedup.ExponentialBackoff(time.Second, maxFailureDelay),
 	})
 	r.Serve(r.hb.Run)
+	if c.cfg.js != nil {
+		r.Serve(c.watchConn)
+		r.Serve(r.watchDLQ)
+	}
 	if err := r.poll(r.Ctx); err != nil {
 		r.GiveUp(err)
 	}
@@ -127,6 +142,7 @@ const maxFailureDelay = 15 * time.Second
 type runner struct {
 	*Consumer
 	*adapterkit.Run
+	info       *jetstream.ConsumerInfo // as Run began
 	ackWait    time.Duration
 	fetchWait  time.Duration
 	batch      int
@@ -172,7 +188,7 @@ func (c *Consumer) prepare(ctx context.Context) (*runner, error) {
 		wait = min(wait, cc.MaxRequestExpires)
 	}
 	r := &runner{
-		Consumer: c, ackWait: ackWait, fetchWait: wait, batch: batch, maxDeliver: cc.MaxDeliver,
+		Consumer: c, info: info, ackWait: ackWait, fetchWait: wait, batch: batch, maxDeliver: cc.MaxDeliver,
 		slots: slots.New(c.cfg.workers),
 	}
 	r.hb = newHeartbeat(ackWait/3, c.log)
@@ -206,7 +222,7 @@ func (r *runner) poll(ctx context.Context) error {
 		}
 		pullFailures++
 		wait := dedup.ExponentialBackoff(100*time.Millisecond, 10*time.Second)(pullFailures)
-		r.log.Warn("natsdedup: pull failed", slog.Any("error", err), slog.Duration("retry_in", wait))
+		r.log.Warn("natsdedup: pull failed", slog.Any("error", err), slog.String("retry_in", wait.String()))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -13,7 +13,8 @@
 //     batches, keeps held messages from redelivery with InProgress, acks
 //     settled messages (DoubleAck), terminates parked ones, naks the others
 //     with a delay, shuts down gracefully, and reports an outage of the store
-//     or the sink ([Consumer.Health], [WithMaxOutage]).
+//     or the sink ([Consumer.Health], [WithMaxOutage]), a lost connection
+//     and a missing dead-letter stream ([WithJetStream]).
 //   - [Sink] is a dedup.Sink that publishes dead letters to a JetStream
 //     stream, "dlq." + the origin subject by default.
 //
@@ -21,11 +22,13 @@
 //
 //	nc, _ := nats.Connect(nats.DefaultURL)
 //	js, _ := jetstream.New(nc)
+//	js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}})
+//	js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"dlq.orders.>"}})
 //	cons, _ := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
 //		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy})
-//	sink, _ := natsdedup.NewSink(js) // a stream must capture "dlq.>"
+//	sink, _ := natsdedup.NewSink(js) // letters to "dlq." + the origin subject
 //	w, _ := dedup.Wrap(store, natsdedup.Messages(), charge,
 //		dedup.WithScope(dedup.Scope("billing", "charge")), dedup.WithSink(sink))
-//	c, _ := natsdedup.NewConsumer(cons, w)
+//	c, _ := natsdedup.NewConsumer(cons, w, natsdedup.WithJetStream(js)) // Health: nc lost, ORDERS_DLQ missing
 //	err := c.Run(ctx) // until ctx is cancelled
 package natsdedup

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/consumeropt"
 )
@@ -44,6 +46,8 @@ type config struct {
 	ackWait    time.Duration
 	ackTimeout time.Duration
 	plainAck   bool
+	js         jetstream.JetStream
+	dlqSubject func(origin string) string
 }
 
 func defaultConfig() config {
@@ -53,6 +57,7 @@ func defaultConfig() config {
 		batchSize:  DefaultBatchSize,
 		fetchWait:  DefaultFetchWait,
 		ackTimeout: DefaultAckTimeout,
+		dlqSubject: defaultDLQSubject,
 	}
 }
 
@@ -123,8 +128,10 @@ func WithAckTimeout(d time.Duration) Opt { return optFunc(func(c *config) { c.ac
 func WithPlainAck() Opt { return optFunc(func(c *config) { c.plainAck = true }) }
 
 // WithLogger sets the logger (default: slog.Default() as of NewConsumer).
-// The Consumer logs at INFO only when it stops, at WARN what it will retry
-// (a failed pull, a message not acknowledged). The wrapper has its own
+// The Consumer logs at INFO only when it stops or its connection is back,
+// at WARN what it will retry (a failed pull, a message not acknowledged, a
+// lost connection), at ERROR a set-up that cannot work (a missing
+// dead-letter stream, MaxDeliver too low). The wrapper has its own
 // logger, dedup.WithLogger, and logs an outage of the store or the
 // dead-letter sink (dedup.WithOutageThreshold).
 func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger = l }) }
@@ -134,3 +141,30 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.Logger 
 // longer than d (default 0: Run never gives up), so that a supervisor can
 // restart or replace the process.
 func WithMaxOutage(d time.Duration) Opt { return optFunc(func(c *config) { c.MaxOutage = d }) }
+
+// WithJetStream names the JetStream the jetstream.Consumer was made with,
+// so that Run can watch its connection and check the dead-letter stream:
+//
+//   - While the connection is lost, [Consumer.Health] reports an outage and
+//     the Consumer logs it (at WARN when lost, at INFO when back). The
+//     Consumer listens to the connection's status changes
+//     (nats.Conn.StatusChanged), leaving the connection's handlers as they
+//     are.
+//   - At the start of Run, and every 10 s while it fails, the Consumer
+//     checks that a stream captures the dead-letter subject (see
+//     [WithDeadLetterSubjects]) of each subject it reads: while none does,
+//     Health reports an error matching dedup.ErrConfig naming the subjects
+//     to capture, and the Consumer logs it at ERROR.
+//
+// Without it, a lost connection shows only as pulls that bring nothing, and
+// a missing dead-letter stream as letters that fail.
+func WithJetStream(js jetstream.JetStream) Opt { return optFunc(func(c *config) { c.js = js }) }
+
+// WithDeadLetterSubjects names the dead-letter subject of an origin subject
+// (a subject the consumer reads, wildcards included) as the [Sink] does,
+// for the check of [WithJetStream]: by default "dlq." + origin, the Sink's
+// default; give the Sink's [WithDLQSubject] function if it has one, or nil
+// when letters go elsewhere (nothing is checked then).
+func WithDeadLetterSubjects(f func(origin string) string) Opt {
+	return optFunc(func(c *config) { c.dlqSubject = f })
+}

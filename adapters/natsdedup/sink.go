@@ -25,6 +25,13 @@ var ErrNoDLQSubject = errors.New("natsdedup: no dead-letter subject for this let
 // which names the subject, also matches jetstream.ErrNoStreamResponse.
 var ErrNoDLQStream = errors.New("natsdedup: no stream captures the dead-letter subject")
 
+// TruncatedHeader is the header of a letter whose body was cut because the
+// whole letter was too large to be stored (see [Sink.Send]): its value is
+// the original body's size in bytes. The original message stays in its
+// stream, at the sequence the letter's dedup-origin-offset gives, unless
+// the stream's limits removed it.
+const TruncatedHeader = "dedup-truncated"
+
 // DefaultDLQPrefix starts the dead-letter subject of a letter unless
 // [WithDLQSubject] names another: "dlq." followed by the origin subject.
 const DefaultDLQPrefix = "dlq."
@@ -42,7 +49,9 @@ const DefaultDLQPrefix = "dlq."
 // dead-lettering is replaced). Its own Nats-Msg-Id is derived from the
 // scope, event ID and origin (stream and sequence), so that a letter sent
 // again, after a failure to record it, is dropped by the dead-letter
-// stream within its duplicate window.
+// stream within its duplicate window. A letter too large to be stored has
+// its body cut ([TruncatedHeader]): one poison message is never an outage
+// of the sink.
 type Sink struct {
 	js      jetstream.JetStream
 	subject func(origin string) string
@@ -86,7 +95,12 @@ func defaultDLQSubject(origin string) string {
 }
 
 // Send publishes dl and returns nil once the dead-letter stream has stored
-// it (or had already stored it: a duplicate within its window).
+// it (or had already stored it: a duplicate within its window). A letter
+// too large for the server's max_payload or the stream's MaxMsgSize (its
+// metadata added to a message just under the limit) would be refused
+// forever: it is sent again with its body cut, to what fits under
+// max_payload or else to nothing, and a [TruncatedHeader] giving the
+// original body's size, so that the message is settled all the same.
 func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 	subject := s.subject(dl.Origin.Topic)
 	if subject == "" {
@@ -99,7 +113,21 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 		}
 		msg.Header.Add(h.Key, string(h.Value))
 	}
-	_, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(letterID(&dl)))
+	msg.Header.Set(jetstream.MsgIDHeader, letterID(&dl))
+	err := s.publish(ctx, msg)
+	if tooLarge(err) {
+		msg.Header.Set(TruncatedHeader, strconv.Itoa(len(dl.Payload)))
+		room := s.js.Conn().MaxPayload() - int64(msg.Size()-len(msg.Subject)-len(msg.Data))
+		for _, n := range []int64{room, 0} {
+			if n < 0 || n >= int64(len(msg.Data)) {
+				continue
+			}
+			msg.Data = msg.Data[:n]
+			if err = s.publish(ctx, msg); !tooLarge(err) {
+				break
+			}
+		}
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
 		return fmt.Errorf("natsdedup: dead letter %s/%s to %s: %w (%w)", dl.Scope, dl.EventID, subject, ErrNoDLQStream, err)
@@ -107,6 +135,18 @@ func (s *Sink) Send(ctx context.Context, dl dedup.DeadLetter) error {
 		return fmt.Errorf("natsdedup: dead letter %s/%s to %s: %w", dl.Scope, dl.EventID, subject, err)
 	}
 	return nil
+}
+
+func (s *Sink) publish(ctx context.Context, msg *nats.Msg) error {
+	_, err := s.js.PublishMsg(ctx, msg)
+	return err
+}
+
+// tooLarge reports whether err is the refusal of a message for its size:
+// by the client, before sending, over the server's max_payload, or by the
+// stream, over its MaxMsgSize.
+func tooLarge(err error) bool {
+	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum)
 }
 
 // letterID identifies one dead-lettering of one delivered message.

@@ -3,14 +3,19 @@ package natsdedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/natsdedup"
+	"github.com/dedupkit/dedup/adaptertest"
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 func letter(subject string) dedup.DeadLetter {
@@ -106,4 +111,106 @@ func TestSinkSubjects(t *testing.T) {
 	if err := sink.Send(context.Background(), letter("")); !errors.Is(err, natsdedup.ErrNoDLQSubject) {
 		t.Errorf("Send of a letter without an origin subject: %v, want ErrNoDLQSubject", err)
 	}
+}
+
+// A letter over the dead-letter stream's MaxMsgSize is stored with its body
+// cut to nothing and dedup-truncated giving the original body's size, its
+// headers and metadata kept.
+func TestSinkCutsALetterOverTheStreamLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	cfg := e.dlq.CachedInfo().Config
+	cfg.MaxMsgSize = 2048
+	if _, err := e.js.UpdateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := natsdedup.NewSink(e.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := letter(e.subject)
+	dl.Payload = []byte(strings.Repeat("x", 3000))
+	if err := sink.Send(context.Background(), dl); err != nil {
+		t.Fatalf("Send of a letter over MaxMsgSize: %v", err)
+	}
+	letters := e.letters(t)
+	if len(letters) != 1 {
+		t.Fatalf("%d letters stored, want 1", len(letters))
+	}
+	h := letters[0].Header
+	if len(letters[0].Data) != 0 || h.Get(natsdedup.TruncatedHeader) != "3000" || h.Get("tenant") != "acme" ||
+		h.Get("dedup-event-id") != "evt-1" {
+		t.Errorf("letter of %d bytes with headers %v; want an empty body, dedup-truncated 3000 and the headers kept", len(letters[0].Data), h)
+	}
+}
+
+// A poison message just under the server's max_payload, whose letter (its
+// metadata added) is over it, is dead-lettered all the same, its letter's
+// body cut to what fits and dedup-truncated giving the original size: the
+// message is terminated, nothing is retried, and Health stays nil, however
+// short the outage threshold.
+func TestPoisonOverMaxPayloadIsDeadLetteredCut(t *testing.T) {
+	t.Parallel()
+	const maxPayload = 4096
+	srv := testenv.StartNATSServer(t, fmt.Sprintf("max_payload: %d", maxPayload))
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BIG", Subjects: []string{"big.>"}, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlq, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DLQ", Subjects: []string{"dlq.>"}, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := natsdedup.NewSink(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := adaptertest.NewEffects()
+	w := wrap(t, dedup.NewMemoryStore(), rec, func(context.Context, jetstream.Msg) error {
+		return dedup.Permanent(errors.New("this order can never be charged"))
+	}, dedup.WithSink(sink), dedup.WithOutageThreshold(100*time.Millisecond))
+	body := strings.Repeat("y", maxPayload-200)
+	if _, err := js.Publish(ctx, "big.orders", []byte(body), jetstream.WithMsgID("big-1")); err != nil {
+		t.Fatalf("publish a message under max_payload: %v", err)
+	}
+	stop := start(t, cons, w, natsdedup.WithJetStream(js))
+	adaptertest.WaitFor(t, deadline, "the message dead-lettered", func() bool { return rec.Outcomes(dedup.OutcomeDeadLettered) == 1 })
+	assertAllAcked(t, cons)
+	stop()
+	if err := w.Health(); err != nil {
+		t.Errorf("Health: %v, want nil", err)
+	}
+	if n := rec.Results(); n != 1 {
+		t.Errorf("%d results, want 1: the message was handled again", n)
+	}
+	info, err := dlq.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("%d letters, want 1", info.State.Msgs)
+	}
+	l, err := dlq.GetMsg(ctx, info.State.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Header.Get(natsdedup.TruncatedHeader) != strconv.Itoa(len(body)) || len(l.Data) == 0 || len(l.Data) >= len(body) ||
+		!strings.HasPrefix(body, string(l.Data)) || l.Header.Get("dedup-reason") != string(dedup.ReasonPermanent) {
+		t.Errorf("letter of %d bytes, headers %v; want the body's start, dedup-truncated %d and the metadata", len(l.Data), l.Header, len(body))
+	}
+	t.Logf("letter body cut from %d to %d bytes", len(body), len(l.Data))
 }

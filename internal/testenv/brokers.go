@@ -2,6 +2,11 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -84,4 +89,96 @@ func NATS(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 		t.Fatalf("NATS JetStream: %v", err)
 	}
 	return nc, js
+}
+
+// NATSServer is a private nats-server with JetStream that a test may kill,
+// restart and configure (a small max_payload) without disturbing the
+// shared one other tests use.
+type NATSServer struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+	conf string
+	cmd  *exec.Cmd
+}
+
+// natsServerStart bounds the wait for a private nats-server to answer: it
+// starts in well under a second, but must hold on a loaded machine.
+const natsServerStart = 60 * time.Second
+
+// StartNATSServer starts a nats-server with JetStream (its store in a
+// temporary directory) on a free loopback port, killed when t ends; conf is
+// more configuration, such as "max_payload: 4096".
+func StartNATSServer(t testing.TB, conf string) *NATSServer {
+	t.Helper()
+	path, err := exec.LookPath(Env("DEDUP_NATS_SERVER", "nats-server"))
+	if err != nil {
+		if path, err = exec.LookPath("/usr/sbin/nats-server"); err != nil {
+			Unavailable(t, "nats-server", err)
+			return nil
+		}
+	}
+	s := &NATSServer{t: t, bin: path, dir: t.TempDir(), port: freePort(t)}
+	s.conf = fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n}\n%s\n", s.port, filepath.Join(s.dir, "js"), conf)
+	if err := os.WriteFile(filepath.Join(s.dir, "nats.conf"), []byte(s.conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if s.cmd != nil {
+			s.Kill()
+		}
+	})
+	s.Start()
+	return s
+}
+
+// URL returns the server's nats:// URL.
+func (s *NATSServer) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Start starts the server, with its JetStream store as it was, and waits
+// until it answers with JetStream enabled.
+func (s *NATSServer) Start() {
+	s.t.Helper()
+	s.cmd = exec.Command(s.bin, "-c", filepath.Join(s.dir, "nats.conf"), "-l", filepath.Join(s.dir, "nats.log"))
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("start nats-server: %v", err)
+	}
+	var last error
+	for until := time.Now().Add(natsServerStart); time.Now().Before(until); time.Sleep(50 * time.Millisecond) {
+		if last = s.answers(); last == nil {
+			return
+		}
+	}
+	log, _ := os.ReadFile(filepath.Join(s.dir, "nats.log"))
+	s.t.Fatalf("nats-server on %s did not answer within %v: %v\n%s", s.URL(), natsServerStart, last, log)
+}
+
+// answers returns nil once the server's JetStream answers.
+func (s *NATSServer) answers() error {
+	nc, err := nats.Connect(s.URL(), nats.Timeout(time.Second), nats.MaxReconnects(0))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err
+}
+
+// Kill kills the server with SIGKILL, as a crash would, and waits for it
+// to exit.
+func (s *NATSServer) Kill() {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("nats-server is not running")
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
 }
