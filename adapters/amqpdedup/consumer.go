@@ -336,13 +336,13 @@ func (r *runner) act(delivery amqp.Delivery, res dedup.Result, d adapterkit.Deci
 	if d.Settled() { // Ack and Park alike: the letter is durable
 		if err := delivery.Ack(false); err != nil {
 			r.log.Debug("amqpdedup: acknowledgement lost with its channel; the redelivery is answered as a duplicate",
-				slog.String("key", res.Key.String()), slog.Any("error", err))
+				slog.Any("key", res.Key), slog.Any("error", err))
 		}
 		return
 	}
 	if d.Err != nil {
 		d.LogFailure(r.Work, r.log, "amqpdedup: delivery not acknowledged; it will come back",
-			slog.String("message_id", delivery.MessageId), slog.String("key", res.Key.String()))
+			slog.String("message_id", delivery.MessageId), slog.Any("key", res.Key))
 	}
 	r.holdBack(delivery, d.Delay) // Redeliver: with a failure backoff, never Lapse
 }

@@ -91,6 +91,8 @@ func NewConsumer(cons jetstream.Consumer, w *dedup.Wrapper[jetstream.Msg], opts 
 	c := &Consumer{cons: cons, w: w, cfg: cfg, log: log}
 	if cfg.js != nil {
 		c.nc = cfg.js.Conn()
+	} else {
+		log.Warn("natsdedup: no WithJetStream: Health cannot see a lost connection or a missing dead-letter stream")
 	}
 	return c, nil
 }
@@ -178,6 +180,9 @@ func (c *Consumer) prepare(ctx context.Context) (*runner, error) {
 	if ackWait < minAckWait {
 		return nil, fmt.Errorf("%w: natsdedup: consumer %s has an AckWait of %v, under the %v a heartbeat can keep",
 			dedup.ErrConfig, info.Name, ackWait, minAckWait)
+	}
+	if err := c.w.CheckCallLease(ackWait, fmt.Sprintf("the AckWait of consumer %s, %v", info.Name, ackWait)); err != nil {
+		return nil, err
 	}
 	batch := min(c.cfg.batchSize, c.cfg.workers)
 	if cc.MaxRequestBatch > 0 {
@@ -288,7 +293,7 @@ func (r *runner) act(m jetstream.Msg, res dedup.Result, d adapterkit.Decision) (
 		// Terminated, not acknowledged: the server reports it as such.
 		if err := m.Term(); err != nil {
 			r.log.Warn("natsdedup: dead-lettered message not terminated; it may come back and be acknowledged as a duplicate",
-				slog.String("key", res.Key.String()), slog.Any("error", err))
+				slog.Any("key", res.Key), slog.Any("error", err))
 		}
 		return false
 	}
@@ -296,7 +301,7 @@ func (r *runner) act(m jetstream.Msg, res dedup.Result, d adapterkit.Decision) (
 	switch {
 	case d.Err != nil:
 		d.LogFailure(r.Work, r.log, "natsdedup: message not acknowledged; it will come back",
-			slog.String("subject", m.Subject()), slog.String("key", res.Key.String()))
+			slog.String("subject", m.Subject()), slog.Any("key", res.Key))
 	case res.Outcome == dedup.OutcomeInFlight || res.Outcome == dedup.OutcomeRetry:
 		r.checkMaxDeliver(m, res)
 	}
@@ -316,7 +321,7 @@ func (r *runner) checkMaxDeliver(m jetstream.Msg, res dedup.Result) {
 	}
 	r.maxDeliverLogged.Do(func() {
 		r.log.Error("natsdedup: a message reached the consumer's MaxDeliver unsettled; the server will not deliver it again, so the wrapper cannot retry nor dead-letter it: set MaxDeliver to -1 or above dedup.WithMaxAttempts",
-			slog.Int("max_deliver", r.maxDeliver), slog.String("key", res.Key.String()), slog.String("outcome", res.Outcome.String()))
+			slog.Int("max_deliver", r.maxDeliver), slog.Any("key", res.Key), slog.String("outcome", res.Outcome.String()))
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -332,6 +333,15 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if err := c.Run(context.Background()); !errors.Is(err, dedup.ErrConfig) {
 		t.Errorf("Run with WithAckWait above the consumer's: %v, want dedup.ErrConfig", err)
+	}
+	short := wrap(t, dedup.NewMemoryStore(), adaptertest.NewEffects(), func(context.Context, jetstream.Msg) error { return nil },
+		dedup.WithTTL(40*time.Second))
+	c, err = natsdedup.NewConsumer(e.consumer(t, time.Minute), short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, dedup.ErrConfig) || !strings.Contains(err.Error(), "AckWait") {
+		t.Errorf("Run with a TTL under the consumer's AckWait, the lease: %v, want dedup.ErrConfig naming the AckWait", err)
 	}
 	for name, f := range map[string]func() error{
 		"nil consumer":  func() error { _, err := natsdedup.NewConsumer(nil, w); return err },

@@ -3,6 +3,7 @@ package natsdedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -33,8 +34,12 @@ func (n *naks) Handle(_ context.Context, r slog.Record) error {
 	}
 	r.Attrs(func(a slog.Attr) bool {
 		if a.Key == "retry_in" {
+			d, err := time.ParseDuration(a.Value.String()) // logged as a Go duration string
+			if err != nil {
+				panic(fmt.Sprintf("retry_in %q: %v", a.Value, err))
+			}
 			n.mu.Lock()
-			n.delays = append(n.delays, a.Value.Duration())
+			n.delays = append(n.delays, d)
 			n.mu.Unlock()
 		}
 		return true
