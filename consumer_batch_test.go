@@ -183,7 +183,7 @@ func TestBatchCompletion(t *testing.T) {
 				require.Equal(t, 1, given)
 				require.Equal(t, 3, strings.Count(logs.String(), "level=ERROR msg=\"dedup: lease lost: another worker took this event over while it ran"), logs.String())
 				for _, id := range []string{"r1", "r2", "r3"} {
-					require.Contains(t, logs.String(), "/"+id+"\" op=complete")
+					require.Contains(t, logs.String(), "/"+id+" op=complete")
 				}
 			})
 
