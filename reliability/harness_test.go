@@ -552,17 +552,32 @@ func (s *settled) watchCommits(ctx context.Context, k *kafka, group string, recs
 	return out
 }
 
-// eventually fails t, saying what and how far it got, unless cond holds
-// within timeout.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, what string, progress func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v: %s (%s)", timeout, what, progress())
+// moved measures how far a group got, for crashtest.Await: the events
+// settled (when st is not nil) plus the offsets committed; 0 while the
+// committed offsets cannot be read, which is no progress.
+func (k *kafka) moved(group string, st *settled) func() int {
+	return func() int {
+		committed, err := k.committed(group)
+		if err != nil {
+			return 0
 		}
-		time.Sleep(50 * time.Millisecond)
+		n := 0
+		if st != nil {
+			n = st.count()
+		}
+		for _, off := range committed {
+			n += int(off)
+		}
+		return n
 	}
+}
+
+// await waits for cond while the group moves (crashtest.Await), failing t
+// once it stood still for crashtest.Stall, saying what it waited for and how
+// far the group got.
+func (k *kafka) await(t *testing.T, group string, st *settled, what string, cond func() bool) {
+	t.Helper()
+	crashtest.Await(t, what, cond, k.moved(group, st), k.progress(group, st))
 }
 
 // progress describes how far a group got: events settled (when st is not

@@ -269,16 +269,3 @@ func letters(t *testing.T, dlq []types.Message) map[string][]map[string]string {
 	}
 	return out
 }
-
-// eventually polls cond every 200 ms until it holds, or fails t after
-// timeout with what describes, as of then.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, what func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
