@@ -94,7 +94,7 @@ func (k *kafka) producer(opts ...kgo.Opt) *kgo.Client {
 // produce writes recs in order; they get their partitions and offsets.
 func (k *kafka) produce(recs ...*kgo.Record) {
 	k.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), crashtest.Stall)
 	defer cancel()
 	if err := k.admin.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		k.t.Fatalf("produce: %v", err)
@@ -114,7 +114,7 @@ func (k *kafka) produceOver(recs []*kgo.Record, d time.Duration) <-chan error {
 			if wait := time.Until(start.Add(d * time.Duration(i) / time.Duration(chunks))); wait > 0 {
 				time.Sleep(wait)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), crashtest.Stall)
 			err := k.admin.ProduceSync(ctx, recs[i*chunk:min(len(recs), (i+1)*chunk)]...).FirstErr()
 			cancel()
 			if err != nil {
@@ -198,7 +198,8 @@ func (k *kafka) caughtUp(group string) bool {
 	return true
 }
 
-// readAll returns every record of topic, up to its end offsets.
+// readAll returns every record of topic, up to its end offsets, failing t
+// once a fetch brought nothing for crashtest.Stall.
 func (k *kafka) readAll(topic string) []*kgo.Record {
 	k.t.Helper()
 	end := k.endOffsets(topic)
@@ -213,8 +214,6 @@ func (k *kafka) readAll(topic string) []*kgo.Record {
 	defer cl.Close()
 	var out []*kgo.Record
 	next := map[int32]int64{}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	for {
 		done := true
 		for p, e := range end {
@@ -223,9 +222,12 @@ func (k *kafka) readAll(topic string) []*kgo.Record {
 		if done {
 			return out
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), crashtest.Stall)
 		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			k.t.Fatalf("read %d records of %s in 30 s, want offsets up to %v", len(out), topic, end)
+		expired := ctx.Err() != nil
+		cancel()
+		if expired {
+			k.t.Fatalf("read %d records of %s, then nothing for %v; want offsets up to %v", len(out), topic, crashtest.Stall, end)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			out = append(out, r)
