@@ -25,6 +25,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -351,7 +352,7 @@ func runBadInput(t *testing.T, row badInput, pgStore *dedup.PostgresStore) {
 	end := k.endOffsets(k.topic)[0]
 	badAt := recs[1].Offset
 	if row.reason != "" {
-		eventually(t, 30*time.Second, func() bool { return k.caughtUp(group) }, "the group catching up", k.progress(group, st))
+		k.await(t, group, st, "the group catching up", func() bool { return k.caughtUp(group) })
 		cs.stop(t)
 		letters := k.readAll(k.dlq)
 		if len(letters) != 1 || header(letters[0], "dedup-reason") != string(row.reason) {
@@ -365,7 +366,8 @@ func runBadInput(t *testing.T, row badInput, pgStore *dedup.PostgresStore) {
 			t.Errorf("dead-letter results %+v, want one with reason %s and the expected error", dl, row.reason)
 		}
 	} else {
-		eventually(t, 30*time.Second, func() bool { return logs.count(notSettled) >= 3 }, "the bad record being retried", k.progress(group, st))
+		crashtest.Await(t, "the bad record being retried", func() bool { return logs.count(notSettled) >= 3 },
+			func() int { return logs.count(notSettled) }, k.progress(group, st))
 		cs.stop(t)
 		committed, err := k.committed(group)
 		if err != nil {
@@ -504,8 +506,8 @@ func testNilAfterCancel(t *testing.T, store dedup.Store) {
 	go func() { done <- c.Run(ctx) }()
 	select {
 	case <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the slow record never ran")
+	case <-time.After(crashtest.Stall):
+		t.Fatalf("the slow record did not run within %v", crashtest.Stall)
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -522,7 +524,7 @@ func testNilAfterCancel(t *testing.T, store dedup.Store) {
 		t.Errorf("committed %v, want offset %d: the slow record settled, the one after it not run", committed, recs[2].Offset)
 	}
 	cs := startConsumers(t, k, group, 1, logs.logger(), func(int) *dedup.Wrapper[*kgo.Record] { return w })
-	eventually(t, 30*time.Second, func() bool { return k.caughtUp(group) }, "the group catching up", k.progress(group, nil))
+	k.await(t, group, nil, "the group catching up", func() bool { return k.caughtUp(group) })
 	cs.stop(t)
 	if got := fx.snapshot(); len(got["before"]) != 1 || len(got["slow"]) != 1 || len(got["after"]) != 1 {
 		t.Errorf("effects %v, want each event once", got)

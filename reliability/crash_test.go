@@ -34,7 +34,7 @@ func crashSize() crashCampaign {
 	if soak() {
 		return crashCampaign{events: 200_000, crashers: 5, produceFor: 4 * time.Minute, chaosFor: 5 * time.Minute, converge: 5 * time.Minute}
 	}
-	return crashCampaign{events: 20_000, crashers: 1, produceFor: 4 * time.Second, chaosFor: 25 * time.Second, converge: 150 * time.Second}
+	return crashCampaign{events: 20_000, crashers: 1, produceFor: 4 * time.Second, chaosFor: 25 * time.Second, converge: crashtest.Stall}
 }
 
 // Three consumer processes of one group, killed with SIGKILL at random
@@ -129,7 +129,7 @@ func runCrashCampaign(t *testing.T, mode string, size crashCampaign) {
 			}
 		}
 		return k.caughtUp(group)
-	}, gate, k.progress(group, nil))
+	}, gate, k.moved(group, nil), k.progress(group, nil))
 	for _, name := range f.Stop() {
 		t.Logf("worker %s: Consumer.Run returned an error (see its log)", name)
 	}
@@ -190,18 +190,19 @@ type chaos struct {
 // that the group first moves their partitions to the others. Before each
 // kill it asks gate, and holds the kill back while gate says why not. It
 // fails t if done is not true once the chaos is over and nothing has moved
-// for stallFor (no offset committed, no worker died: a crash loop resolves
-// one death at a time, each a worker's whole start, join and lease, which a
-// loaded machine stretches), or after four times that in all. A worker that
-// dies on its own is a crasher's doing when its log says so (crasherLine),
-// else unplanned.
-func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, stallFor time.Duration, done func() bool, gate func() string, progress func() string) chaos {
+// for stallFor: moved did not reach a new high (no offset committed) and no
+// crasher killed a worker (a crash loop resolves one death at a time, each a
+// worker's whole start, join and lease, which a loaded machine stretches).
+// There is no bound on the whole: a loaded machine makes the campaign
+// slower, not wrong. A worker that dies on its own is a crasher's doing when
+// its log says so (crasherLine), else unplanned.
+func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, stallFor time.Duration, done func() bool, gate func() string, moved func() int, progress func() string) chaos {
 	t.Helper()
 	ch := chaos{crasherDeaths: map[string]bool{}}
 	down := map[int]time.Time{} // slot: when to start it again
 	began := time.Now()
 	next := began.Add(time.Second)
-	lastSeen, movedAt := "", began
+	best, movedAt := 0, began
 	holding := ""
 	for polls := 0; ; time.Sleep(100 * time.Millisecond) {
 		now := time.Now()
@@ -209,17 +210,17 @@ func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, stall
 			name, crasher := deathOf(f, slot)
 			if crasher != "" {
 				ch.crasherDeaths[name] = true
+				movedAt = now
 				t.Logf("%v: worker %s killed itself, as crasher %s does (%v)", now.Sub(began).Round(time.Millisecond), name, crasher, err)
 			} else {
 				ch.unplanned = append(ch.unplanned, fmt.Sprintf("%s: %v", name, err))
 				t.Logf("%v: worker %s died on its own, unplanned: %v", now.Sub(began).Round(time.Millisecond), name, err)
 			}
 			down[slot] = now.Add(100 * time.Millisecond)
-			movedAt = now
 		}
 		if polls++; polls%10 == 0 { // the committed offsets, once a second
-			if seen := progress(); seen != lastSeen {
-				lastSeen, movedAt = seen, now
+			if n := moved(); n > best {
+				best, movedAt = n, now
 			}
 		}
 		if done() {
@@ -234,8 +235,6 @@ func supervise(t *testing.T, f *crashtest.Fleet, rng *rand.Rand, chaosFor, stall
 		switch {
 		case now.Sub(began) > chaosFor && now.Sub(movedAt) > stallFor:
 			t.Fatalf("the group had not caught up after %v, nothing moved for %v: %s", now.Sub(began).Round(time.Second), stallFor, progress())
-		case now.Sub(began) > chaosFor+4*stallFor:
-			t.Fatalf("the group had not caught up after %v: %s", now.Sub(began).Round(time.Second), progress())
 		case now.Sub(began) > chaosFor || now.Before(next):
 			continue
 		}

@@ -94,7 +94,7 @@ func (k *kafka) producer(opts ...kgo.Opt) *kgo.Client {
 // produce writes recs in order; they get their partitions and offsets.
 func (k *kafka) produce(recs ...*kgo.Record) {
 	k.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), crashtest.Stall)
 	defer cancel()
 	if err := k.admin.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		k.t.Fatalf("produce: %v", err)
@@ -114,7 +114,7 @@ func (k *kafka) produceOver(recs []*kgo.Record, d time.Duration) <-chan error {
 			if wait := time.Until(start.Add(d * time.Duration(i) / time.Duration(chunks))); wait > 0 {
 				time.Sleep(wait)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), crashtest.Stall)
 			err := k.admin.ProduceSync(ctx, recs[i*chunk:min(len(recs), (i+1)*chunk)]...).FirstErr()
 			cancel()
 			if err != nil {
@@ -198,7 +198,8 @@ func (k *kafka) caughtUp(group string) bool {
 	return true
 }
 
-// readAll returns every record of topic, up to its end offsets.
+// readAll returns every record of topic, up to its end offsets, failing t
+// once a fetch brought nothing for crashtest.Stall.
 func (k *kafka) readAll(topic string) []*kgo.Record {
 	k.t.Helper()
 	end := k.endOffsets(topic)
@@ -213,8 +214,6 @@ func (k *kafka) readAll(topic string) []*kgo.Record {
 	defer cl.Close()
 	var out []*kgo.Record
 	next := map[int32]int64{}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	for {
 		done := true
 		for p, e := range end {
@@ -223,9 +222,12 @@ func (k *kafka) readAll(topic string) []*kgo.Record {
 		if done {
 			return out
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), crashtest.Stall)
 		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			k.t.Fatalf("read %d records of %s in 30 s, want offsets up to %v", len(out), topic, end)
+		expired := ctx.Err() != nil
+		cancel()
+		if expired {
+			k.t.Fatalf("read %d records of %s, then nothing for %v; want offsets up to %v", len(out), topic, crashtest.Stall, end)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			out = append(out, r)
@@ -552,17 +554,32 @@ func (s *settled) watchCommits(ctx context.Context, k *kafka, group string, recs
 	return out
 }
 
-// eventually fails t, saying what and how far it got, unless cond holds
-// within timeout.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, what string, progress func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v: %s (%s)", timeout, what, progress())
+// moved measures how far a group got, for crashtest.Await: the events
+// settled (when st is not nil) plus the offsets committed; 0 while the
+// committed offsets cannot be read, which is no progress.
+func (k *kafka) moved(group string, st *settled) func() int {
+	return func() int {
+		committed, err := k.committed(group)
+		if err != nil {
+			return 0
 		}
-		time.Sleep(50 * time.Millisecond)
+		n := 0
+		if st != nil {
+			n = st.count()
+		}
+		for _, off := range committed {
+			n += int(off)
+		}
+		return n
 	}
+}
+
+// await waits for cond while the group moves (crashtest.Await), failing t
+// once it stood still for crashtest.Stall, saying what it waited for and how
+// far the group got.
+func (k *kafka) await(t *testing.T, group string, st *settled, what string, cond func() bool) {
+	t.Helper()
+	crashtest.Await(t, what, cond, k.moved(group, st), k.progress(group, st))
 }
 
 // progress describes how far a group got: events settled (when st is not

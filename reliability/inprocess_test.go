@@ -11,6 +11,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -90,8 +91,8 @@ func startConsumers(t *testing.T, k *kafka, group string, n int, log *slog.Logge
 	return cs
 }
 
-// stop stops the consumers and fails t if one does not return within 30 s
-// or returns an error; it may be called again.
+// stop stops the consumers and fails t if one does not return within
+// crashtest.Stall or returns an error; it may be called again.
 func (cs *consumers) stop(t *testing.T) {
 	t.Helper()
 	cs.cancel()
@@ -101,8 +102,8 @@ func (cs *consumers) stop(t *testing.T) {
 			if err != nil {
 				t.Errorf("consumer %d: Run: %v", i+1, err)
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("consumer %d did not stop within 30 s", i+1)
+		case <-time.After(crashtest.Stall):
+			t.Errorf("consumer %d did not stop within %v", i+1, crashtest.Stall)
 		}
 	}
 	cs.done = nil

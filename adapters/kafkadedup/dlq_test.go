@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/kafkadedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -48,9 +49,7 @@ func TestPoisonRecordIsDeadLetteredAndConsumerMovesOn(t *testing.T) {
 			return nil
 		})
 	run := start(t, newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...)))
-	want := endOffsets(recs)
-	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
-		"committed offsets never reached %v", want)
+	c.awaitCommitted(t, endOffsets(recs), fx)
 	run.StopClean(t)
 
 	if n := fx.calls["bad-1"]; n != 3 {
@@ -221,9 +220,7 @@ func TestDLQProduceFailureHoldsThePartition(t *testing.T) {
 		})
 	run := start(t, newConsumer(t, w, kafkadedup.WithClientOpts(c.clientOpts(c.group)...),
 		kafkadedup.WithErrorBackoff(func(int) time.Duration { return 20 * time.Millisecond })))
-	want := endOffsets(recs)
-	eventually(t, 15*time.Second, func() bool { return maps.Equal(c.committed(c.group), want) },
-		"committed offsets never reached %v", want)
+	c.awaitCommitted(t, endOffsets(recs), fx)
 	run.StopClean(t)
 
 	mu.Lock()
@@ -237,6 +234,33 @@ func TestDLQProduceFailureHoldsThePartition(t *testing.T) {
 	if count, _ := fx.snapshot(); count["a-0"] != 1 || count["a-1"] != 1 {
 		t.Errorf("effects %v, want a-0 and a-1 once", count)
 	}
+}
+
+// awaitCommitted waits until the group committed want, for as long as it
+// moves (crashtest.Await): offsets committed, handlers run. A poison
+// record's attempts and letter take a while on a loaded machine.
+func (c *cluster) awaitCommitted(t *testing.T, want map[int32]int64, fx *effects) {
+	t.Helper()
+	sum := func(m map[int32]int64) int {
+		n := 0
+		for _, off := range m {
+			n += int(off)
+		}
+		return n
+	}
+	progress := func() int {
+		n := sum(c.committed(c.group))
+		fx.mu.Lock()
+		defer fx.mu.Unlock()
+		for _, m := range []map[string]int{fx.calls, fx.count} {
+			for _, k := range m {
+				n += k
+			}
+		}
+		return n
+	}
+	crashtest.Await(t, fmt.Sprintf("committed offsets %v", want), func() bool { return maps.Equal(c.committed(c.group), want) },
+		progress, func() string { return fmt.Sprintf("committed %v", c.committed(c.group)) })
 }
 
 // topicID returns the topic's ID, for matching requests of versions that

@@ -213,7 +213,7 @@ func (f *Fleet) Logs() []string {
 }
 
 // Stop stops every running worker gracefully (SIGTERM), fails t for one
-// that does not exit cleanly within 60 s, and returns the names of those
+// that does not exit cleanly within Stall, and returns the names of those
 // whose Run returned an error (exit code ExitRunError).
 func (f *Fleet) Stop() (runErrors []string) {
 	f.t.Helper()
@@ -237,8 +237,8 @@ func (f *Fleet) Stop() (runErrors []string) {
 			case err != nil:
 				f.t.Errorf("worker %s exited with %v after SIGTERM", p.name, err)
 			}
-		case <-time.After(60 * time.Second):
-			f.t.Errorf("worker %s did not stop within 60 s of SIGTERM", p.name)
+		case <-time.After(Stall):
+			f.t.Errorf("worker %s did not stop within %v of SIGTERM", p.name, Stall)
 			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
@@ -247,15 +247,16 @@ func (f *Fleet) Stop() (runErrors []string) {
 	return runErrors
 }
 
-// waitReady waits up to 30 s for the worker to handle SIGTERM.
+// waitReady waits up to Stall for the worker to handle SIGTERM: a worker
+// started on a loaded machine may take long to connect.
 func (f *Fleet) waitReady(p *proc) {
 	f.t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(Stall); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if b, _ := os.ReadFile(p.log); strings.Contains(string(b), readyLine) {
 			return
 		}
 	}
-	f.t.Errorf("worker %s not ready within 30 s", p.name)
+	f.t.Errorf("worker %s not ready within %v", p.name, Stall)
 }
 
 // CheckLogs fails t if any worker reported a data race or a panic.

@@ -5,19 +5,38 @@ import (
 	"time"
 )
 
-// WhileMoving waits for cond, failing only once n has not changed for
-// stall: a loaded machine makes a campaign slower, not wrong, so a wait is
-// bounded by its progress rather than by a fixed time.
-func WhileMoving(t *testing.T, stall time.Duration, cond func() bool, n func() int, what string, progress func() string) {
+// Stall is how long a campaign's wait may go without progress before it
+// fails. A loaded machine (a load average of 20 on two cores was seen)
+// makes a campaign slower, not wrong: a wait for a backlog is bounded by
+// its progress, never by a fixed time, and a working consumer settles
+// something within minutes at any load.
+const Stall = 3 * time.Minute
+
+// Await waits for cond, failing t only once progress has not reached a new
+// high for Stall. progress must grow as the wait gets somewhere (events
+// settled, offsets committed, letters written); only a value above every
+// earlier one counts, so a figure that flickers (an approximate queue
+// count, a request that failed once) cannot hold a stuck wait open. The
+// failure names what it waited for, how long, and how far it got, as
+// describe says.
+func Await(t testing.TB, what string, cond func() bool, progress func() int, describe func() string) {
 	t.Helper()
-	last, lastAt := n(), time.Now()
+	WhileMoving(t, Stall, what, cond, progress, describe)
+}
+
+// WhileMoving is Await with a stall of its own.
+func WhileMoving(t testing.TB, stall time.Duration, what string, cond func() bool, progress func() int, describe func() string) {
+	t.Helper()
+	began := time.Now()
+	best, movedAt := progress(), began
 	for !cond() {
-		if now := n(); now != last {
-			last, lastAt = now, time.Now()
+		now := time.Now()
+		if n := progress(); n > best {
+			best, movedAt = n, now
+		} else if now.Sub(movedAt) > stall {
+			t.Fatalf("no progress for %v (%v in all) waiting for %s: got as far as %s",
+				stall, now.Sub(began).Round(time.Second), what, describe())
 		}
-		if time.Since(lastAt) > stall {
-			t.Fatalf("no progress for %v: %s (%s)", stall, what, progress())
-		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 }

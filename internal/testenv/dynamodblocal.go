@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -70,7 +69,8 @@ func (s *DynamoDBServer) Client() *dynamodb.Client {
 	})
 }
 
-// Start starts the server and waits until it answers.
+// Start starts the server and waits until it answers, for as long as it
+// shows signs of life (awaitStart).
 func (s *DynamoDBServer) Start() {
 	s.t.Helper()
 	logPath := filepath.Join(s.dir, "log")
@@ -79,7 +79,13 @@ func (s *DynamoDBServer) Start() {
 		s.t.Fatal(err)
 	}
 	defer logFile.Close()
-	s.cmd = exec.Command("java", "-Djava.library.path="+filepath.Join(filepath.Dir(s.jar), "DynamoDBLocal_lib"),
+	// The client compiler only (TieredStopAtLevel=1) suits a test's short
+	// run: DynamoDB Local answered in about 2.3 s instead of 5 to 7, and took
+	// 4,000 writes at 640 to 890 a second instead of 250 to 520, at a load
+	// average of 12 to 23 on two cores. The server compiler's work never
+	// pays off in a run this short.
+	s.cmd = exec.Command("java", "-XX:TieredStopAtLevel=1",
+		"-Djava.library.path="+filepath.Join(filepath.Dir(s.jar), "DynamoDBLocal_lib"),
 		"-jar", s.jar, "-sharedDb", "-dbPath", s.dir, "-disableTelemetry", "-port", strconv.Itoa(s.port))
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {
@@ -90,25 +96,10 @@ func (s *DynamoDBServer) Start() {
 	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(done) }(s.cmd)
 
 	client := s.Client()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	awaitStart(s.t, "private DynamoDB Local", s.cmd.Process.Pid, done, logPath, func(ctx context.Context) error {
 		_, err := client.ListTables(ctx, &dynamodb.ListTablesInput{Limit: aws.Int32(1)})
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case <-done:
-			out, _ := os.ReadFile(logPath)
-			s.t.Fatalf("private DynamoDB Local exited at start: %s", out)
-		case <-time.After(200 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.kill()
-			s.t.Fatalf("private DynamoDB Local did not answer within 60 s: %v", err)
-		}
-	}
+		return err
+	})
 }
 
 // Kill kills the server with SIGKILL, as a crash would, and waits for it to

@@ -60,12 +60,15 @@ func (s *PGServer) DSN() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", s.port)
 }
 
-// Start starts the server and waits until it accepts connections.
+// Start starts the server and waits until it accepts connections. pg_ctl
+// waits while the postmaster lives and stops waiting when it exits, so its
+// bound is startLimit rather than its default 60 s, which a start after an
+// immediate stop (crash recovery) may need on a busy machine.
 func (s *PGServer) Start() {
 	s.t.Helper()
 	opts := "-p " + strconv.Itoa(s.port) + " -k " + s.dir +
 		" -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
-	if out, err := s.run("pg_ctl", "-D", s.data(), "-o", opts, "-l", filepath.Join(s.dir, "log"), "-w", "start"); err != nil {
+	if out, err := s.run("pg_ctl", "-D", s.data(), "-o", opts, "-l", filepath.Join(s.dir, "log"), "-w", "-t", pgCtlWait(), "start"); err != nil {
 		s.t.Fatalf("start private PostgreSQL: %v: %s", err, out)
 	}
 }
@@ -73,13 +76,18 @@ func (s *PGServer) Start() {
 // Stop stops the server at once, dropping every connection.
 func (s *PGServer) Stop() {
 	s.t.Helper()
-	if out, err := s.run("pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "stop"); err != nil {
+	if out, err := s.run("pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "-t", pgCtlWait(), "stop"); err != nil {
 		s.t.Fatalf("stop private PostgreSQL: %v: %s", err, out)
 	}
 }
 
+// pgCtlWait returns pg_ctl's -t: how many seconds it waits for a start or a stop.
+func pgCtlWait() string { return strconv.Itoa(int(startLimit / time.Second)) }
+
+// run runs one of the server's tools as the data directory's owner, for at
+// most a little more than startLimit (initdb and pg_ctl on a busy machine).
 func (s *PGServer) run(tool string, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), startLimit+time.Minute)
 	defer cancel()
 	argv := append(append(append([]string(nil), s.asOwner...), filepath.Join(s.bin, tool)), args...)
 	return exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()

@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -52,6 +51,7 @@ type RedisServer struct {
 	port int
 	args []string
 	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
 }
 
 // StartRedisServer starts a redis-server on a free loopback port in a
@@ -90,7 +90,7 @@ func (s *RedisServer) Client(opts ...func(*redis.Options)) *redis.Client {
 }
 
 // Start starts the server, with its data directory as it was, and waits
-// until it answers.
+// until it answers, for as long as it shows signs of life (awaitStart).
 func (s *RedisServer) Start() {
 	s.t.Helper()
 	args := append([]string{
@@ -101,19 +101,13 @@ func (s *RedisServer) Start() {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
+	done := make(chan struct{})
+	s.done = done
+	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(done) }(s.cmd)
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	defer c.Close()
-	for range 100 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-	s.t.Fatalf("redis-server on %s did not answer: %s", s.Addr(), log)
+	awaitStart(s.t, "redis-server on "+s.Addr(), s.cmd.Process.Pid, done, filepath.Join(s.dir, "redis.log"),
+		func(ctx context.Context) error { return c.Ping(ctx).Err() })
 }
 
 // Kill kills the server with SIGKILL, as a crash would, and waits for it
@@ -124,7 +118,7 @@ func (s *RedisServer) Kill() {
 		s.t.Fatal("redis-server is not running")
 	}
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.done
 	s.cmd = nil
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -259,8 +260,9 @@ func TestBadInput(t *testing.T) {
 			if tc.stays != nil {
 				// Reported at two deliveries at least: the message came
 				// back, so it was not deleted.
-				eventually(t, 20*time.Second, func() bool { return len(matching(e.logs.errors(notAcked), tc.stays)) >= 2 }, func() string {
-					return "the expected error reported twice; logged:\n" + e.logs.String()
+				reported := func() int { return len(matching(e.logs.errors(notAcked), tc.stays)) }
+				crashtest.Await(t, "the expected error reported twice", func() bool { return reported() >= 2 }, reported, func() string {
+					return "logged:\n" + e.logs.String()
 				})
 				stop()
 				if n := queueTotal(t, c, e.url); n != sent {
@@ -275,9 +277,10 @@ func TestBadInput(t *testing.T) {
 				return
 			}
 
-			eventually(t, 20*time.Second, func() bool { return queueTotal(t, c, e.url) == 0 }, func() string {
-				return "the queue drained; logged:\n" + e.logs.String()
-			})
+			crashtest.Await(t, "the queue drained", func() bool { return queueTotal(t, c, e.url) == 0 },
+				func() int { return e.logs.len() - queueTotal(t, c, e.url) }, func() string {
+					return fmt.Sprintf("%d messages in the queue; logged:\n%s", queueTotal(t, c, e.url), e.logs.String())
+				})
 			stop()
 			dl := drainDLQ(t, c, e.dlq)
 			if len(dl) != 1 {
@@ -349,8 +352,8 @@ func TestBadInputNilAfterCancel(t *testing.T) {
 	stop := runConsumer(t, c, url, w, sqsdedup.WithShutdownTimeout(300*time.Millisecond))
 	select {
 	case <-started:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the handler never started")
+	case <-time.After(crashtest.Stall):
+		t.Fatalf("the handler did not start within %v", crashtest.Stall)
 	}
 	stop()
 	if applied != 1 {

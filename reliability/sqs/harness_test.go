@@ -156,11 +156,12 @@ func queueTotal(t *testing.T, c *sqs.Client, url string) int {
 // drainDLQ receives and deletes every message of url until a receive comes
 // back empty and the queue counts none, and returns them: an emulator under
 // load, like SQS itself, may answer a receive with nothing while messages
-// wait.
+// wait. It gives up, returning what it got, once receives brought nothing
+// for crashtest.Stall while the queue still counts messages.
 func drainDLQ(t *testing.T, c *sqs.Client, url string) []types.Message {
 	t.Helper()
 	var all []types.Message
-	giveUp := time.Now().Add(time.Minute)
+	giveUp := time.Now().Add(crashtest.Stall)
 	for {
 		out, err := c.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
 			QueueUrl: aws.String(url), MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 60,
@@ -186,6 +187,7 @@ func drainDLQ(t *testing.T, c *sqs.Client, url string) []types.Message {
 			t.Fatalf("delete from %s: %v", url, err)
 		}
 		all = append(all, out.Messages...)
+		giveUp = time.Now().Add(crashtest.Stall)
 	}
 }
 
@@ -268,17 +270,4 @@ func letters(t *testing.T, dlq []types.Message) map[string][]map[string]string {
 		out[id] = append(out[id], meta)
 	}
 	return out
-}
-
-// eventually polls cond every 200 ms until it holds, or fails t after
-// timeout with what describes, as of then.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, what func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

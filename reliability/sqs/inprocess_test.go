@@ -16,6 +16,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
 )
 
 // withAPIOptions returns a copy of client with more API options.
@@ -146,6 +147,14 @@ type logRecord struct {
 
 func (l *logRecords) logger() *slog.Logger { return slog.New(logHandler{l, nil}) }
 
+// len returns how many records were logged: a consumer that retries logs
+// as it goes, a measure of progress for crashtest.Await.
+func (l *logRecords) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.records)
+}
+
 // errors returns the errors logged with the records whose message is msg.
 func (l *logRecords) errors(msg string) []error {
 	l.mu.Lock()
@@ -246,8 +255,8 @@ func runConsumer(t *testing.T, c *sqs.Client, url string, w *dedup.Wrapper[types
 				if err != nil {
 					t.Errorf("Run: %v", err)
 				}
-			case <-time.After(60 * time.Second):
-				t.Error("Run did not return within 60 s of cancellation")
+			case <-time.After(crashtest.Stall):
+				t.Errorf("Run did not return within %v of cancellation", crashtest.Stall)
 			}
 		})
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/sqsdedup"
 	"github.com/dedupkit/dedup/internal/awsfault"
+	"github.com/dedupkit/dedup/internal/crashtest"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -136,8 +137,8 @@ func TestDynamoDBOutage(t *testing.T) {
 		runConsumer(t, c, url, w, sqsdedup.WithWorkers(8), sqsdedup.WithLogger(logs.logger()))
 	}
 	produced := produceOver(c, url, p.messages, 6*time.Second)
-	eventually(t, 60*time.Second, func() bool { return eff.distinct() >= p.good()/3 }, func() string {
-		return fmt.Sprintf("a third of the events applied (%d/%d)", eff.distinct(), p.good())
+	crashtest.Await(t, "a third of the events applied", func() bool { return eff.distinct() >= p.good()/3 }, eff.distinct, func() string {
+		return fmt.Sprintf("%d/%d applied", eff.distinct(), p.good())
 	})
 
 	server.Kill()
@@ -158,10 +159,10 @@ func TestDynamoDBOutage(t *testing.T) {
 		t.Error("no consumer reported a message it could not acknowledge or an outcome it could not record during the outage")
 	}
 
-	eventually(t, 90*time.Second, func() bool {
+	crashtest.Await(t, "every event settled after the outage", func() bool {
 		return queueTotal(t, c, url) == 0 && eff.distinct() == p.good()
-	}, func() string {
-		return fmt.Sprintf("every event settled after the outage (applied %d/%d, queue %d)", eff.distinct(), p.good(), queueTotal(t, c, url))
+	}, func() int { return eff.distinct() - queueTotal(t, c, url) }, func() string {
+		return fmt.Sprintf("applied %d/%d, queue %d", eff.distinct(), p.good(), queueTotal(t, c, url))
 	})
 	counted := countOutage(t, p, eff, letters(t, drainDLQ(t, plain, dlq)))
 	counted.outage, counted.refused, counted.deletes = fig.outage, fig.refused, len(deletes.deleted())
@@ -239,10 +240,10 @@ func TestDLQOutage(t *testing.T) {
 	}
 	// Every poison event's dead letter refused at least twice: its original
 	// came back after the first refusal.
-	eventually(t, 60*time.Second, func() bool {
+	crashtest.Await(t, "good events applied and dead letters refused", func() bool {
 		return eff.distinct() == p.good() && fault.Hits() >= 2*p.poison
-	}, func() string {
-		return fmt.Sprintf("good events applied (%d/%d) and dead letters refused (%d, want %d)", eff.distinct(), p.good(), fault.Hits(), 2*p.poison)
+	}, func() int { return eff.distinct() + int(fault.Hits()) }, func() string {
+		return fmt.Sprintf("applied %d/%d, dead letters refused %d (want %d)", eff.distinct(), p.good(), fault.Hits(), 2*p.poison)
 	})
 	if n := queueTotal(t, c, dlq); n != 0 {
 		t.Errorf("the DLQ holds %d messages while every send to it fails", n)
@@ -259,9 +260,8 @@ func TestDLQOutage(t *testing.T) {
 	fault.Off()
 	outage := time.Since(start)
 
-	eventually(t, 60*time.Second, func() bool { return queueTotal(t, c, url) == 0 }, func() string {
-		return fmt.Sprintf("the queue drained once the DLQ works (%d left)", queueTotal(t, c, url))
-	})
+	crashtest.Await(t, "the queue drained once the DLQ works", func() bool { return queueTotal(t, c, url) == 0 },
+		func() int { return -queueTotal(t, c, url) }, func() string { return fmt.Sprintf("%d messages left", queueTotal(t, c, url)) })
 	dl := letters(t, drainDLQ(t, plain, dlq))
 	fig := countOutage(t, p, eff, dl)
 	fig.outage, fig.refused, fig.deletes, fig.elapsed = outage, refused, len(deletes.deleted()), time.Since(start)
