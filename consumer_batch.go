@@ -345,9 +345,10 @@ func (b *batch[M]) failFrom(ctx context.Context, from int, err error) {
 }
 
 // result settles delivery i: bad input is dead-lettered (once, however
-// often its segment runs), a later copy with the same payload is answered
-// from its first, and the runner settles the rest, or leaves it (and its
-// copies) for [batch.settleDeferred], marked later.
+// often its segment runs, as is any letter that writes no record), a later
+// copy with the same payload is answered from its first, and the runner
+// settles the rest, or leaves it (and its copies) for
+// [batch.settleDeferred], marked later.
 func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	d := &b.ds[i]
 	switch {
@@ -360,6 +361,8 @@ func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 		return p, carryOn
 	case !b.claims(i):
 		return b.copyOf(i), carryOn
+	case letteredAlone(b.outcomes[i]):
+		return b.outcomes[i], carryOn
 	}
 	p, step := b.r.settle(ctx, i)
 	if p.err == nil && p.res.Outcome == OutcomeProcessed {
@@ -367,6 +370,15 @@ func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	}
 	p.later = step == afterClose
 	return p, step
+}
+
+// letteredAlone reports whether p, a delivery's result on an earlier run of
+// its segment (rolled back since, to be run again), is a dead letter sent
+// without writing the record (a fingerprint conflict, a letter moved back
+// after its event's final failure): the letter stands whatever became of
+// the segment's transaction, and is not sent again.
+func letteredAlone(p pendingResult) bool {
+	return p.err == nil && (p.res.Reason == ReasonConflict || p.res.Reason == ReasonRedeliveredAfterFinal)
 }
 
 // claims reports whether delivery i is claimed: the batch's first copy of
