@@ -23,7 +23,8 @@ import (
 // A key the batch holds more than once is sent to the store once: a later
 // copy gets its answer from the first copy's outcome (OutcomeDuplicate once
 // that is settled, the same OutcomeRetry or OutcomeInFlight otherwise), or,
-// when its payload differs, from a claim of its own made after the first
+// when its payload differs or it is a dead letter moved back to its origin
+// while the first copy is not, from a claim of its own made after the first
 // copy settled.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
 	call := callOptions(opts)
@@ -42,15 +43,19 @@ type prepared[M any] struct {
 	// first is, per delivery, the index of the batch's first copy of its key
 	// when it is a later copy, else -1.
 	first []int
-	keys  map[Key]int // the first copy of each key; kept for reuse
+	// movedBack marks a later copy that carries dedup's dead-letter metadata
+	// while its first copy does not: a letter moved back by hand, which a
+	// record failed for good answers otherwise (see answerFinal).
+	movedBack []bool
+	keys      map[Key]int // the first copy of each key; kept for reuse
 }
 
 // prepareBatch prepares the deliveries of msgs into p, reusing its slices.
 func (w *Wrapper[M]) prepareBatch(ctx context.Context, msgs []M, call *callConfig, p *prepared[M]) {
-	p.ds, p.first = grow(p.ds, len(msgs)), grow(p.first, len(msgs))
+	p.ds, p.first, p.movedBack = grow(p.ds, len(msgs)), grow(p.first, len(msgs)), grow(p.movedBack, len(msgs))
 	for i, m := range msgs {
 		p.ds[i] = w.prepare(ctx, m, call)
-		p.first[i] = -1
+		p.first[i], p.movedBack[i] = -1, false
 		if p.ds[i].bad != "" || len(msgs) == 1 {
 			continue
 		}
@@ -59,6 +64,7 @@ func (w *Wrapper[M]) prepareBatch(ctx context.Context, msgs []M, call *callConfi
 		}
 		if f, ok := p.keys[p.ds[i].key]; ok {
 			p.first[i] = f
+			p.movedBack[i] = hasLetterMetadata(w.carrier(m)) && !hasLetterMetadata(w.carrier(msgs[f]))
 		} else {
 			p.keys[p.ds[i].key] = i
 		}
@@ -382,10 +388,10 @@ func letteredAlone(p pendingResult) bool {
 }
 
 // claims reports whether delivery i is claimed: the batch's first copy of
-// its key, or a later copy with another payload, which the store must judge
-// against the first's settled record.
+// its key, or a later copy with another payload or moved back, which the
+// store must judge against the first's settled record.
 func (b *batch[M]) claims(i int) bool {
-	return b.ds[i].bad == "" && (b.first[i] < 0 || b.ds[i].fp != b.ds[b.first[i]].fp)
+	return b.ds[i].bad == "" && (b.first[i] < 0 || b.ds[i].fp != b.ds[b.first[i]].fp || b.movedBack[i])
 }
 
 // segmentEnd returns the end of a segment beginning at from, of at most max

@@ -292,6 +292,18 @@ func TestFinalRedeliveryBatch(t *testing.T) {
 				require.Equal(t, 1, f.runs.of("p1"))
 				require.Equal(t, 1, f.runs.of("c"))
 				require.Equal(t, f.rec, f.record(t, "p1"))
+
+				// A plain copy and the letter moved back in one batch: each
+				// answered as it would be alone.
+				rs = handle([]headed{{ID: "p1", Body: "poison"}, movedBack(f.letter)})
+				require.Equal(t, []dedup.Outcome{dedup.OutcomeDuplicate, dedup.OutcomeDeadLettered}, outcomes(rs))
+				require.Equal(t, dedup.ReasonRedeliveredAfterFinal, rs[1].Reason)
+				require.Len(t, f.sink.Letters(), 4)
+				f.requireReparked(t, f.sink.Letters()[3])
+				f.requireWarned(t, warnAlready, 2, "p1")
+				f.requireWarned(t, warnMoved, 2, "p1")
+				require.Equal(t, 1, f.runs.of("p1"))
+				require.Equal(t, f.rec, f.record(t, "p1"))
 			})
 		}
 	}
