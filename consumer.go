@@ -43,7 +43,12 @@ type Messages[M any] struct {
 	Attempts func(M) int
 	// TraceCarrier optionally returns the message's headers, from which a
 	// W3C trace context propagated by the producer is read: the delivery's
-	// span (see [WithTracerProvider]) is then its child.
+	// span (see [WithTracerProvider]) is then its child. It is also read for
+	// dedup's dead-letter metadata (a name starting with [MetadataPrefix],
+	// such as dedup-reason) when the event's record is FAILED_FINAL: a
+	// message carrying it is a letter moved back by hand, dead-lettered
+	// again with ReasonRedeliveredAfterFinal; without TraceCarrier, every
+	// such delivery is acknowledged as a duplicate.
 	TraceCarrier func(M) propagation.TextMapCarrier
 }
 

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dedupkit/dedup/internal/logattr"
@@ -180,7 +182,9 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 		return res, nil
 	case c.Status == ClaimConflict:
 		return w.parkConflict(ctx, d, c.Record)
-	default: // ClaimDuplicate, ClaimFinal
+	case c.Status == ClaimFinal:
+		return w.answerFinal(ctx, d, c.Record)
+	default: // ClaimDuplicate
 		res.Outcome = OutcomeDuplicate
 		return res, nil
 	}
@@ -221,6 +225,66 @@ func (w *Wrapper[M]) settle(ctx context.Context, d *delivery[M], c Claim, att at
 		return res, err
 	}
 	return res, serr
+}
+
+// answerFinal answers a delivery of an event whose record, rec, is
+// FAILED_FINAL, never by dropping it unsaid. A message carrying dedup's
+// dead-letter metadata is a letter moved back to its origin by hand (a
+// shovel, a console): it is dead-lettered again, with
+// ReasonRedeliveredAfterFinal, without running and with rec left as it is,
+// so that the letter is not lost. Any other copy (the broker redelivering
+// it after the final write, its acknowledgement lost; a producer sending
+// the event again) has its letter already, written before the final write:
+// it is acknowledged as a duplicate. Either way a WARN names the key and the
+// command that makes the event claimable again.
+func (w *Wrapper[M]) answerFinal(ctx context.Context, d *delivery[M], rec Record) (Result, error) {
+	release := releaseCommand(d.key)
+	if !hasLetterMetadata(w.carrier(d.msg)) {
+		w.cfg.logger.Warn("dedup: event already dead-lettered; this copy is acknowledged without running",
+			slog.Any("key", d.key), slog.String("release", release))
+		return Result{Outcome: OutcomeDuplicate, Key: d.key, Attempts: rec.Attempts}, nil
+	}
+	cause := fmt.Errorf("dedup: %s was dead-lettered and is failed for good; its letter came back to its origin and is parked again: release the event first (%s): %w",
+		d.key, release, errors.New(orDefault(rec.LastError, "failed for good")))
+	if err := w.park(ctx, d, ReasonRedeliveredAfterFinal, cause, rec); err != nil {
+		return Result{Key: d.key}, err
+	}
+	w.cfg.logger.Warn("dedup: a dead letter came back to its origin while its event is failed for good; dead-lettered again without running",
+		slog.Any("key", d.key), slog.String("release", release))
+	return Result{Outcome: OutcomeDeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: ReasonRedeliveredAfterFinal, Err: cause}, nil
+}
+
+// hasLetterMetadata reports whether a message whose headers are c carries
+// dedup's dead-letter metadata: a name starting with [MetadataPrefix]
+// (dedup-reason; SQS's packed dedup-metadata).
+func hasLetterMetadata(c propagation.TextMapCarrier) bool {
+	if c == nil {
+		return false
+	}
+	for _, k := range c.Keys() {
+		if strings.HasPrefix(k, MetadataPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// releaseCommand returns the command of the dedup CLI that makes key
+// claimable again, its scope and ID quoted for a shell where they need it.
+func releaseCommand(key Key) string {
+	return "dedup release -scope " + shellQuote(key.Scope) + " -id " + shellQuote(key.EventID) + " -yes"
+}
+
+// shellQuote returns s as one word of a POSIX shell: as it is when every
+// character is plain, else in single quotes.
+func shellQuote(s string) string {
+	plain := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=@%+,", r))
+	}) < 0
+	if plain {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // claimAcquired sorts c, the answer to a claim of key: acquired, or a

@@ -23,7 +23,8 @@ import (
 // A key the batch holds more than once is sent to the store once: a later
 // copy gets its answer from the first copy's outcome (OutcomeDuplicate once
 // that is settled, the same OutcomeRetry or OutcomeInFlight otherwise), or,
-// when its payload differs, from a claim of its own made after the first
+// when its payload differs or it is a dead letter moved back to its origin
+// while the first copy is not, from a claim of its own made after the first
 // copy settled.
 func (w *Wrapper[M]) HandleBatch(ctx context.Context, msgs []M, yield func(i int, res Result, err error) bool, opts ...CallOpt) error {
 	call := callOptions(opts)
@@ -42,15 +43,19 @@ type prepared[M any] struct {
 	// first is, per delivery, the index of the batch's first copy of its key
 	// when it is a later copy, else -1.
 	first []int
-	keys  map[Key]int // the first copy of each key; kept for reuse
+	// movedBack marks a later copy that carries dedup's dead-letter metadata
+	// while its first copy does not: a letter moved back by hand, which a
+	// record failed for good answers otherwise (see answerFinal).
+	movedBack []bool
+	keys      map[Key]int // the first copy of each key; kept for reuse
 }
 
 // prepareBatch prepares the deliveries of msgs into p, reusing its slices.
 func (w *Wrapper[M]) prepareBatch(ctx context.Context, msgs []M, call *callConfig, p *prepared[M]) {
-	p.ds, p.first = grow(p.ds, len(msgs)), grow(p.first, len(msgs))
+	p.ds, p.first, p.movedBack = grow(p.ds, len(msgs)), grow(p.first, len(msgs)), grow(p.movedBack, len(msgs))
 	for i, m := range msgs {
 		p.ds[i] = w.prepare(ctx, m, call)
-		p.first[i] = -1
+		p.first[i], p.movedBack[i] = -1, false
 		if p.ds[i].bad != "" || len(msgs) == 1 {
 			continue
 		}
@@ -59,6 +64,7 @@ func (w *Wrapper[M]) prepareBatch(ctx context.Context, msgs []M, call *callConfi
 		}
 		if f, ok := p.keys[p.ds[i].key]; ok {
 			p.first[i] = f
+			p.movedBack[i] = hasLetterMetadata(w.carrier(m)) && !hasLetterMetadata(w.carrier(msgs[f]))
 		} else {
 			p.keys[p.ds[i].key] = i
 		}
@@ -345,9 +351,10 @@ func (b *batch[M]) failFrom(ctx context.Context, from int, err error) {
 }
 
 // result settles delivery i: bad input is dead-lettered (once, however
-// often its segment runs), a later copy with the same payload is answered
-// from its first, and the runner settles the rest, or leaves it (and its
-// copies) for [batch.settleDeferred], marked later.
+// often its segment runs, as is any letter that writes no record), a later
+// copy with the same payload is answered from its first, and the runner
+// settles the rest, or leaves it (and its copies) for
+// [batch.settleDeferred], marked later.
 func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	d := &b.ds[i]
 	switch {
@@ -360,6 +367,8 @@ func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 		return p, carryOn
 	case !b.claims(i):
 		return b.copyOf(i), carryOn
+	case letteredAlone(b.outcomes[i]):
+		return b.outcomes[i], carryOn
 	}
 	p, step := b.r.settle(ctx, i)
 	if p.err == nil && p.res.Outcome == OutcomeProcessed {
@@ -369,11 +378,20 @@ func (b *batch[M]) result(ctx context.Context, i int) (pendingResult, next) {
 	return p, step
 }
 
+// letteredAlone reports whether p, a delivery's result on an earlier run of
+// its segment (rolled back since, to be run again), is a dead letter sent
+// without writing the record (a fingerprint conflict, a letter moved back
+// after its event's final failure): the letter stands whatever became of
+// the segment's transaction, and is not sent again.
+func letteredAlone(p pendingResult) bool {
+	return p.err == nil && (p.res.Reason == ReasonConflict || p.res.Reason == ReasonRedeliveredAfterFinal)
+}
+
 // claims reports whether delivery i is claimed: the batch's first copy of
-// its key, or a later copy with another payload, which the store must judge
-// against the first's settled record.
+// its key, or a later copy with another payload or moved back, which the
+// store must judge against the first's settled record.
 func (b *batch[M]) claims(i int) bool {
-	return b.ds[i].bad == "" && (b.first[i] < 0 || b.ds[i].fp != b.ds[b.first[i]].fp)
+	return b.ds[i].bad == "" && (b.first[i] < 0 || b.ds[i].fp != b.ds[b.first[i]].fp || b.movedBack[i])
 }
 
 // segmentEnd returns the end of a segment beginning at from, of at most max

@@ -23,6 +23,8 @@ const (
 	ReasonInvalidID      = deduptype.ReasonInvalidID
 	ReasonInvalidPayload = deduptype.ReasonInvalidPayload
 	ReasonConflict       = deduptype.ReasonConflict
+	// ReasonRedeliveredAfterFinal: see [deduptype.ReasonRedeliveredAfterFinal].
+	ReasonRedeliveredAfterFinal = deduptype.ReasonRedeliveredAfterFinal
 )
 
 // MetadataPrefix starts the name of every header or attribute dedup adds to

@@ -12,7 +12,8 @@ type Outcome int
 const (
 	// OutcomeProcessed: the handler succeeded and it is recorded. Ack.
 	OutcomeProcessed Outcome = iota + 1
-	// OutcomeDuplicate: the event already succeeded or was dead-lettered. Ack.
+	// OutcomeDuplicate: the event already succeeded or was dead-lettered
+	// (then its letter exists already, and a WARN says so). Ack.
 	OutcomeDuplicate
 	// OutcomeInFlight: another worker holds the event's lease. Do not ack; deliver
 	// again after Result.RetryAfter.
@@ -20,7 +21,9 @@ const (
 	// OutcomeRetry: the handler failed and will be attempted again. Do not ack;
 	// deliver again after Result.RetryAfter.
 	OutcomeRetry
-	// OutcomeDeadLettered: the message was parked in the dead-letter sink. Ack.
+	// OutcomeDeadLettered: the message was parked in the dead-letter sink
+	// (with ReasonRedeliveredAfterFinal: a letter moved back by hand, parked
+	// again without running). Ack.
 	OutcomeDeadLettered
 	// OutcomeConflict: the event ID was already used for an event with another
 	// fingerprint. The handler did not run; the message was dead-lettered
@@ -94,4 +97,10 @@ const (
 	ReasonInvalidID      Reason = "invalid-id"
 	ReasonInvalidPayload Reason = "invalid-payload"
 	ReasonConflict       Reason = "fingerprint-conflict"
+	// ReasonRedeliveredAfterFinal is a dead letter moved back to its origin
+	// by hand (a shovel, a console) while its event's record is still
+	// FAILED_FINAL: it is parked again without running, the record left as
+	// it is. Release the event (dedup release, or dedup redrive, which
+	// releases it) before moving its letter back.
+	ReasonRedeliveredAfterFinal Reason = "redelivered-after-final"
 )

@@ -70,6 +70,10 @@ func WithIDFunc(f func(jetstream.Msg) (string, error)) MessagesOpt {
 // subject, Offset the stream sequence, Group the consumer, Timestamp the
 // time the stream stored the message, Stream the stream's name and
 // MessageID the message's "Nats-Msg-Id" header, if any. Partition is 0.
+//
+// A dead letter moved back to its stream as it is carries the letter's own
+// Nats-Msg-Id (see [Sink]): for it, the ID and the origin's MessageID are
+// read from its dedup-origin-message-id header, the original's.
 func Messages(opts ...MessagesOpt) dedup.Messages[jetstream.Msg] {
 	cfg := messagesConfig{header: DefaultIDHeader}
 	for _, o := range opts {
@@ -83,7 +87,7 @@ func Messages(opts ...MessagesOpt) dedup.Messages[jetstream.Msg] {
 			if cfg.idFunc != nil {
 				return cfg.idFunc(m)
 			}
-			return headerID(m, cfg.header)
+			return headerID(m, idHeader(m.Headers(), cfg.header))
 		},
 		Payload: func(m jetstream.Msg) []byte {
 			if m == nil {
@@ -109,6 +113,20 @@ func Messages(opts ...MessagesOpt) dedup.Messages[jetstream.Msg] {
 			return headerCarrier(m.Headers())
 		},
 	}
+}
+
+// originIDHeader carries, in a dead letter, the Nats-Msg-Id of the message
+// it parks: the letter's own is the letter's (see [Sink]).
+const originIDHeader = dedup.MetadataPrefix + "origin-message-id"
+
+// idHeader returns the header of h that holds what header name would: name,
+// or, for Nats-Msg-Id in a dead letter moved back to its stream as it is,
+// originIDHeader.
+func idHeader(h nats.Header, name string) string {
+	if name == jetstream.MsgIDHeader && h.Get(originIDHeader) != "" {
+		return originIDHeader
+	}
+	return name
 }
 
 // headerID returns the value of header name; repeats must agree.
@@ -141,7 +159,7 @@ func deadLetter(m jetstream.Msg) dedup.DeadLetter {
 	dl := dedup.DeadLetter{
 		Payload: m.Data(),
 		Headers: hs,
-		Origin:  dedup.Origin{Topic: m.Subject(), MessageID: h.Get(jetstream.MsgIDHeader)},
+		Origin:  dedup.Origin{Topic: m.Subject(), MessageID: h.Get(idHeader(h, jetstream.MsgIDHeader))},
 	}
 	if md, err := m.Metadata(); err == nil {
 		dl.Origin.Offset = int64(min(md.Sequence.Stream, 1<<63-1))

@@ -3,10 +3,13 @@ package sqsdedup
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/group"
@@ -36,8 +39,24 @@ func LambdaMessages(opts ...MessagesOpt) dedup.Messages[events.SQSMessage] {
 			return deadLetter(m.Body, headers, m.Attributes,
 				dedup.Origin{QueueURL: m.EventSourceARN, MessageID: m.MessageId})
 		},
+		TraceCarrier: func(m events.SQSMessage) propagation.TextMapCarrier { return lambdaCarrier(m.MessageAttributes) },
 	}
 }
+
+// lambdaCarrier reads a Lambda SQS record's attributes as attributeCarrier
+// reads a received message's.
+type lambdaCarrier map[string]events.SQSMessageAttribute
+
+func (c lambdaCarrier) Get(key string) string {
+	v := c[key]
+	return string(attributeBytes(v.StringValue, v.BinaryValue))
+}
+
+func (c lambdaCarrier) Set(key, value string) {
+	c[key] = events.SQSMessageAttribute{DataType: "String", StringValue: &value}
+}
+
+func (c lambdaCarrier) Keys() []string { return slices.Collect(maps.Keys(c)) }
 
 // LambdaHandler returns a Lambda handler for SQS events (pass it to
 // lambda.Start) that runs the records through w in order and reports those

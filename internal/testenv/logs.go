@@ -45,6 +45,26 @@ func (l *Logs) Count(level slog.Level, text string) int {
 	return n
 }
 
+// Attrs returns the attributes, by key as their values print, of each
+// record at level whose message is msg.
+func (l *Logs) Attrs(level slog.Level, msg string) []map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]string
+	for _, r := range l.records {
+		if r.Level != level || r.Message != msg {
+			continue
+		}
+		attrs := map[string]string{}
+		r.Attrs(func(a slog.Attr) bool {
+			attrs[a.Key] = a.Value.String()
+			return true
+		})
+		out = append(out, attrs)
+	}
+	return out
+}
+
 // String returns the records' levels and messages, one a line.
 func (l *Logs) String() string {
 	l.mu.Lock()
