@@ -241,7 +241,7 @@ func (w *Wrapper[M]) answerFinal(ctx context.Context, d *delivery[M], rec Record
 	release := releaseCommand(d.key)
 	if !hasLetterMetadata(w.carrier(d.msg)) {
 		w.cfg.logger.Warn("dedup: event already dead-lettered; this copy is acknowledged without running",
-			slog.Any("key", d.key), slog.String("release", release))
+			slog.Any("key", d.key), w.origin(d), slog.String("release", release))
 		return Result{Outcome: OutcomeDuplicate, Key: d.key, Attempts: rec.Attempts}, nil
 	}
 	cause := fmt.Errorf("dedup: %s was dead-lettered and is failed for good; its letter came back to its origin and is parked again: release the event first (%s): %w",
@@ -250,7 +250,7 @@ func (w *Wrapper[M]) answerFinal(ctx context.Context, d *delivery[M], rec Record
 		return Result{Key: d.key}, err
 	}
 	w.cfg.logger.Warn("dedup: a dead letter came back to its origin while its event is failed for good; dead-lettered again without running",
-		slog.Any("key", d.key), slog.String("release", release))
+		slog.Any("key", d.key), w.origin(d), slog.String("release", release))
 	return Result{Outcome: OutcomeDeadLettered, Key: d.key, Attempts: rec.Attempts, Reason: ReasonRedeliveredAfterFinal, Err: cause}, nil
 }
 
