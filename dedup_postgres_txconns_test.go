@@ -117,10 +117,11 @@ func TestTxConnsWarnsWithoutReserve(t *testing.T) {
 
 // TestTxConnsBacklogLeavesThePoolToTheAPI drains a backlog of events
 // through WrapTx's HandleConcurrent, far wider than the pool, whose handlers
-// hold their transactions until the test lets them go, while an HTTP API on
-// the same pool (idemhttp.NewTx and a plain query) is called: the inbox holds
-// its bound and no more, the rest of the backlog waiting, and every request
-// answers while the backlog is held.
+// hold their transactions until the test lets them go (each also queries
+// the pool outside its transaction), while an HTTP API on the same pool
+// (idemhttp.NewTx and a plain query) is called: the inbox holds its bound
+// and no more, the rest of the backlog waiting, and every request answers
+// while the backlog is held.
 func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 	const total, maxConns = 50, 8
 	pool := postgresPoolOf(t, maxConns)
@@ -132,7 +133,7 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	var inTx, maxInTx, maxAcquired atomic.Int32
+	var inTx, maxInTx atomic.Int32
 	raise := func(m *atomic.Int32, v int32) {
 		for old := m.Load(); v > old && !m.CompareAndSwap(old, v); old = m.Load() {
 		}
@@ -143,8 +144,13 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (event_id, body) VALUES ($1, $2)`, e.ID, e.Body); err != nil {
 			return err
 		}
+		// A query of the handler's own outside tx, on the same pool, finds
+		// a connection the bound left.
+		var one int
+		if err := pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+			return err
+		}
 		raise(&maxInTx, inTx.Add(1))
-		raise(&maxAcquired, pool.Stat().AcquiredConns())
 		defer inTx.Add(-1)
 		entered <- e.ID
 		select {
@@ -246,8 +252,8 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 			call(http.MethodPost, "/refunds", fmt.Sprintf("refund-%d-%s", round, rand.Text())),
 			call(http.MethodGet, "/processed", ""),
 		} {
-			require.Equal(t, total-left, n, "round %d: events committed when the API answered", round)
-			require.Less(t, n, total)
+			// The backlog had not drained: the held events had not committed.
+			require.LessOrEqual(t, n, total-left, "round %d: events committed when the API answered", round)
 		}
 		requests += 2
 		for range want {
@@ -272,7 +278,6 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 	require.Equal(t, total, distinct, "events with an effect")
 	require.Equal(t, requests/2, countAll(t, pool, refunds), "refunds")
 	require.EqualValues(t, bound, maxInTx.Load(), "most handlers in their transactions at once")
-	require.LessOrEqual(t, maxAcquired.Load(), int32(bound), "connections held when a handler entered")
 	require.LessOrEqual(t, apiAcquired.Load(), int32(bound+1), "connections held when the API ran, its own included")
 }
 
