@@ -115,6 +115,89 @@ func TestTxConnsWarnsWithoutReserve(t *testing.T) {
 	}
 }
 
+// holder is a TxHandler that writes each event's effect in its transaction
+// and then holds the transaction until the test lets it go, counting the
+// handlers holding one.
+type holder struct {
+	ledger  string
+	outside *pgxpool.Pool // when set, queried outside the transaction too
+	entered chan string
+	release chan struct{}
+	in      atomic.Int32
+	most    atomic.Int32
+}
+
+func newHolder(ledger string, events int) *holder {
+	return &holder{ledger: ledger, entered: make(chan string, events), release: make(chan struct{})}
+}
+
+func (h *holder) handle(ctx context.Context, tx pgx.Tx, e event) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+h.ledger+` (event_id, body) VALUES ($1, $2)`, e.ID, e.Body); err != nil {
+		return err
+	}
+	if h.outside != nil {
+		var one int
+		if err := h.outside.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+			return err
+		}
+	}
+	n := h.in.Add(1)
+	defer h.in.Add(-1)
+	for most := h.most.Load(); n > most && !h.most.CompareAndSwap(most, n); most = h.most.Load() {
+	}
+	h.entered <- e.ID
+	select {
+	case <-h.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// fill waits for n more handlers to enter, each within noProgress.
+func (h *holder) fill(t *testing.T, round, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-h.entered:
+		case <-time.After(noProgress):
+			t.Fatalf("round %d: no handler entered for %s; %d holding their transactions", round, noProgress, h.in.Load())
+		}
+	}
+}
+
+// letGo lets n handlers return.
+func (h *holder) letGo(n int) {
+	for range n {
+		h.release <- struct{}{}
+	}
+}
+
+// await returns what f returns, or fails t when f has not returned within
+// noProgress.
+func await[T any](t *testing.T, what string, f func() T) T {
+	t.Helper()
+	done := make(chan T, 1)
+	go func() { done <- f() }()
+	select {
+	case v := <-done:
+		return v
+	case <-time.After(noProgress):
+		t.Fatalf("%s: not done within %s", what, noProgress)
+		panic("unreachable")
+	}
+}
+
+// requireEffectsOnce checks that ledger holds one effect for each of n
+// events.
+func requireEffectsOnce(t *testing.T, pool *pgxpool.Pool, ledger string, n int) {
+	t.Helper()
+	var rows, distinct int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT event_id) FROM `+ledger).Scan(&rows, &distinct))
+	require.Equal(t, n, rows, "effects")
+	require.Equal(t, n, distinct, "events with an effect")
+}
+
 // TestTxConnsBacklogLeavesThePoolToTheAPI drains a backlog of events
 // through WrapTx's HandleConcurrent, far wider than the pool, whose handlers
 // hold their transactions until the test lets them go (each also queries
@@ -133,33 +216,9 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	var inTx, maxInTx atomic.Int32
-	raise := func(m *atomic.Int32, v int32) {
-		for old := m.Load(); v > old && !m.CompareAndSwap(old, v); old = m.Load() {
-		}
-	}
-	entered := make(chan string, total)
-	release := make(chan struct{})
-	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (event_id, body) VALUES ($1, $2)`, e.ID, e.Body); err != nil {
-			return err
-		}
-		// A query of the handler's own outside tx, on the same pool, finds
-		// a connection the bound left.
-		var one int
-		if err := pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
-			return err
-		}
-		raise(&maxInTx, inTx.Add(1))
-		defer inTx.Add(-1)
-		entered <- e.ID
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}, dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()))
+	h := newHolder(ledger, total)
+	h.outside = pool
+	w, err := dedup.WrapTx(store, events, h.handle, dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()))
 	require.NoError(t, err)
 
 	// The API: a refund in an idemhttp transaction, and a plain query. Each
@@ -168,7 +227,9 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 	committed := func(ctx context.Context, q interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
 	}) (int, error) {
-		raise(&apiAcquired, pool.Stat().AcquiredConns())
+		if n := pool.Stat().AcquiredConns(); n > apiAcquired.Load() {
+			apiAcquired.Store(n) // the requests come one at a time
+		}
 		var n int
 		err := q.QueryRow(ctx, `SELECT count(*) FROM `+ledger).Scan(&n)
 		return n, err
@@ -230,21 +291,13 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 		})
 	}()
 
-	requests := 0
+	refundsMade := 0
 	for left, round := total, 0; left > 0; round++ {
 		// The inbox fills up to its bound, the rest of the backlog waiting
 		// for a slot: nobody enters or leaves until the test lets go.
 		want := min(bound, left)
-		for range want {
-			select {
-			case <-entered:
-			case err := <-drained:
-				t.Fatalf("round %d: HandleConcurrent returned (%v) with %d events held back", round, err, left)
-			case <-time.After(noProgress):
-				t.Fatalf("round %d: no handler entered for %s; %d in their transactions, %d events left", round, noProgress, inTx.Load(), left)
-			}
-		}
-		require.EqualValues(t, want, inTx.Load(), "round %d: handlers in their transactions", round)
+		h.fill(t, round, want)
+		require.EqualValues(t, want, h.in.Load(), "round %d: handlers holding their transactions", round)
 		require.LessOrEqual(t, pool.Stat().AcquiredConns(), int32(bound), "round %d: connections held with the inbox full", round)
 
 		// The API answers on the same pool while the backlog is held.
@@ -255,37 +308,20 @@ func TestTxConnsBacklogLeavesThePoolToTheAPI(t *testing.T) {
 			// The backlog had not drained: the held events had not committed.
 			require.LessOrEqual(t, n, total-left, "round %d: events committed when the API answered", round)
 		}
-		requests += 2
-		for range want {
-			release <- struct{}{}
-		}
+		refundsMade++
+		h.letGo(want)
 		left -= want
 	}
-	select {
-	case err := <-drained:
-		require.NoError(t, err)
-	case <-time.After(noProgress):
-		t.Fatalf("HandleConcurrent did not return %s after its last handler was let go", noProgress)
-	}
+	require.NoError(t, await(t, "HandleConcurrent, its last handler let go", func() error { return <-drained }))
 
 	for i := range total {
 		require.NoError(t, errs[i], msgs[i].ID)
 		require.Equal(t, dedup.OutcomeProcessed, results[i].Outcome, msgs[i].ID)
 	}
-	var rows, distinct int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+ledger).Scan(&rows, &distinct))
-	require.Equal(t, total, rows, "effects")
-	require.Equal(t, total, distinct, "events with an effect")
-	require.Equal(t, requests/2, countAll(t, pool, refunds), "refunds")
-	require.EqualValues(t, bound, maxInTx.Load(), "most handlers in their transactions at once")
+	requireEffectsOnce(t, pool, ledger, total)
+	requireEffectsOnce(t, pool, refunds, refundsMade)
+	require.EqualValues(t, bound, h.most.Load(), "most handlers holding their transactions at once")
 	require.LessOrEqual(t, apiAcquired.Load(), int32(bound+1), "connections held when the API ran, its own included")
-}
-
-func countAll(t *testing.T, pool *pgxpool.Pool, table string) int {
-	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n))
-	return n
 }
 
 // TestTxConnsWaitHonoursContext cancels a delivery waiting for the inbox's
@@ -298,71 +334,145 @@ func TestTxConnsWaitHonoursContext(t *testing.T) {
 	ledger := newLedger(t, pool)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	var runs atomic.Int32
-	w, err := dedup.WrapTx(store, events, func(ctx context.Context, tx pgx.Tx, e event) error {
-		runs.Add(1)
-		if e.Body == "hold" {
-			entered <- struct{}{}
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (event_id, body) VALUES ($1, $2)`, e.ID, e.Body)
-		return err
-	}, dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()))
+	h := newHolder(ledger, 2)
+	w, err := dedup.WrapTx(store, events, h.handle, dedup.WithScope(uniqueScope(t)), dedup.WithSink(dedup.NewMemorySink()))
 	require.NoError(t, err)
 
 	type outcome struct {
 		res dedup.Result
 		err error
 	}
+	handle := func(ctx context.Context, id string) func() outcome {
+		return func() outcome {
+			res, err := w.Handle(ctx, event{ID: id, Body: id})
+			return outcome{res, err}
+		}
+	}
 	first := make(chan outcome, 1)
-	go func() {
-		res, err := w.Handle(ctx, event{ID: "holder", Body: "hold"})
-		first <- outcome{res, err}
-	}()
-	select {
-	case <-entered:
-	case <-time.After(noProgress):
-		t.Fatalf("the first delivery's handler did not run within %s", noProgress)
-	}
+	go func() { first <- handle(ctx, "holder")() }()
+	h.fill(t, 0, 1)
 
-	waitCtx, cancel := context.WithCancel(ctx)
+	waitCtx, stop := context.WithCancel(ctx)
 	second := make(chan outcome, 1)
-	go func() {
-		res, err := w.Handle(waitCtx, event{ID: "waiter", Body: "wait"})
-		second <- outcome{res, err}
-	}()
-	cancel()
-	var got outcome
-	select {
-	case got = <-second:
-	case <-time.After(noProgress):
-		t.Fatalf("a delivery whose context was cancelled still waits for a slot after %s", noProgress)
-	}
+	go func() { second <- handle(waitCtx, "waiter")() }()
+	stop()
+	got := await(t, "a delivery whose context was cancelled while it waited for a slot", func() outcome { return <-second })
 	require.ErrorIs(t, got.err, context.Canceled)
-	require.Contains(t, got.err.Error(), "waiting for one of the 1 connections the inbox may hold")
 	require.NotEqual(t, dedup.OutcomeProcessed, got.res.Outcome)
-	require.EqualValues(t, 1, runs.Load(), "the waiting delivery's handler ran")
+	require.Empty(t, h.entered, "the waiting delivery's handler ran")
 	_, err = store.Get(ctx, dedup.Key{Scope: w.Scope(), EventID: "waiter"})
 	require.ErrorIs(t, err, dedup.ErrNotFound)
 	require.Empty(t, first, "the first delivery ended while it held the slot")
 
-	close(release)
-	var res outcome
-	select {
-	case res = <-first:
-	case <-time.After(noProgress):
-		t.Fatalf("the first delivery did not end within %s of its handler's release", noProgress)
-	}
+	h.letGo(1)
+	res := await(t, "the first delivery, its handler let go", func() outcome { return <-first })
 	require.NoError(t, res.err)
 	require.Equal(t, dedup.OutcomeProcessed, res.res.Outcome)
-	again, err := w.Handle(ctx, event{ID: "waiter", Body: "wait"})
+	// Its slot was given back: the waiter delivered again runs in it.
+	close(h.release)
+	again := await(t, "the cancelled delivery, delivered again", handle(ctx, "waiter"))
+	require.NoError(t, again.err)
+	require.Equal(t, dedup.OutcomeProcessed, again.res.Outcome)
+	requireEffectsOnce(t, pool, ledger, 2)
+}
+
+// TestTxConnsSharedByWrappers runs two WrapTx wrappers on one store with a
+// bound of 2: together they never hold more. A third one's HandleBatch,
+// cancelled while both slots are held, records nothing and succeeds none of
+// its events; delivered again, they run once, and each batch's transaction
+// gives its slot back.
+func TestTxConnsSharedByWrappers(t *testing.T) {
+	const perWrapper, bound = 3, 2
+	pool := postgresPoolOf(t, 4)
+	store, err := dedup.NewPostgresStore(pool, dedup.WithTable("dedup_wrapper_test"), dedup.WithTxConns(bound))
 	require.NoError(t, err)
-	require.Equal(t, dedup.OutcomeProcessed, again.Outcome)
-	require.Equal(t, 1, countRows(t, pool, ledger, "waiter"))
-	require.Equal(t, 1, countRows(t, pool, ledger, "holder"))
+	ledger := newLedger(t, pool)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	h := newHolder(ledger, 2*perWrapper)
+	wrap := func(scope string, th dedup.TxHandler[event]) *dedup.Wrapper[event] {
+		w, err := dedup.WrapTx(store, events, th, dedup.WithScope(uniqueScope(t)+scope), dedup.WithSink(dedup.NewMemorySink()))
+		require.NoError(t, err)
+		return w
+	}
+	wrappers := []*dedup.Wrapper[event]{wrap("-a", h.handle), wrap("-b", h.handle)}
+	late := wrap("-c", func(ctx context.Context, tx pgx.Tx, e event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (event_id, body) VALUES ($1, $2)`, e.ID, e.Body)
+		return err
+	})
+	// lateBatch runs msgs through late's HandleBatch and returns the error
+	// of each result (a success that is not OutcomeProcessed is one) and
+	// HandleBatch's.
+	lateBatch := func(ctx context.Context, msgs []event) func() []error {
+		return func() []error {
+			var errs []error
+			err := late.HandleBatch(ctx, msgs, func(i int, res dedup.Result, err error) bool {
+				if err == nil && res.Outcome != dedup.OutcomeProcessed {
+					err = fmt.Errorf("%s: outcome %v", msgs[i].ID, res.Outcome)
+				}
+				errs = append(errs, err)
+				return true
+			})
+			return append(errs, err)
+		}
+	}
+
+	drained := make(chan error, len(wrappers))
+	for k, w := range wrappers {
+		msgs := make([]event, perWrapper)
+		for i := range msgs {
+			msgs[i] = event{ID: fmt.Sprintf("w%d-%d", k, i), Body: "shared"}
+		}
+		go func() {
+			drained <- w.HandleConcurrent(ctx, msgs, func(i int, res dedup.Result, err error) {
+				if err == nil && res.Outcome != dedup.OutcomeProcessed {
+					err = fmt.Errorf("outcome %v", res.Outcome)
+				}
+				if err != nil {
+					t.Errorf("%s: %v", msgs[i].ID, err)
+				}
+			})
+		}()
+	}
+	lateMsgs := []event{{ID: "late-0", Body: "late"}, {ID: "late-1", Body: "late"}}
+	for left, round := 2*perWrapper, 0; left > 0; round++ {
+		want := min(bound, left)
+		h.fill(t, round, want)
+		require.EqualValues(t, want, h.in.Load(), "round %d: handlers of both wrappers holding their transactions", round)
+		if round == 0 {
+			// Both slots are held: a third wrapper's batch waits for one,
+			// and leaves when its context is cancelled, succeeding nothing.
+			waitCtx, stop := context.WithCancel(ctx)
+			done := make(chan []error, 1)
+			go func() { done <- lateBatch(waitCtx, lateMsgs)() }()
+			stop()
+			for _, err := range await(t, "a HandleBatch whose context was cancelled while it waited for a slot", func() []error { return <-done }) {
+				if err != nil {
+					require.ErrorIs(t, err, context.Canceled)
+				}
+			}
+			for _, m := range lateMsgs {
+				_, err := store.Get(ctx, dedup.Key{Scope: late.Scope(), EventID: m.ID})
+				require.ErrorIs(t, err, dedup.ErrNotFound, m.ID)
+			}
+		}
+		h.letGo(want)
+		left -= want
+	}
+	for range wrappers {
+		require.NoError(t, await(t, "HandleConcurrent, its last handler let go", func() error { return <-drained }))
+	}
+	require.EqualValues(t, bound, h.most.Load(), "most handlers of the two wrappers holding their transactions at once")
+
+	// With the bound at 2, a batch that kept its slot would leave the third
+	// of these waiting for ever.
+	for _, msgs := range [][]event{lateMsgs, {{ID: "late-2", Body: "late"}}, {{ID: "late-3", Body: "late"}}} {
+		errs := await(t, "HandleBatch of "+msgs[0].ID, lateBatch(ctx, msgs))
+		require.Len(t, errs, len(msgs)+1)
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	requireEffectsOnce(t, pool, ledger, 2*perWrapper+4)
 }
