@@ -19,7 +19,9 @@ import (
 // handler's own queries): n = MaxConns - max(1, MaxConns/4), at least 1.
 // An n below 1 or above MaxConns is refused with [ErrConfig]; an n equal to
 // MaxConns leaves nothing beside the inbox and is logged at WARN by WrapTx.
-// A [DynamoDBStore] refuses it.
+// The bound is the store's: stores sharing a pool have one each, so give
+// them bounds that add up below MaxConns, or share one store. A
+// [DynamoDBStore] refuses it.
 func WithTxConns(n int) StoreOpt {
 	return storeOptFunc(func(c *storeConfig) { c.txConns, c.txConnsGiven = n, true })
 }
