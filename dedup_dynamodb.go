@@ -107,6 +107,9 @@ func NewDynamoDBStore(client *dynamodb.Client, opts ...StoreOpt) (*DynamoDBStore
 	if client == nil {
 		return nil, fmt.Errorf("%w: dynamodb store: nil client", ErrConfig)
 	}
+	if err := storeOptions(opts).refusePostgresOnly("NewDynamoDBStore"); err != nil {
+		return nil, err
+	}
 	table := storeTable(opts)
 	if err := validateDynamoDBTable(table); err != nil {
 		return nil, err

@@ -38,9 +38,12 @@ const inboxSavepoint = "dedup_attempt"
 // lookups in the primary key, and a key is an identifier, not text to sort
 // for people.
 type PostgresStore struct {
-	pool  *pgxpool.Pool
-	table string // quoted, for messages
-	sql   postgresSQL
+	pool *pgxpool.Pool
+	// txConns begins the transactional inbox's transactions on pool, at
+	// most its bound at once (WithTxConns).
+	txConns *txBudget
+	table   string // quoted, for messages
+	sql     postgresSQL
 	// layout is what the table was last found to be (a pgLayout): v2, or
 	// being migrated from v1, when each operation first moves its keys'
 	// rows across.
@@ -63,16 +66,21 @@ func (e *TableNameError) Error() string {
 func (e *TableNameError) Unwrap() error { return ErrConfig }
 
 // NewPostgresStore returns a store on pool; call [PostgresStore.Migrate] once
-// to create its table.
+// to create its table. Its options are [WithTable] and [WithTxConns].
 func NewPostgresStore(pool *pgxpool.Pool, opts ...StoreOpt) (*PostgresStore, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres store: nil pool", ErrConfig)
 	}
-	ident, err := parseTableName(storeTable(opts))
+	cfg := storeOptions(opts)
+	ident, err := parseTableName(cfg.table)
 	if err != nil {
 		return nil, err
 	}
-	s := &PostgresStore{pool: pool, table: ident.Sanitize(), names: newTableNames(ident)}
+	budget, err := newTxBudget(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &PostgresStore{pool: pool, txConns: budget, table: ident.Sanitize(), names: newTableNames(ident)}
 	s.sql = buildPostgresSQL(s.table, s.names)
 	return s, nil
 }

@@ -38,9 +38,12 @@ type TxHandler[M any] func(ctx context.Context, tx pgx.Tx, msg M) error
 // live in the same database.
 //
 // Each event in flight holds one of the pool's connections for its
-// transaction (HandleConcurrent runs as many at once as it is given): a
-// handler that also writes outside tx must not take its connection from
-// the same pool, which those transactions may hold to the last one.
+// transaction, but the store's wrappers together hold no more than its
+// bound ([WithTxConns]; by default the pool's MaxConns less a quarter, at
+// least one left): the events beyond it (HandleConcurrent's, a prefetch's)
+// wait for a transaction to end, and the rest of the pool stays free for
+// everything else on it, an API, a handler's own queries outside tx. WrapTx
+// logs at WARN when the bound leaves nothing beside the inbox.
 func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts ...Opt) (*Wrapper[M], error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrConfig)
@@ -55,7 +58,8 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 	if w.cfg.batchWaitSet && w.cfg.batchWait > 0 {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: WrapTx records each event in its handler's transaction", ErrConfig)
 	}
-	in := &inbox[M]{w: w, store: store, db: store.pool, handler: h}
+	store.txConns.warnNoReserve(w.cfg.logger)
+	in := &inbox[M]{w: w, store: store, db: store.txConns, handler: h}
 	w.claimer, w.runner = in, in.newChunk
 	if w.cfg.txPerEvent {
 		w.runner = newEachRunner[M]
@@ -69,8 +73,8 @@ func WrapTx[M any](store *PostgresStore, msgs Messages[M], h TxHandler[M], opts 
 type inbox[M any] struct {
 	w     *Wrapper[M]
 	store *PostgresStore
-	// db begins the attempts' transactions: the store's pool, or the
-	// database a front end was given (NewTxFront).
+	// db begins the attempts' transactions: the store's pool within its
+	// bound (txBudget), or the database a front end was given (NewTxFront).
 	db      TxBeginner
 	handler TxHandler[M]
 	// front is set for a Front's attempts (NewTxFront): the front end

@@ -76,7 +76,7 @@ func (r *inboxChunk[M]) open(ctx context.Context, from int) (int, error) {
 	if len(reqs) == 0 {
 		return r.to, nil
 	}
-	tx, err := r.in.store.pool.Begin(ctx)
+	tx, err := r.in.store.txConns.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("dedup: inbox begin: %w", err)
 	}

@@ -25,6 +25,9 @@ type TxBeginner interface {
 // waits past the database's lock_timeout finds the key in flight.
 //
 // Each attempt holds one of db's connections from its claim until it ends.
+// A front end's attempts are not counted in the store's bound on its
+// consumers' transactions ([WithTxConns]): on the store's pool, they take
+// the connections that bound leaves free.
 // Its options are those of [NewFront], refused as it refuses them.
 func NewTxFront[M any](store *PostgresStore, db TxBeginner, h TxHandler[M], opts ...Opt) (*Front[M], error) {
 	if store == nil || nilcheck.IsNil(db) {

@@ -341,6 +341,9 @@ func (f storeOptFunc) apply(c *storeConfig) { f(c) }
 
 type storeConfig struct {
 	table string
+	// txConns is the bound WithTxConns gives, when txConnsGiven.
+	txConns      int
+	txConnsGiven bool
 }
 
 // WithTable sets the store's table name (default [DefaultTable]). For
@@ -350,12 +353,25 @@ func WithTable(name string) StoreOpt {
 }
 
 // storeTable returns the table opts name.
-func storeTable(opts []StoreOpt) string {
+func storeTable(opts []StoreOpt) string { return storeOptions(opts).table }
+
+// storeOptions returns the configuration opts give a store.
+func storeOptions(opts []StoreOpt) storeConfig {
 	cfg := storeConfig{table: DefaultTable}
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	return cfg.table
+	return cfg
+}
+
+// refusePostgresOnly returns an error matching [ErrConfig] when c holds an
+// option only a [PostgresStore] honours, for who, another store's
+// constructor.
+func (c storeConfig) refusePostgresOnly(who string) error {
+	if c.txConnsGiven {
+		return fmt.Errorf("%w: %s: WithTxConns bounds a PostgresStore's pool; this store holds no connections", ErrConfig, who)
+	}
+	return nil
 }
 
 // Backoff returns how long to wait before attempt+1, after attempt failed.
