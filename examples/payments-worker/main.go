@@ -130,11 +130,12 @@ func start(ctx context.Context, cfg config, log *slog.Logger) (_ *worker, err er
 	if err != nil {
 		return nil, err
 	}
-	// One pool for the consumer and the API. Each delivery in flight holds
-	// a connection for its transaction, and so does each request in
-	// flight: size the pool for both (docs/consuming.md, "One pool for the
-	// consumer and the API").
-	pgcfg.MaxConns = int32(cfg.prefetch) + 16
+	// One pool for the consumer and the API (docs/consuming.md, "One pool
+	// for the consumer and the API"): the inbox's transactions hold at most
+	// store.TxConns() of it, 15 of 20 by default, however many deliveries
+	// the prefetch brings; the other 5 serve the refunds, the outbox's
+	// writes and the store's own queries.
+	pgcfg.MaxConns = 20
 	pool, err := pgxpool.NewWithConfig(ctx, pgcfg)
 	if err != nil {
 		return nil, err
