@@ -159,6 +159,30 @@ type letter struct {
 	redrives    int
 }
 
+// admit takes letter l through what every redrive does before sending it
+// back to dest (its origin, as the dry run's line names it): skipped by a
+// filter or the loop guard, listed in a dry run, or paced and its record
+// reset so that the copy is claimable. It reports whether the caller sends
+// it; the caller counts it sent once it is.
+func (r *redrive) admit(ctx context.Context, l letter, dest string, out io.Writer) (send bool, err error) {
+	if why := r.skip(l); why != "" {
+		r.sum.skip(why, l.where)
+		return false, nil
+	}
+	if !r.yes {
+		fmt.Fprintf(out, "would send %s (%s, %s) back to %s\n", l.key, l.reason, l.where, dest)
+		r.sum.sent++
+		return false, nil
+	}
+	if !r.pace(ctx) {
+		return false, ctx.Err()
+	}
+	if err := r.reset(ctx, l); err != nil {
+		return false, fmt.Errorf("reset %s: %w", l.key, err)
+	}
+	return true, nil
+}
+
 // readLetter reads a dead letter's metadata (dedup-* names) and its redrive
 // count.
 func readLetter(where string, meta func(name string) string) letter {

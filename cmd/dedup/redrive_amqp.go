@@ -92,20 +92,8 @@ func (r *redrive) amqpLetter(ctx context.Context, pub *amqp.Channel, returns <-c
 	header := func(name string) string { return tableText(d.Headers[name]) }
 	l := readLetter(fmt.Sprintf("%s#%d", dlq, d.DeliveryTag), header)
 	l.origin = header("dedup-origin-queue")
-	if why := r.skip(l); why != "" {
-		r.sum.skip(why, l.where)
-		return false, nil
-	}
-	if !r.yes {
-		fmt.Fprintf(out, "would send %s (%s, %s) back to queue %s\n", l.key, l.reason, l.where, l.origin)
-		r.sum.sent++
-		return false, nil
-	}
-	if !r.pace(ctx) {
-		return false, ctx.Err()
-	}
-	if err := r.reset(ctx, l); err != nil {
-		return false, fmt.Errorf("reset %s: %w", l.key, err)
+	if send, err := r.admit(ctx, l, "queue "+l.origin, out); !send {
+		return false, err
 	}
 	// Not the expiration, which could drop the copy, nor the user_id,
 	// which the broker checks against the redrive's own user.

@@ -75,18 +75,9 @@ func (r *redrive) kafkaLetter(ctx context.Context, producer, consumer *kgo.Clien
 	if l.origin == "" {
 		l.origin = header("kafka_dlt-original-topic")
 	}
-	if why := r.skip(l); why != "" {
-		r.sum.skip(why, l.where)
-	} else if !r.yes {
-		fmt.Fprintf(out, "would send %s (%s, %s) back to %s\n", l.key, l.reason, l.where, l.origin)
-		r.sum.sent++
-	} else {
-		if !r.pace(ctx) {
-			return ctx.Err()
-		}
-		if err := r.reset(ctx, l); err != nil {
-			return fmt.Errorf("reset %s: %w", l.key, err)
-		}
+	if send, err := r.admit(ctx, l, l.origin, out); err != nil {
+		return err
+	} else if send {
 		back := &kgo.Record{Topic: l.origin, Key: rec.Key, Value: rec.Value}
 		for _, h := range rec.Headers {
 			if !strings.HasPrefix(h.Key, dedup.MetadataPrefix) && !strings.HasPrefix(h.Key, "kafka_dlt-") && h.Key != redriveCountHeader {

@@ -83,20 +83,8 @@ func (r *redrive) natsLetter(ctx context.Context, js jetstream.JetStream, dlq st
 	header := func(name string) string { return m.Header.Get(name) }
 	l := readLetter(fmt.Sprintf("%s@%d", dlq, m.Sequence), header)
 	l.origin = header("dedup-origin-topic")
-	if why := r.skip(l); why != "" {
-		r.sum.skip(why, l.where)
-		return false, nil
-	}
-	if !r.yes {
-		fmt.Fprintf(out, "would send %s (%s, %s) back to subject %s\n", l.key, l.reason, l.where, l.origin)
-		r.sum.sent++
-		return false, nil
-	}
-	if !r.pace(ctx) {
-		return false, ctx.Err()
-	}
-	if err := r.reset(ctx, l); err != nil {
-		return false, fmt.Errorf("reset %s: %w", l.key, err)
+	if send, err := r.admit(ctx, l, "subject "+l.origin, out); !send {
+		return false, err
 	}
 	back := &nats.Msg{Subject: l.origin, Data: m.Data, Header: nats.Header{}}
 	for name, vs := range m.Header {

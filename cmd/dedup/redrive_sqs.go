@@ -78,22 +78,10 @@ func (r *redrive) sqsLetter(ctx context.Context, client *sqs.Client, dlqURL stri
 		}
 		return meta[name]
 	}
-	l := readLetter(aws.ToString(m.MessageId), attr)
+	l := readLetter("message "+aws.ToString(m.MessageId), attr)
 	l.origin = meta["dedup-origin-queue"]
-	if why := r.skip(l); why != "" {
-		r.sum.skip(why, l.where)
-		return false, nil
-	}
-	r.sum.sent++
-	if !r.yes {
-		fmt.Fprintf(out, "would send %s (%s, message %s) back to %s\n", l.key, l.reason, l.where, l.origin)
-		return false, nil
-	}
-	if !r.pace(ctx) {
-		return false, ctx.Err()
-	}
-	if err := r.reset(ctx, l); err != nil {
-		return false, fmt.Errorf("reset %s: %w", l.key, err)
+	if send, err := r.admit(ctx, l, l.origin, out); !send {
+		return false, err
 	}
 	in := &sqs.SendMessageInput{QueueUrl: aws.String(l.origin), MessageBody: m.Body,
 		MessageAttributes: map[string]types.MessageAttributeValue{}}
@@ -112,6 +100,7 @@ func (r *redrive) sqsLetter(ctx context.Context, client *sqs.Client, dlqURL stri
 	if _, err := client.SendMessage(ctx, in); err != nil {
 		return false, fmt.Errorf("send %s back to %s: %w", l.key, l.origin, err)
 	}
+	r.sum.sent++
 	if _, err := client.DeleteMessage(context.WithoutCancel(ctx), &sqs.DeleteMessageInput{QueueUrl: aws.String(dlqURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
 		return true, fmt.Errorf("sent %s back but could not delete it from %s (a second redrive sends it again, and the consumer's dedup answers it): %w", l.key, dlqURL, err)
 	}
