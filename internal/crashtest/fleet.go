@@ -119,7 +119,7 @@ func (f *Fleet) Start(i int) {
 		f.t.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := testenv.DieWithTest(exec.Command(os.Args[0], "-test.run=^$"))
 	cmd.Env = append(os.Environ(), f.env+"="+string(raw))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {

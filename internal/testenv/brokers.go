@@ -140,7 +140,7 @@ func (s *NATSServer) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.
 // until it answers with JetStream enabled.
 func (s *NATSServer) Start() {
 	s.t.Helper()
-	s.cmd = exec.Command(s.bin, "-c", filepath.Join(s.dir, "nats.conf"), "-l", filepath.Join(s.dir, "nats.log"))
+	s.cmd = DieWithTest(exec.Command(s.bin, "-c", filepath.Join(s.dir, "nats.conf"), "-l", filepath.Join(s.dir, "nats.log")))
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start nats-server: %v", err)
 	}

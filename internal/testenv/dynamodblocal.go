@@ -84,9 +84,9 @@ func (s *DynamoDBServer) Start() {
 	// 4,000 writes at 640 to 890 a second instead of 250 to 520, at a load
 	// average of 12 to 23 on two cores. The server compiler's work never
 	// pays off in a run this short.
-	s.cmd = exec.Command("java", "-XX:TieredStopAtLevel=1",
+	s.cmd = DieWithTest(exec.Command("java", "-XX:TieredStopAtLevel=1",
 		"-Djava.library.path="+filepath.Join(filepath.Dir(s.jar), "DynamoDBLocal_lib"),
-		"-jar", s.jar, "-sharedDb", "-dbPath", s.dir, "-disableTelemetry", "-port", strconv.Itoa(s.port))
+		"-jar", s.jar, "-sharedDb", "-dbPath", s.dir, "-disableTelemetry", "-port", strconv.Itoa(s.port)))
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start private DynamoDB Local: %v", err)

@@ -97,7 +97,7 @@ func (s *RedisServer) Start() {
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "redis.log",
 	}, s.args...)
-	s.cmd = exec.Command(s.bin, args...)
+	s.cmd = DieWithTest(exec.Command(s.bin, args...))
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
