@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/internal/logattr"
 	"github.com/dedupkit/dedup/internal/nilcheck"
+	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // Relay publishes the committed events of an [Outbox]. Run as many relays as
@@ -49,28 +49,18 @@ func (r *Relay) Health() error {
 	defer r.mu.Unlock()
 	switch {
 	case !r.running && r.lastErr != nil:
-		return &relayOutage{"outbox relay stopped: " + r.lastErr.Error(), r.lastErr}
+		return &outage.Error{Msg: "outbox relay stopped: " + r.lastErr.Error(), Err: r.lastErr}
 	case !r.running:
-		return &relayOutage{"outbox relay not running", nil}
+		return &outage.Error{Msg: "outbox relay not running"}
 	case r.failing.IsZero() || r.now().Sub(r.failing) < r.cfg.outage:
 		return nil
 	case r.lastErr == nil:
-		return &relayOutage{fmt.Sprintf("outbox relay: no pass succeeded in %v since it started",
-			r.now().Sub(r.failing).Round(time.Millisecond)), nil}
+		return &outage.Error{Msg: fmt.Sprintf("outbox relay: no pass succeeded in %v since it started",
+			r.now().Sub(r.failing).Round(time.Millisecond))}
 	}
-	return &relayOutage{fmt.Sprintf("outbox relay passes failing for %v (since %s): %v",
-		r.now().Sub(r.failing).Round(time.Millisecond), r.failing.UTC().Format(time.RFC3339), r.lastErr), r.lastErr}
+	return &outage.Error{Msg: fmt.Sprintf("outbox relay passes failing for %v (since %s): %v",
+		r.now().Sub(r.failing).Round(time.Millisecond), r.failing.UTC().Format(time.RFC3339), r.lastErr), Err: r.lastErr}
 }
-
-// relayOutage is a relay's Health error: it matches [dedup.ErrOutage] and
-// the failure behind it, in the relay's own words.
-type relayOutage struct {
-	msg string
-	err error // the latest failure, or nil
-}
-
-func (e *relayOutage) Error() string   { return e.msg }
-func (e *relayOutage) Unwrap() []error { return []error{dedup.ErrOutage, e.err} }
 
 // passed records how a pass ended for Health: err nil, it succeeded.
 func (r *Relay) passed(err error) {

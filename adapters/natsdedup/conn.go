@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // connReminder is how often a connection still lost is logged again.
@@ -76,17 +78,7 @@ func (c *Consumer) connHealth() error {
 	if l.err != nil {
 		msg += ": " + l.err.Error()
 	}
-	return &connOutage{msg: msg, err: l.err}
+	return &outage.Error{Msg: msg, Err: l.err}
 }
-
-// connOutage is Health's error for a lost connection: it matches
-// [ErrOutage] and the connection's error, in the Consumer's own words.
-type connOutage struct {
-	msg string
-	err error // the connection's last error, or nil
-}
-
-func (e *connOutage) Error() string   { return e.msg }
-func (e *connOutage) Unwrap() []error { return []error{ErrOutage, e.err} }
 
 func lostFor(l *connLoss) string { return time.Since(l.since).Round(time.Millisecond).String() }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dedupkit/dedup/deduptype"
 	"github.com/dedupkit/dedup/internal/logattr"
 )
 
@@ -154,3 +155,14 @@ func Failed(health error, s Snapshot, maxOutage time.Duration, sentinel error) (
 	}
 	return slog.LevelWarn, stop
 }
+
+// Error is a part's Health error for an outage it words itself (a relay's
+// failing passes, a lost connection): it matches deduptype.ErrOutage and
+// Err, the failure behind it if known.
+type Error struct {
+	Msg string
+	Err error
+}
+
+func (e *Error) Error() string   { return e.Msg }
+func (e *Error) Unwrap() []error { return []error{deduptype.ErrOutage, e.Err} }
