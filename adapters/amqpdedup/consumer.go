@@ -61,11 +61,11 @@ type Consumer struct {
 	notConsuming atomic.Pointer[consumeFailure]
 	// mismatch is set once the wrapper reads deliveries with the Messages
 	// of another queue.
-	mismatch atomic.Pointer[error]
+	mismatch adapterkit.Fault
 	// dlq is the dead-letter queue Run checks ("": none); dlqMissing is
 	// set while it is missing.
 	dlq        string
-	dlqMissing atomic.Pointer[error]
+	dlqMissing adapterkit.Fault
 	cfg        config
 	log        *slog.Logger
 }
@@ -154,7 +154,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	c.notConsuming.Store(nil)
-	c.dlqMissing.Store(nil) // Health speaks of a running consumer only
+	c.dlqMissing.Forget() // Health speaks of a running consumer only
 	return r.Stop(func() {
 		r.returnHeld()
 		for _, s := range sessions {

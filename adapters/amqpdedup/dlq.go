@@ -31,17 +31,13 @@ func (c *Consumer) checkDLQ(conn *amqp.Connection) (done bool) {
 	var amqpErr *amqp.Error
 	switch {
 	case err == nil:
-		if c.dlqMissing.Swap(nil) != nil {
-			c.log.Info("amqpdedup: the dead-letter queue exists now", slog.String("dead_letter_queue", c.dlq))
-		}
+		c.dlqMissing.Fixed(c.log, "amqpdedup: the dead-letter queue exists now", slog.String("dead_letter_queue", c.dlq))
 		return true
 	case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
 		missing := fmt.Errorf("%w: amqpdedup: dead-letter queue %q of queue %q does not exist: declare it (durable, of the type of %q), "+
 			"or name the queue the Sink routes to with WithDeadLetterQueue; a poison delivery is retried until it exists",
 			dedup.ErrConfig, c.dlq, c.queue, c.queue)
-		if c.dlqMissing.Swap(&missing) == nil {
-			c.log.Error(missing.Error(), slog.String("dead_letter_queue", c.dlq))
-		}
+		c.dlqMissing.Found(c.log, missing, slog.String("dead_letter_queue", c.dlq))
 	}
 	return false
 }

@@ -30,8 +30,8 @@ func (c *Consumer) Stats() Stats { return c.w.Stats() }
 // finds the dead-letter queue missing (see [WithDeadLetterQueue]): a
 // readiness probe can serve it.
 func (c *Consumer) Health() error {
-	if err := c.mismatch.Load(); err != nil {
-		return *err
+	if err := c.mismatch.Err(); err != nil {
+		return err
 	}
 	if err := c.w.Health(); err != nil {
 		return err
@@ -39,8 +39,8 @@ func (c *Consumer) Health() error {
 	if f := c.notConsuming.Load(); f != nil {
 		return fmt.Errorf("amqpdedup: not consuming queue %q since %s: %w", c.queue, f.since.UTC().Format(time.RFC3339), f.err)
 	}
-	if err := c.dlqMissing.Load(); err != nil {
-		return *err
+	if err := c.dlqMissing.Err(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -84,12 +84,10 @@ func queueOf(d amqp.Delivery, named string) string {
 // of another queue, named: the first time, it logs it at ERROR and Health
 // reports it from then on.
 func (c *Consumer) misnamed(named string) {
-	if c.mismatch.Load() != nil {
+	if c.mismatch.Err() != nil {
 		return
 	}
 	err := fmt.Errorf("%w: amqpdedup: the wrapper reads deliveries with Messages(%q) but the Consumer consumes queue %q: "+
 		"give both the same name (letters go to the consumed queue's dead-letter queue meanwhile)", dedup.ErrConfig, named, c.queue)
-	if c.mismatch.CompareAndSwap(nil, &err) {
-		c.log.Error(err.Error(), slog.String("messages_queue", named))
-	}
+	c.mismatch.Found(c.log, err, slog.String("messages_queue", named))
 }

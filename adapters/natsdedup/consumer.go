@@ -68,7 +68,7 @@ type Consumer struct {
 	connLost atomic.Pointer[connLoss]
 	// dlqMissing is set while Run finds no stream capturing a dead-letter
 	// subject.
-	dlqMissing atomic.Pointer[error]
+	dlqMissing adapterkit.Fault
 }
 
 // NewConsumer returns a Consumer pulling from cons and running messages

@@ -20,7 +20,7 @@ const dlqRecheck = 10 * time.Second
 // consumer, at once and then every dlqRecheck until one does, or until bg
 // is done.
 func (r *runner) watchDLQ(bg context.Context) {
-	defer r.dlqMissing.Store(nil) // Health speaks of a running consumer only
+	defer r.dlqMissing.Forget() // Health speaks of a running consumer only
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -66,17 +66,13 @@ func (r *runner) checkDLQ(bg context.Context) (done bool) {
 		}
 	}
 	if len(missing) == 0 {
-		if r.dlqMissing.Swap(nil) != nil {
-			r.log.Info("natsdedup: a stream captures the dead-letter subjects now")
-		}
+		r.dlqMissing.Fixed(r.log, "natsdedup: a stream captures the dead-letter subjects now")
 		return true
 	}
 	err = fmt.Errorf("%w: natsdedup: no stream captures the dead-letter subject %s of stream %s: "+
 		"create a stream with subjects %q (or name the Sink's subjects with WithDeadLetterSubjects); "+
 		"a poison message is retried meanwhile", dedup.ErrConfig, strings.Join(missing, ", "), r.info.Stream, missing)
-	if r.dlqMissing.Swap(&err) == nil {
-		r.log.Error(err.Error())
-	}
+	r.dlqMissing.Found(r.log, err)
 	return false
 }
 

@@ -30,8 +30,8 @@ func (c *Consumer) Health() error {
 	if err := c.connHealth(); err != nil {
 		return err
 	}
-	if err := c.dlqMissing.Load(); err != nil {
-		return *err
+	if err := c.dlqMissing.Err(); err != nil {
+		return err
 	}
 	return nil
 }
