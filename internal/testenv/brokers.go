@@ -101,11 +101,8 @@ type NATSServer struct {
 	port int
 	conf string
 	cmd  *exec.Cmd
+	done <-chan struct{} // closed once cmd has exited
 }
-
-// natsServerStart bounds the wait for a private nats-server to answer: it
-// starts in well under a second, but must hold on a loaded machine.
-const natsServerStart = 60 * time.Second
 
 // StartNATSServer starts a nats-server with JetStream (its store in a
 // temporary directory) on a free loopback port, killed when t ends; conf is
@@ -144,14 +141,11 @@ func (s *NATSServer) Start() {
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start nats-server: %v", err)
 	}
-	var last error
-	for until := time.Now().Add(natsServerStart); time.Now().Before(until); time.Sleep(50 * time.Millisecond) {
-		if last = s.answers(); last == nil {
-			return
-		}
-	}
-	log, _ := os.ReadFile(filepath.Join(s.dir, "nats.log"))
-	s.t.Fatalf("nats-server on %s did not answer within %v: %v\n%s", s.URL(), natsServerStart, last, log)
+	done := make(chan struct{})
+	s.done = done
+	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(done) }(s.cmd)
+	awaitStart(s.t, "nats-server on "+s.URL(), s.cmd.Process.Pid, done, filepath.Join(s.dir, "nats.log"),
+		func(context.Context) error { return s.answers() })
 }
 
 // answers returns nil once the server's JetStream answers.
@@ -179,6 +173,6 @@ func (s *NATSServer) Kill() {
 		s.t.Fatal("nats-server is not running")
 	}
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.done
 	s.cmd = nil
 }
