@@ -33,6 +33,8 @@ type config struct {
 	DynamoDB   string
 	SQS        string
 	Redis      string // host:port or redis:// URL
+	AMQP       string // RabbitMQ's amqp:// URL
+	NATS       string // NATS JetStream's nats:// URL
 	Partitions int
 	Brokers    string
 	Topic      string
@@ -74,6 +76,8 @@ func main() {
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
 	flag.StringVar(&cfg.Redis, "redis", env("DEDUP_REDIS_ADDR", "127.0.0.1:6379"), "Redis address (host:port or redis:// URL)")
+	flag.StringVar(&cfg.AMQP, "amqp", env("DEDUP_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.StringVar(&cfg.NATS, "nats", env("DEDUP_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (JetStream enabled)")
 	flag.StringVar(&cfg.SQS, "sqs", env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint (fauxqs)")
 	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic (one worker each)")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")
