@@ -19,7 +19,7 @@ import (
 // RabbitMQ and amqp091-go cost on their own.
 func runAMQPNone(kind string) rowRun {
 	return func(ctx context.Context, cfg config, m *meter) error {
-		queue, drop, err := openAMQPQueue(ctx, cfg, kind)
+		queue, drop, err := openAMQPQueue(ctx, cfg, m, kind)
 		if err != nil {
 			return err
 		}
@@ -60,7 +60,7 @@ func runAMQPNone(kind string) rowRun {
 // back after 200 ms rather than the default 5 s, as in the SQS rows.
 func runAMQP(name, kind string) rowRun {
 	return func(ctx context.Context, cfg config, m *meter) error {
-		queue, drop, err := openAMQPQueue(ctx, cfg, kind)
+		queue, drop, err := openAMQPQueue(ctx, cfg, m, kind)
 		if err != nil {
 			return err
 		}
@@ -85,7 +85,7 @@ func runAMQP(name, kind string) rowRun {
 // openAMQPQueue declares a durable queue of kind under a name of its own,
 // fills it with the row's events and returns its name and a function that
 // deletes it.
-func openAMQPQueue(ctx context.Context, cfg config, kind string) (string, func(), error) {
+func openAMQPQueue(ctx context.Context, cfg config, m *meter, kind string) (string, func(), error) {
 	conn, err := amqp.Dial(cfg.AMQP)
 	if err != nil {
 		return "", nil, fmt.Errorf("RabbitMQ at %s: %w (run `make services`)", cfg.AMQP, err)
@@ -99,6 +99,7 @@ func openAMQPQueue(ctx context.Context, cfg config, kind string) (string, func()
 		return "", nil, err
 	}
 	queue := "dedupbench-" + deduptype.NewOwnerToken()[:12]
+	m.queue = queue
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": kind}); err != nil {
 		conn.Close()
 		return "", nil, fmt.Errorf("declare %s queue %s: %w", kind, queue, err)

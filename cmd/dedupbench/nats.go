@@ -25,7 +25,7 @@ const natsIDHeader = "event-id"
 // the server does not confirm), with no dedup: what JetStream and nats.go
 // cost on their own.
 func runNATSNone(ctx context.Context, cfg config, m *meter) error {
-	_, cons, drop, err := openStream(ctx, cfg)
+	_, cons, drop, err := openStream(ctx, cfg, m)
 	if err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ func runNATSNone(ctx context.Context, cfg config, m *meter) error {
 // call and completed together, acknowledged with DoubleAck. Its letters
 // would go to a memory sink, so no dead-letter stream is checked.
 func runNATS(ctx context.Context, cfg config, m *meter) error {
-	js, cons, drop, err := openStream(ctx, cfg)
+	js, cons, drop, err := openStream(ctx, cfg, m)
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func runNATS(ctx context.Context, cfg config, m *meter) error {
 // default), fills it with the row's events and returns a durable pull
 // consumer of it with explicit acknowledgements, and a function that
 // deletes the stream and closes the connection.
-func openStream(ctx context.Context, cfg config) (jetstream.JetStream, jetstream.Consumer, func(), error) {
+func openStream(ctx context.Context, cfg config, m *meter) (jetstream.JetStream, jetstream.Consumer, func(), error) {
 	nc, err := nats.Connect(cfg.NATS, nats.Name("dedupbench"))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("NATS at %s: %w (run `make services`)", cfg.NATS, err)
@@ -92,6 +92,7 @@ func openStream(ctx context.Context, cfg config) (jetstream.JetStream, jetstream
 	}
 	token := deduptype.NewOwnerToken()[:12]
 	name, subject := "DEDUPBENCH_"+token, "dedupbench."+token
+	m.queue = name
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
 	if err != nil {
 		nc.Close()
