@@ -118,42 +118,58 @@ func openAMQPQueue(ctx context.Context, cfg config, m *meter, kind string) (stri
 	return queue, drop, nil
 }
 
-// amqpConfirmWindow is how many messages publishEvents publishes before it
-// waits for their confirmations.
-const amqpConfirmWindow = 1000
+// publishWindow is how many events a row's fill publishes before it waits
+// for the broker to acknowledge them: a bounded number in flight.
+const publishWindow = 1000
+
+// publishAll publishes the events with publish, which returns a wait for
+// the broker's acknowledgement of the event, and waits for them every
+// publishWindow events and at the end.
+func publishAll(events []int, publish func(event int) (wait func() error, err error)) error {
+	waits := make([]func() error, 0, publishWindow)
+	acked := func() error {
+		for _, wait := range waits {
+			if err := wait(); err != nil {
+				return err
+			}
+		}
+		waits = waits[:0]
+		return nil
+	}
+	for _, i := range events {
+		wait, err := publish(i)
+		if err != nil {
+			return err
+		}
+		if waits = append(waits, wait); len(waits) == publishWindow {
+			if err := acked(); err != nil {
+				return err
+			}
+		}
+	}
+	return acked()
+}
 
 // publishEvents publishes the row's events in eventOrder to queue, each
 // with its ID as message_id, persistent, and waits until the broker has
 // confirmed them all and the queue holds them.
 func publishEvents(ctx context.Context, ch *amqp.Channel, queue string, cfg config) error {
-	pending := make([]*amqp.DeferredConfirmation, 0, amqpConfirmWindow)
-	confirmed := func() error {
-		for _, dc := range pending {
-			ok, err := dc.WaitContext(ctx)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return fmt.Errorf("publish events to %s: the broker refused one", queue)
-			}
-		}
-		pending = pending[:0]
-		return nil
-	}
-	for _, i := range eventOrder(cfg.Records, cfg.Unique) {
+	err := publishAll(eventOrder(cfg.Records, cfg.Unique), func(i int) (func() error, error) {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
 			MessageId: eventID(i), Body: eventBody(i), ContentType: "application/json", DeliveryMode: amqp.Persistent,
 		})
 		if err != nil {
-			return fmt.Errorf("publish events to %s: %w", queue, err)
+			return nil, fmt.Errorf("publish events to %s: %w", queue, err)
 		}
-		if pending = append(pending, dc); len(pending) == amqpConfirmWindow {
-			if err := confirmed(); err != nil {
-				return err
+		return func() error {
+			ok, err := dc.WaitContext(ctx)
+			if err == nil && !ok {
+				err = fmt.Errorf("publish events to %s: the broker refused one", queue)
 			}
-		}
-	}
-	if err := confirmed(); err != nil {
+			return err
+		}, nil
+	})
+	if err != nil {
 		return err
 	}
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)

@@ -2,8 +2,9 @@
 // run: Kafka (kfake, in process) through the Kafka adapter and the wrapper
 // into PostgreSQL, against consumption with no dedup, a naive per-message
 // claim, the transactional inbox and the PostgreSQL floor (a bare multi-row
-// insert of the same event IDs), plus Redis, DynamoDB Local and SQS (fauxqs)
-// rows.
+// insert of the same event IDs), plus Redis, DynamoDB Local, SQS (fauxqs),
+// RabbitMQ and NATS JetStream rows, each broker's beside consuming it with
+// no dedup.
 //
 //	go run ./cmd/dedupbench -quick   # 20,000 events, under a minute
 //	go run ./cmd/dedupbench          # 200,000 events, and 20,000 for memory flatness

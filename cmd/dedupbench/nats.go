@@ -116,41 +116,29 @@ func openStream(ctx context.Context, cfg config, m *meter) (jetstream.JetStream,
 	return js, cons, drop, nil
 }
 
-// natsPublishWindow is how many messages publishNATS publishes before it
-// waits for their acknowledgements: below nats.go's limit of pending async
-// publishes (4,000), beyond which a publish stalls and may fail.
-const natsPublishWindow = 1000
-
 // publishNATS publishes the row's events in eventOrder to subject, each
 // with its ID in natsIDHeader, and waits until the stream has acknowledged
-// them all and holds them.
+// them all and holds them. (publishAll's window is below nats.go's limit
+// of pending async publishes, 4,000, beyond which a publish stalls and may
+// fail.)
 func publishNATS(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, subject string, cfg config) error {
-	pending := make([]jetstream.PubAckFuture, 0, natsPublishWindow)
-	acked := func() error {
-		for _, f := range pending {
+	err := publishAll(eventOrder(cfg.Records, cfg.Unique), func(i int) (func() error, error) {
+		f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: eventBody(i), Header: nats.Header{natsIDHeader: {eventID(i)}}})
+		if err != nil {
+			return nil, fmt.Errorf("publish events to %s: %w", subject, err)
+		}
+		return func() error {
 			select {
 			case <-f.Ok():
+				return nil
 			case err := <-f.Err():
 				return fmt.Errorf("publish events to %s: %w", subject, err)
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-		}
-		pending = pending[:0]
-		return nil
-	}
-	for _, i := range eventOrder(cfg.Records, cfg.Unique) {
-		f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: eventBody(i), Header: nats.Header{natsIDHeader: {eventID(i)}}})
-		if err != nil {
-			return fmt.Errorf("publish events to %s: %w", subject, err)
-		}
-		if pending = append(pending, f); len(pending) == natsPublishWindow {
-			if err := acked(); err != nil {
-				return err
-			}
-		}
-	}
-	if err := acked(); err != nil {
+		}, nil
+	})
+	if err != nil {
 		return err
 	}
 	info, err := stream.Info(ctx)
