@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,4 +132,27 @@ func exists(t *testing.T, row, name, amqpURL, natsURL string) bool {
 		t.Fatal(err)
 	}
 	return err == nil
+}
+
+// TestEventOrder checks the deliveries every transport's rows are filled
+// with: records of them, every event at least once, no other, and the same
+// order on every call.
+func TestEventOrder(t *testing.T) {
+	const records, unique = 1000, 800
+	order := eventOrder(records, unique)
+	seen := map[int]int{}
+	for _, i := range order {
+		seen[i]++
+	}
+	if len(order) != records || len(seen) != unique {
+		t.Fatalf("%d deliveries of %d events, want %d of %d", len(order), len(seen), records, unique)
+	}
+	for i := range unique {
+		if seen[i] == 0 {
+			t.Fatalf("event %d never delivered", i)
+		}
+	}
+	if !slices.Equal(order, eventOrder(records, unique)) {
+		t.Fatal("two calls gave two orders")
+	}
 }
