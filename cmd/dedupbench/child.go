@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,8 @@ type meter struct {
 	table string
 	// purge is the Purge running beside the row (-purge), or nil.
 	purge *purgeRun
+	// queue is the RabbitMQ queue or NATS stream the row made and consumed.
+	queue string
 }
 
 func newMeter(target int) *meter {
@@ -157,7 +160,10 @@ type result struct {
 	PurgeSeconds   float64 `json:"purge_seconds,omitempty"`
 	PurgePGCPUSecs float64 `json:"purge_postgres_cpu_seconds,omitempty"`
 	PurgeError     string  `json:"purge_error,omitempty"`
-	Check          string  `json:"check"`
+	// Queue is the RabbitMQ queue or NATS stream a broker row made, filled
+	// and consumed, deleted once the row ended.
+	Queue string `json:"queue,omitempty"`
+	Check string `json:"check"`
 }
 
 func (m *meter) result(r *row, cfg config) result {
@@ -182,6 +188,7 @@ func (m *meter) result(r *row, cfg config) result {
 		PeakRSSMiB:      float64(peakRSS()) / (1 << 20),
 		TableRecords:    cfg.Fill,
 		PurgeExpired:    cfg.Purge,
+		Queue:           m.queue,
 		Check:           "ok",
 	}
 	if calls := m.pg.claims.count(); calls > 0 {
@@ -196,7 +203,7 @@ func (m *meter) result(r *row, cfg config) result {
 		}
 	}
 	wantProcessed := int64(cfg.Unique)
-	if r.name == "none" || r.name == "sqs-none" {
+	if strings.HasSuffix(r.name, "none") { // no dedup: every delivery is processed
 		wantProcessed = int64(cfg.Records)
 	}
 	if res.Processed != wantProcessed || res.Processed+res.Duplicates != int64(cfg.Records) {

@@ -2,8 +2,9 @@
 // run: Kafka (kfake, in process) through the Kafka adapter and the wrapper
 // into PostgreSQL, against consumption with no dedup, a naive per-message
 // claim, the transactional inbox and the PostgreSQL floor (a bare multi-row
-// insert of the same event IDs), plus Redis, DynamoDB Local and SQS (fauxqs)
-// rows.
+// insert of the same event IDs), plus Redis, DynamoDB Local, SQS (fauxqs),
+// RabbitMQ and NATS JetStream rows, each broker's beside consuming it with
+// no dedup.
 //
 //	go run ./cmd/dedupbench -quick   # 20,000 events, under a minute
 //	go run ./cmd/dedupbench          # 200,000 events, and 20,000 for memory flatness
@@ -33,6 +34,8 @@ type config struct {
 	DynamoDB   string
 	SQS        string
 	Redis      string // host:port or redis:// URL
+	AMQP       string // RabbitMQ's amqp:// URL
+	NATS       string // NATS JetStream's nats:// URL
 	Partitions int
 	Brokers    string
 	Topic      string
@@ -74,6 +77,8 @@ func main() {
 	flag.StringVar(&cfg.Postgres, "postgres", env("DEDUP_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&cfg.DynamoDB, "dynamodb", env("DEDUP_DYNAMODB_ENDPOINT", "http://127.0.0.1:8000"), "DynamoDB Local endpoint")
 	flag.StringVar(&cfg.Redis, "redis", env("DEDUP_REDIS_ADDR", "127.0.0.1:6379"), "Redis address (host:port or redis:// URL)")
+	flag.StringVar(&cfg.AMQP, "amqp", env("DEDUP_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.StringVar(&cfg.NATS, "nats", env("DEDUP_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (JetStream enabled)")
 	flag.StringVar(&cfg.SQS, "sqs", env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"), "SQS endpoint (fauxqs)")
 	flag.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic (one worker each)")
 	flag.DurationVar(&cfg.BatchWait, "batch-wait", 100*time.Millisecond, "dedup.WithBatchCompletion's maxWait in the batched rows")

@@ -215,7 +215,7 @@ func (p *plan) run(ctx context.Context, jsonPath string, quick bool) error {
 
 	var sizes []int
 	for _, j := range jobs {
-		if !j.row.sqs && !slices.Contains(sizes, j.n) {
+		if !j.row.sqs && !j.row.broker && !slices.Contains(sizes, j.n) {
 			sizes = append(sizes, j.n)
 		}
 	}
@@ -366,23 +366,29 @@ func fillRatios(rs []result) {
 }
 
 // floorOf names the row a row is measured against: the least its store or
-// queue can do with the same events. SQS rows are measured against
-// receiving and deleting with no dedup, DynamoDB rows against a bare
-// conditional write, the rest against PostgreSQL's bare insert.
+// queue can do with the same events. SQS, RabbitMQ and NATS rows are
+// measured against consuming the same queue or stream with no dedup,
+// DynamoDB rows against a bare conditional write, the rest against
+// PostgreSQL's bare insert.
 func floorOf(row string) string {
 	switch {
 	case strings.HasPrefix(row, "sqs"):
 		return "sqs-none"
 	case strings.HasPrefix(row, "dynamodb"):
 		return "dynamodb-floor"
+	case strings.HasPrefix(row, "amqp-quorum"):
+		return "amqp-quorum-none"
+	case strings.HasPrefix(row, "amqp"):
+		return "amqp-none"
+	case strings.HasPrefix(row, "nats"):
+		return "nats-none"
 	}
 	return "floor"
 }
 
-// produce writes n records to topic: p.unique(n) events, then re-sends of
-// random earlier ones, shuffled so that copies arrive interleaved. Event i
-// goes to partition i mod partitions, so its copies share a partition, as a
-// producer's retries do. The seed is fixed: every run sees the same records.
+// produce writes n records to topic, in eventOrder. Event i goes to
+// partition i mod partitions, so its copies share a partition, as a
+// producer's retries do.
 func (p *plan) produce(ctx context.Context, topic string, n int) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(p.cfg.Brokers, ",")...),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(5*time.Millisecond),
@@ -391,24 +397,14 @@ func (p *plan) produce(ctx context.Context, topic string, n int) error {
 		return err
 	}
 	defer cl.Close()
-	rng := rand.New(rand.NewPCG(1, uint64(n)))
-	unique := p.unique(n)
-	ids := make([]int, 0, n)
-	for i := range unique {
-		ids = append(ids, i)
-	}
-	for len(ids) < n {
-		ids = append(ids, rng.IntN(unique))
-	}
-	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 	recs := make([]*kgo.Record, n)
-	for k, i := range ids {
-		id := "evt-" + strconv.Itoa(i)
+	for k, i := range eventOrder(n, p.unique(n)) {
+		id := eventID(i)
 		recs[k] = &kgo.Record{
 			Topic:     topic,
 			Partition: int32(i % p.cfg.Partitions),
 			Key:       []byte(id),
-			Value:     fmt.Appendf(nil, `{"id":%d,"customer":%d,"cents":%d}`, i, i%997, 100+i%9973),
+			Value:     eventBody(i),
 			Headers:   []kgo.RecordHeader{{Key: kafkadedup.DefaultIDHeader, Value: []byte(id)}},
 		}
 	}
@@ -416,6 +412,31 @@ func (p *plan) produce(ctx context.Context, topic string, n int) error {
 		return fmt.Errorf("produce to %s: %w", topic, err)
 	}
 	return nil
+}
+
+// eventOrder returns the events of records deliveries, by number: each of
+// unique events once, then re-sends of random earlier ones, shuffled so that
+// copies arrive interleaved. The seed is fixed: every run, and every row's
+// transport, sees the same order.
+func eventOrder(records, unique int) []int {
+	rng := rand.New(rand.NewPCG(1, uint64(records)))
+	ids := make([]int, 0, records)
+	for i := range unique {
+		ids = append(ids, i)
+	}
+	for len(ids) < records {
+		ids = append(ids, rng.IntN(unique))
+	}
+	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	return ids
+}
+
+// eventID is event i's ID on every transport.
+func eventID(i int) string { return "evt-" + strconv.Itoa(i) }
+
+// eventBody is event i's payload on every transport.
+func eventBody(i int) []byte {
+	return fmt.Appendf(nil, `{"id":%d,"customer":%d,"cents":%d}`, i, i%997, 100+i%9973)
 }
 
 // loadAverage returns the one-minute load average, or "?".

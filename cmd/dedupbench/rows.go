@@ -30,7 +30,10 @@ type row struct {
 	small bool
 	// sqs rows read from an SQS queue instead of the Kafka topic.
 	sqs bool
-	run rowRun
+	// broker rows read from a RabbitMQ queue or a NATS stream of their own
+	// instead of the Kafka topic.
+	broker bool
+	run    rowRun
 }
 
 // rowRun consumes the row's events, metering them in m.
@@ -53,6 +56,12 @@ var rows = []*row{
 	{name: "sqs-none", title: "SQS (fauxqs): receive and delete, no dedup", small: true, sqs: true, run: runSQSNone},
 	{name: "sqs", title: "SQS (fauxqs): sqsdedup.Consumer defaults, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
 	{name: "sqs-dynamodb", title: "SQS (fauxqs): sqsdedup.Consumer defaults, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
+	{name: "amqp-none", title: "RabbitMQ: consume and ack, no dedup", broker: true, run: runAMQPNone("classic")},
+	{name: "amqp", title: "RabbitMQ: amqpdedup.Consumer defaults, PostgreSQL", broker: true, run: runAMQP("amqp", "classic")},
+	{name: "amqp-quorum-none", title: "RabbitMQ quorum queue: consume and ack, no dedup", broker: true, run: runAMQPNone("quorum")},
+	{name: "amqp-quorum", title: "RabbitMQ quorum queue: amqpdedup.Consumer defaults, PostgreSQL", broker: true, run: runAMQP("amqp-quorum", "quorum")},
+	{name: "nats-none", title: "NATS JetStream: fetch and ack, no dedup", broker: true, run: runNATSNone},
+	{name: "nats", title: "NATS JetStream: natsdedup.Consumer defaults, PostgreSQL", broker: true, run: runNATS},
 }
 
 func rowNames() []string {
@@ -169,11 +178,14 @@ func openPostgresStore(ctx context.Context, cfg config, m *meter, row string) (*
 }
 
 // messages is kafkadedup.Messages, noting when the wrapper reads each ID.
-func messages(m *meter) dedup.Messages[*kgo.Record] {
-	msgs := kafkadedup.Messages()
+func messages(m *meter) dedup.Messages[*kgo.Record] { return metered(m, kafkadedup.Messages()) }
+
+// metered is msgs noting in m when the wrapper reads each event's ID, where
+// the event's added latency starts.
+func metered[M any](m *meter, msgs dedup.Messages[M]) dedup.Messages[M] {
 	id := msgs.EventID
-	msgs.EventID = func(r *kgo.Record) (string, error) {
-		s, err := id(r)
+	msgs.EventID = func(msg M) (string, error) {
+		s, err := id(msg)
 		if err == nil {
 			m.entries.enter(s, now())
 		}
@@ -284,6 +296,22 @@ func openDynamoDB(ctx context.Context, cfg config, m *meter) (*dynamodb.Client, 
 		_, _ = client.DeleteTable(context.Background(), &dynamodb.DeleteTableInput{TableName: aws.String(table)})
 	}
 	return client, table, drop, nil
+}
+
+// wrapPostgres returns a wrapper of a no-op handler reading messages with
+// msgs, metered, over a PostgreSQL store on row's table, and a function
+// that closes the store.
+func wrapPostgres[M any](ctx context.Context, cfg config, m *meter, row string, msgs dedup.Messages[M]) (*dedup.Wrapper[M], func(), error) {
+	store, _, closeStore, err := openPostgresStore(ctx, cfg, m, row)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := dedup.Wrap(store, metered(m, msgs), func(context.Context, M) error { return nil }, wrapperOpts(row, m)...)
+	if err != nil {
+		closeStore()
+		return nil, nil, err
+	}
+	return w, closeStore, nil
 }
 
 // consumeStore wraps the no-op handler over store and consumes through

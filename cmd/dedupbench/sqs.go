@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
@@ -51,16 +50,7 @@ func runSQS(storeKind string) rowRun {
 			defer drop()
 			store = s
 		}
-		msgs := sqsdedup.Messages(url)
-		id := msgs.EventID
-		msgs.EventID = func(msg types.Message) (string, error) {
-			s, err := id(msg)
-			if err == nil {
-				m.entries.enter(s, now())
-			}
-			return s, err
-		}
-		w, err := dedup.Wrap(store, msgs, func(context.Context, types.Message) error { return nil }, wrapperOpts(name, m)...)
+		w, err := dedup.Wrap(store, metered(m, sqsdedup.Messages(url)), func(context.Context, types.Message) error { return nil }, wrapperOpts(name, m)...)
 		if err != nil {
 			return err
 		}
@@ -147,27 +137,17 @@ func ctxOr(ctx context.Context, err error) error {
 	return err
 }
 
-// sendEvents sends the row's events, duplicates shuffled in as for Kafka,
-// ten per SendMessageBatch.
+// sendEvents sends the row's events in eventOrder, ten per SendMessageBatch.
 func sendEvents(ctx context.Context, client *sqs.Client, url string, cfg config) error {
-	rng := rand.New(rand.NewPCG(1, uint64(cfg.Records)))
-	ids := make([]int, 0, cfg.Records)
-	for i := range cfg.Unique {
-		ids = append(ids, i)
-	}
-	for len(ids) < cfg.Records {
-		ids = append(ids, rng.IntN(cfg.Unique))
-	}
-	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	ids := eventOrder(cfg.Records, cfg.Unique)
 	for start := 0; start < len(ids); start += 10 {
 		var entries []types.SendMessageBatchRequestEntry
 		for k, i := range ids[start:min(start+10, len(ids))] {
-			id := "evt-" + strconv.Itoa(i)
 			entries = append(entries, types.SendMessageBatchRequestEntry{
 				Id:          aws.String(strconv.Itoa(k)),
-				MessageBody: aws.String(fmt.Sprintf(`{"id":%d,"customer":%d,"cents":%d}`, i, i%997, 100+i%9973)),
+				MessageBody: aws.String(string(eventBody(i))),
 				MessageAttributes: map[string]types.MessageAttributeValue{
-					sqsdedup.DefaultIDAttribute: {DataType: aws.String("String"), StringValue: aws.String(id)},
+					sqsdedup.DefaultIDAttribute: {DataType: aws.String("String"), StringValue: aws.String(eventID(i))},
 				},
 			})
 		}
