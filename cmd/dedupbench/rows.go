@@ -53,6 +53,8 @@ var rows = []*row{
 	{name: "sqs-none", title: "SQS (fauxqs): receive and delete, no dedup", small: true, sqs: true, run: runSQSNone},
 	{name: "sqs", title: "SQS (fauxqs): sqsdedup.Consumer defaults, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
 	{name: "sqs-dynamodb", title: "SQS (fauxqs): sqsdedup.Consumer defaults, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
+	{name: "lambdastream-none", title: "Lambda Kinesis invocations, no dedup", sqs: true, run: runLambdaStreamNone},
+	{name: "lambdastream", title: "Lambda Kinesis: lambdastreamdedup.KinesisHandler, PostgreSQL", sqs: true, run: runLambdaStream},
 }
 
 func rowNames() []string {

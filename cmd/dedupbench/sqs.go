@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
@@ -150,15 +149,7 @@ func ctxOr(ctx context.Context, err error) error {
 // sendEvents sends the row's events, duplicates shuffled in as for Kafka,
 // ten per SendMessageBatch.
 func sendEvents(ctx context.Context, client *sqs.Client, url string, cfg config) error {
-	rng := rand.New(rand.NewPCG(1, uint64(cfg.Records)))
-	ids := make([]int, 0, cfg.Records)
-	for i := range cfg.Unique {
-		ids = append(ids, i)
-	}
-	for len(ids) < cfg.Records {
-		ids = append(ids, rng.IntN(cfg.Unique))
-	}
-	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	ids := eventOrder(cfg)
 	for start := 0; start < len(ids); start += 10 {
 		var entries []types.SendMessageBatchRequestEntry
 		for k, i := range ids[start:min(start+10, len(ids))] {
