@@ -25,6 +25,9 @@ const (
 	HeaderSequence = "stream-sequence-number"
 	// HeaderStreamARN is the stream's ARN (the event source ARN).
 	HeaderStreamARN = "stream-arn"
+	// HeaderPartitionKey is a Kinesis record's partition key, which a
+	// record put again to redrive its letter needs.
+	HeaderPartitionKey = "stream-partition-key"
 	// HeaderEventName is a DynamoDB Streams record's eventName (INSERT,
 	// MODIFY, REMOVE).
 	HeaderEventName = "stream-event-name"
@@ -53,8 +56,9 @@ func WithIDField(name string) KinesisOpt {
 // Kinesis event: the event ID is the partition key and sequence number,
 // "partitionKey:sequenceNumber" (see [WithIDField]), the payload the
 // record's data, and a dead letter holds the data, the partition key as its
-// message key, and the shard, sequence number and stream ARN as headers
-// ([HeaderShard], [HeaderSequence], [HeaderStreamARN]); its origin names the
+// message key, and the shard, sequence number, stream ARN and partition key
+// as headers ([HeaderShard], [HeaderSequence], [HeaderStreamARN],
+// [HeaderPartitionKey]); its origin names the
 // stream (dedup-origin-stream) and the record's eventID
 // (dedup-origin-message-id). To compute the event ID yourself, replace the
 // EventID field of the result.
@@ -79,7 +83,7 @@ func KinesisMessages(opts ...KinesisOpt) dedup.Messages[events.KinesisEventRecor
 				Payload:    r.Kinesis.Data,
 				MessageKey: []byte(r.Kinesis.PartitionKey),
 				Headers: headers(HeaderShard, kinesisShard(r), HeaderSequence, r.Kinesis.SequenceNumber,
-					HeaderStreamARN, r.EventSourceArn),
+					HeaderStreamARN, r.EventSourceArn, HeaderPartitionKey, r.Kinesis.PartitionKey),
 				Origin: dedup.Origin{Stream: r.EventSourceArn, MessageID: r.EventID,
 					Timestamp: r.Kinesis.ApproximateArrivalTimestamp.Time},
 			}

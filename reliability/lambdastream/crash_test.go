@@ -254,7 +254,8 @@ func readLetters(t *testing.T, client *sqs.Client, url string) map[string]int {
 			letters[id]++
 			shard, seq := attr(m, lambdastreamdedup.HeaderShard), attr(m, lambdastreamdedup.HeaderSequence)
 			if meta["dedup-reason"] != string(dedup.ReasonHandlerError) || meta["dedup-origin-stream"] != streamARN ||
-				!strings.HasPrefix(shard, "shardId-") || len(seq) != 56 || !strings.Contains(aws.ToString(m.Body), id) {
+				!strings.HasPrefix(shard, "shardId-") || len(seq) != 56 || !strings.Contains(aws.ToString(m.Body), id) ||
+				attr(m, lambdastreamdedup.HeaderPartitionKey) != id {
 				t.Errorf("letter %s: metadata %v, shard %q, sequence %q, body %q", id, meta, shard, seq, aws.ToString(m.Body))
 			}
 		}
