@@ -32,15 +32,7 @@ func runLambdaStream(ctx context.Context, cfg config, m *meter) error {
 		return err
 	}
 	defer closeStore()
-	msgs := lambdastreamdedup.KinesisMessages(lambdastreamdedup.WithIDField("event"))
-	id := msgs.EventID
-	msgs.EventID = func(r events.KinesisEventRecord) (string, error) {
-		s, err := id(r)
-		if err == nil {
-			m.entries.enter(s, now())
-		}
-		return s, err
-	}
+	msgs := metered(m, lambdastreamdedup.KinesisMessages(lambdastreamdedup.WithIDField("event")))
 	w, err := dedup.Wrap(store, msgs, func(context.Context, events.KinesisEventRecord) error { return nil },
 		wrapperOpts("lambdastream", m)...)
 	if err != nil {
@@ -140,4 +132,18 @@ func eventOrder(cfg config) []int {
 	}
 	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 	return ids
+}
+
+// metered returns msgs noting when the wrapper reads each ID, where an
+// event's added latency starts.
+func metered[M any](m *meter, msgs dedup.Messages[M]) dedup.Messages[M] {
+	id := msgs.EventID
+	msgs.EventID = func(msg M) (string, error) {
+		s, err := id(msg)
+		if err == nil {
+			m.entries.enter(s, now())
+		}
+		return s, err
+	}
+	return msgs
 }

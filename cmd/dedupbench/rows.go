@@ -171,18 +171,7 @@ func openPostgresStore(ctx context.Context, cfg config, m *meter, row string) (*
 }
 
 // messages is kafkadedup.Messages, noting when the wrapper reads each ID.
-func messages(m *meter) dedup.Messages[*kgo.Record] {
-	msgs := kafkadedup.Messages()
-	id := msgs.EventID
-	msgs.EventID = func(r *kgo.Record) (string, error) {
-		s, err := id(r)
-		if err == nil {
-			m.entries.enter(s, now())
-		}
-		return s, err
-	}
-	return msgs
-}
+func messages(m *meter) dedup.Messages[*kgo.Record] { return metered(m, kafkadedup.Messages()) }
 
 // scopeOf is the scope of row's events.
 func scopeOf(row string) string { return "dedupbench/" + row }

@@ -50,15 +50,7 @@ func runSQS(storeKind string) rowRun {
 			defer drop()
 			store = s
 		}
-		msgs := sqsdedup.Messages(url)
-		id := msgs.EventID
-		msgs.EventID = func(msg types.Message) (string, error) {
-			s, err := id(msg)
-			if err == nil {
-				m.entries.enter(s, now())
-			}
-			return s, err
-		}
+		msgs := metered(m, sqsdedup.Messages(url))
 		w, err := dedup.Wrap(store, msgs, func(context.Context, types.Message) error { return nil }, wrapperOpts(name, m)...)
 		if err != nil {
 			return err
