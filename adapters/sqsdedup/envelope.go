@@ -110,9 +110,13 @@ func unwrapSNS(idAttribute string) unwrapper {
 		if err != nil {
 			return envelope{}, err
 		}
+		// The signature covers the Timestamp as written, which a time.Time
+		// would not give back (trailing zeros of its fraction).
+		var raw struct{ Timestamp string }
+		_ = json.Unmarshal([]byte(body), &raw) // it unmarshalled above
 		env := envelope{id: n.MessageID, payload: []byte(n.Message), fields: envelopeHeader(SNSEnvelopeHeader,
 			"Type", n.Type, "MessageId", n.MessageID, "TopicArn", n.TopicArn, "Subject", n.Subject,
-			"Timestamp", n.Timestamp.Format(time.RFC3339Nano), "SignatureVersion", n.SignatureVersion,
+			"Timestamp", raw.Timestamp, "SignatureVersion", n.SignatureVersion,
 			"Signature", n.Signature, "SigningCertURL", n.SigningCertURL, "UnsubscribeURL", n.UnsubscribeURL)}
 		if idAttribute != "" {
 			// SNS writes a message attribute as {"Type": ..., "Value": ...}.

@@ -88,7 +88,8 @@ func TestSNSEnvelopeOverQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := notification(t, "sns-1", `{"order":"o-1"}`, "ignored")
-	poison := notification(t, "sns-2", `{"order":"poison"}`, "ignored")
+	poison := envelopeBody(t, "sns-notification.json", map[string]any{"MessageId": "sns-2", "Message": `{"order":"poison"}`,
+		"Timestamp": "2026-12-06T18:00:00.120Z"}) // kept as written: the signature covers it
 	for _, body := range []string{good, good, poison, "not json", `{"Type":"SubscriptionConfirmation","MessageId":"x","Message":"m"}`} {
 		sendBody(t, c, url, body)
 	}
@@ -126,7 +127,7 @@ func TestSNSEnvelopeOverQueue(t *testing.T) {
 			t.Errorf("letter's envelope has no %s: %v", f, env)
 		}
 	}
-	if env["Timestamp"] != "2026-12-06T18:00:00.123Z" || env["MessageId"] != "sns-2" {
+	if env["Timestamp"] != "2026-12-06T18:00:00.120Z" || env["MessageId"] != "sns-2" {
 		t.Errorf("letter's envelope %v", env)
 	}
 	for _, bad := range []string{"not json", `{"Type":"SubscriptionConfirmation","MessageId":"x","Message":"m"}`} {
