@@ -4,10 +4,13 @@
 //
 // A stream's event source mapping retries a batch from the sequence number a
 // handler reports, in shard order. [KinesisHandler] and [DynamoDBHandler]
-// run a batch's records in order, each shard's on its own, and stop a shard
-// at its first record that does not settle (the handler failed and will be
-// retried, or another invocation holds the event): that record's sequence
-// number is the one batch item failure the shard reports. Lambda then
+// run a batch's records in order, each shard's on its own. A record that
+// does not settle (the handler failed and will be retried, or another
+// invocation holds the event) is waited for in place, for the wrapper's
+// backoff, and run again, as a Kafka partition waits, while the invocation
+// has time left ([InPlaceReserve]); once it has not, the shard stops there:
+// that record's sequence number is the one batch item failure the shard
+// reports. Lambda then
 // invokes again with that record and every one after it; the records of the
 // retried batch that were already done answer as duplicates and are not run
 // again. With BisectBatchOnFunctionError, the halves Lambda retries are
