@@ -56,7 +56,8 @@ const (
 // shard from the checkpoint with half the batch. At the end every shard's
 // checkpoint is past its last record, every good event has exactly one
 // effect, and every poison event has a letter naming its shard and
-// sequence number, and no effect.
+// sequence number, and no effect. The odd slots' processes wait in place for a
+// record to retry, the even slots' report it at once.
 func TestLambdaStreamCrashCampaign(t *testing.T) {
 	size := crashSizing()
 	seed := uint64(time.Now().UnixNano())
@@ -107,9 +108,10 @@ func TestLambdaStreamCrashCampaign(t *testing.T) {
 	defer server.Close()
 	host := strings.TrimPrefix(server.URL, "http://")
 	start := time.Now()
-	f = crashtest.NewFleet(t, workerEnv, size.procs, func(_ int, name string) any {
+	f = crashtest.NewFleet(t, workerEnv, size.procs, func(slot int, name string) any {
 		c := cfg
 		c.Name = name
+		c.ReportAtOnce = slot%2 == 0 // the others wait in place for a record to retry
 		c.RuntimeAPI = host + "/" + strings.Replace(name, "#", "-", 1)
 		return c
 	})
@@ -203,6 +205,9 @@ func TestLambdaStreamCrashCampaign(t *testing.T) {
 	if f.Kills() == 0 || reruns == 0 || stats.functionErrors == 0 {
 		t.Errorf("no kill landed mid-invocation (kills %d, function errors %d, reruns %d): the campaign proved nothing",
 			f.Kills(), stats.functionErrors, reruns)
+	}
+	if stats.itemFailures == 0 {
+		t.Error("no batch item failure reported: the retry from a reported sequence number went untested")
 	}
 }
 

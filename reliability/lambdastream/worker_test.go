@@ -40,6 +40,10 @@ type workerConfig struct {
 	MaxAttempts  int
 	SQSEndpoint  string
 	DLQURL       string
+	// ReportAtOnce hides the invocation's deadline from the handler, which
+	// then reports a record to retry at once instead of waiting for it in
+	// place: as with a function timeout too short to wait.
+	ReportAtOnce bool
 }
 
 var errPoison = errors.New("poison: this event can never succeed")
@@ -113,7 +117,13 @@ func newHandler(cfg workerConfig, pool, starts *pgxpool.Pool, log *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	return lambdastreamdedup.KinesisHandler(w), nil
+	h := lambdastreamdedup.KinesisHandler(w)
+	if cfg.ReportAtOnce {
+		return func(ctx context.Context, ev events.KinesisEvent) (events.KinesisEventResponse, error) {
+			return h(context.WithoutCancel(ctx), ev)
+		}, nil
+	}
+	return h, nil
 }
 
 // effectHandler records a start row outside the transaction, works a
