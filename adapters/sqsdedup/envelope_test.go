@@ -256,3 +256,54 @@ func TestLambdaEventBridgeEnvelope(t *testing.T) {
 		t.Errorf("conflict letter payload %q headers %+v", letters[0].Payload, h)
 	}
 }
+
+// Over a real queue: an EventBridge event sent twice (a rule's retried
+// delivery) has one effect on its detail; an event with no id is parked
+// with the reason and its body.
+func TestEventBridgeEnvelopeOverQueue(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	url, dlq := queue(t, c), queue(t, c)
+	rec := adaptertest.NewEffects()
+	h := func(_ context.Context, m types.Message) error {
+		e, err := sqsdedup.UnwrapEventBridge(aws.ToString(m.Body))
+		if err != nil {
+			return err
+		}
+		rec.Call(e.ID)
+		rec.Apply(string(e.Detail))
+		return nil
+	}
+	w, err := dedup.Wrap(dedup.NewMemoryStore(), sqsdedup.Messages(url, sqsdedup.WithEventBridgeEnvelope()), h,
+		dedup.WithScope(uniqueScope()), dedup.WithSink(newSink(t, c, dlq)), dedup.WithObserver(rec.Observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	event := envelopeBody(t, "eventbridge-event.json", nil)
+	noID := envelopeBody(t, "eventbridge-event.json", map[string]any{"id": ""})
+	for _, body := range []string{event, event, noID} {
+		sendBody(t, c, url, body)
+	}
+	start(t, c, url, w)
+	var letters []types.Message
+	adaptertest.WaitFor(t, 60*time.Second, "one letter", func() bool {
+		for _, m := range receive(t, c, dlq, time.Second) {
+			letters = append(letters, m)
+			deleteMessage(t, c, dlq, m)
+		}
+		return len(letters) > 0
+	})
+	assertDrained(t, c, url)
+	letters = append(letters, receive(t, c, dlq, time.Second)...) // none more
+	if rec.CallCount() != 1 || rec.Count(`{"amount":42,"order":"o-1"}`) != 1 {
+		t.Errorf("effects %v, %d calls; want the detail once", rec.Counts(), rec.CallCount())
+	}
+	meta, err := sqsdedup.DeadLetterMetadata(letters[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(letters) != 1 || aws.ToString(letters[0].Body) != noID || meta["dedup-reason"] != string(dedup.ReasonInvalidID) ||
+		!strings.Contains(meta["dedup-error"], "EventBridge event without id") {
+		t.Errorf("%d letters; first: body %q, metadata %v", len(letters), aws.ToString(letters[0].Body), meta)
+	}
+}
