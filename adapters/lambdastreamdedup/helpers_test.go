@@ -99,6 +99,33 @@ func (h *testHandler) handle(ctx context.Context, r events.KinesisEventRecord) e
 	return nil
 }
 
+// holdFirstCall makes h's first call for id wait until release is closed;
+// started is closed when that call begins.
+func (h *testHandler) holdFirstCall(id string) (started, release chan struct{}) {
+	started, release = make(chan struct{}), make(chan struct{})
+	h.hook = func(_ context.Context, got string) error {
+		if got == id && h.rec.Calls(got) == 1 {
+			close(started)
+			<-release
+		}
+		return nil
+	}
+	return started, release
+}
+
+// invokeAsync invokes handler with recs in a goroutine of its own; its
+// response comes on the channel returned.
+func invokeAsync(ctx context.Context, handler func(context.Context, events.KinesisEvent) (events.KinesisEventResponse, error),
+	recs []events.KinesisEventRecord,
+) <-chan events.KinesisEventResponse {
+	out := make(chan events.KinesisEventResponse, 1)
+	go func() {
+		resp, _ := handler(ctx, events.KinesisEvent{Records: recs})
+		out <- resp
+	}()
+	return out
+}
+
 // wrapKinesis wraps h over store with test defaults (unique scope, sink,
 // three attempts, no backoff); opts come after them.
 func wrapKinesis(t *testing.T, store dedup.Store, h *testHandler, sink dedup.Sink, opts ...dedup.Opt) *dedup.Wrapper[events.KinesisEventRecord] {

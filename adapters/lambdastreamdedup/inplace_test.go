@@ -49,28 +49,13 @@ func TestKinesisRetriesInPlace(t *testing.T) {
 // settles it, it answers as a duplicate and the shard goes on, nothing
 // reported.
 func TestKinesisHeldEventWaitedInPlace(t *testing.T) {
-	started, release := make(chan struct{}), make(chan struct{})
 	h := &testHandler{rec: adaptertest.NewEffects()}
-	h.hook = func(_ context.Context, id string) error {
-		if id == "o-0" && h.rec.Calls(id) == 1 {
-			close(started)
-			<-release
-		}
-		return nil
-	}
+	started, release := h.holdFirstCall("o-0")
 	recs := kinesisRecords(t, "o", 3)
 	handler := lambdastreamdedup.KinesisHandler(wrapKinesis(t, dedup.NewMemoryStore(), h, dedup.NewMemorySink(), dedup.WithLease(time.Minute)))
-	first := make(chan events.KinesisEventResponse)
-	go func() {
-		resp, _ := handler(context.Background(), events.KinesisEvent{Records: recs[:1]})
-		first <- resp
-	}()
+	first := invokeAsync(context.Background(), handler, recs[:1])
 	<-started
-	second := make(chan events.KinesisEventResponse)
-	go func() {
-		resp, _ := handler(invocation(t, 5*time.Minute), events.KinesisEvent{Records: recs})
-		second <- resp
-	}()
+	second := invokeAsync(invocation(t, 5*time.Minute), handler, recs)
 	adaptertest.WaitFor(t, time.Minute, "the retry to find o-0 held", func() bool { return h.rec.Outcomes(dedup.OutcomeInFlight) > 0 })
 	close(release)
 	if resp := <-first; len(resp.BatchItemFailures) != 0 {

@@ -196,22 +196,11 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 // without running it or anything after it, and the retry after the first
 // finished answers it as a duplicate.
 func TestKinesisHeldEventReported(t *testing.T) {
-	started, release := make(chan struct{}), make(chan struct{})
 	h := &testHandler{rec: adaptertest.NewEffects()}
-	h.hook = func(_ context.Context, id string) error {
-		if id == "o-0" && h.rec.Calls(id) == 1 {
-			close(started)
-			<-release
-		}
-		return nil
-	}
+	started, release := h.holdFirstCall("o-0")
 	recs := kinesisRecords(t, "o", 3)
 	handler := lambdastreamdedup.KinesisHandler(wrapKinesis(t, dedup.NewMemoryStore(), h, dedup.NewMemorySink(), dedup.WithLease(time.Minute)))
-	first := make(chan events.KinesisEventResponse)
-	go func() {
-		resp, _ := handler(context.Background(), events.KinesisEvent{Records: recs})
-		first <- resp
-	}()
+	first := invokeAsync(context.Background(), handler, recs)
 	<-started
 	s := &shardStream{t: t, recs: recs, handler: handler}
 	if failed := s.step(3); failed != 0 {
