@@ -86,7 +86,8 @@ func workerMain(raw string) int {
 		log.Error("worker: setup failed", slog.Any("error", err))
 		return 1
 	}
-	go lambda.StartWithOptions(handler, lambda.WithContext(ctx))
+	// Not with ctx: its end would fail the loop's poll, which exits 1.
+	go lambda.Start(handler)
 	<-ctx.Done()
 	return 0
 }
