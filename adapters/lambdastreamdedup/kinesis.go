@@ -62,6 +62,12 @@ func WithIDField(name string) KinesisOpt {
 // stream (dedup-origin-stream) and the record's eventID
 // (dedup-origin-message-id). To compute the event ID yourself, replace the
 // EventID field of the result.
+//
+// An event ID is at most 255 bytes: a partition key longer than about 190
+// bytes makes the default one too long, and the record is dead-lettered
+// with dedup.ReasonInvalidID; use [WithIDField] for such keys. Records the
+// Kinesis Producer Library aggregated arrive as one record: de-aggregate
+// them before the wrapper if each is an event.
 func KinesisMessages(opts ...KinesisOpt) dedup.Messages[events.KinesisEventRecord] {
 	var cfg kinesisConfig
 	for _, o := range opts {
