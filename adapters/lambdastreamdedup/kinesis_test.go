@@ -269,3 +269,21 @@ func TestNilWrapper(t *testing.T) {
 		t.Errorf("DynamoDB: %v", err)
 	}
 }
+
+// A partition key too long for the default event ID is bad input: the
+// record is parked with the reason, never run, and the shard goes on.
+func TestKinesisLongPartitionKeyParked(t *testing.T) {
+	h := &testHandler{rec: adaptertest.NewEffects()}
+	sink := dedup.NewMemorySink()
+	recs := kinesisRecords(t, "o", 3)
+	recs[1].Kinesis.PartitionKey = strings.Repeat("k", 250)
+	s := &shardStream{t: t, recs: recs, handler: lambdastreamdedup.KinesisHandler(wrapKinesis(t, dedup.NewMemoryStore(), h, sink))}
+	s.drain(3, 1)
+	h.rec.AssertOnce(t, []string{"o-0", "o-2"})
+	if h.rec.Calls("o-1") != 0 {
+		t.Error("the record with no usable ID ran")
+	}
+	if l := sink.Letters(); len(l) != 1 || l[0].Reason != dedup.ReasonInvalidID || string(l[0].MessageKey) != recs[1].Kinesis.PartitionKey {
+		t.Errorf("letters %+v", l)
+	}
+}
