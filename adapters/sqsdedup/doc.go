@@ -2,7 +2,7 @@
 // each event has one effect however often SQS delivers it, and parks poison
 // messages in a dead-letter queue.
 //
-// It has four parts:
+// It has these parts:
 //
 //   - [Messages] tells a dedup.Wrapper how to read a types.Message: the
 //     event ID from the "event-id" message attribute (or, on a FIFO queue,
@@ -18,6 +18,10 @@
 //   - [LambdaHandler] does the same for a Lambda function subscribed to a
 //     queue, reporting partial batch failures; [LambdaMessages] reads its
 //     events.SQSMessage records.
+//   - [WithSNSEnvelope], [WithSNSIDAttribute] and [WithEventBridgeEnvelope]
+//     read the event ID and payload inside an SNS notification or an
+//     EventBridge event delivered to the queue; [UnwrapSNS] and
+//     [UnwrapEventBridge] give a handler what is inside.
 //
 // A worker:
 //

@@ -22,7 +22,7 @@ import (
 // of the result.
 func LambdaMessages(opts ...MessagesOpt) dedup.Messages[events.SQSMessage] {
 	src := newIDSource(opts)
-	return dedup.Messages[events.SQSMessage]{
+	return withEnvelope(src, dedup.Messages[events.SQSMessage]{
 		EventID: func(m events.SQSMessage) (string, error) {
 			return src.eventID(m.MessageId, func(name string) (string, bool) {
 				v, ok := m.MessageAttributes[name]
@@ -40,7 +40,7 @@ func LambdaMessages(opts ...MessagesOpt) dedup.Messages[events.SQSMessage] {
 				dedup.Origin{QueueURL: m.EventSourceARN, MessageID: m.MessageId})
 		},
 		TraceCarrier: func(m events.SQSMessage) propagation.TextMapCarrier { return lambdaCarrier(m.MessageAttributes) },
-	}
+	}, func(m events.SQSMessage) string { return m.Body })
 }
 
 // lambdaCarrier reads a Lambda SQS record's attributes as attributeCarrier

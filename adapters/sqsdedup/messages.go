@@ -24,7 +24,8 @@ const DefaultIDAttribute = wire.SQSIDAttribute
 // for one; the message is dead-lettered with dedup.ReasonInvalidID.
 var ErrNoEventID = errors.New("sqsdedup: message carries no event ID")
 
-// MessagesOpt chooses where [Messages] and [LambdaMessages] read the event ID.
+// MessagesOpt chooses where [Messages] and [LambdaMessages] read the event
+// ID, and whether the body is an SNS or EventBridge envelope.
 type MessagesOpt interface{ apply(*idSource) }
 
 type messagesOptFunc func(*idSource)
@@ -49,6 +50,10 @@ func WithIDFromMessageID() MessagesOpt {
 type idSource struct {
 	attribute string
 	messageID bool
+	// envelope, when set, reads the ID and payload inside the body instead
+	// (see envelope.go); snsAttribute is WithSNSIDAttribute's name.
+	envelope     unwrapper
+	snsAttribute string
 }
 
 func newIDSource(opts []MessagesOpt) idSource {
@@ -93,7 +98,7 @@ func (s idSource) eventID(messageID string, attr func(name string) (string, bool
 // outbox's SQS publisher writes it) parents the delivery's span.
 func Messages(queueURL string, opts ...MessagesOpt) dedup.Messages[types.Message] {
 	src := newIDSource(opts)
-	return dedup.Messages[types.Message]{
+	return withEnvelope(src, dedup.Messages[types.Message]{
 		EventID: func(m types.Message) (string, error) {
 			return src.eventID(aws.ToString(m.MessageId), func(name string) (string, bool) {
 				v, ok := m.MessageAttributes[name]
@@ -111,7 +116,7 @@ func Messages(queueURL string, opts ...MessagesOpt) dedup.Messages[types.Message
 				dedup.Origin{QueueURL: queueURL, MessageID: aws.ToString(m.MessageId)})
 		},
 		TraceCarrier: func(m types.Message) propagation.TextMapCarrier { return attributeCarrier(m.MessageAttributes) },
-	}
+	}, func(m types.Message) string { return aws.ToString(m.Body) })
 }
 
 func attributeBytes(s *string, b []byte) []byte {

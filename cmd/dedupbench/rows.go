@@ -62,6 +62,8 @@ var rows = []*row{
 	{name: "amqp-quorum", title: "RabbitMQ quorum queue: amqpdedup.Consumer defaults, PostgreSQL", broker: true, run: runAMQP("amqp-quorum", "quorum")},
 	{name: "nats-none", title: "NATS JetStream: fetch and ack, no dedup", broker: true, run: runNATSNone},
 	{name: "nats", title: "NATS JetStream: natsdedup.Consumer defaults, PostgreSQL", broker: true, run: runNATS},
+	{name: "lambdastream-none", title: "Lambda Kinesis invocations, no dedup", sqs: true, run: runLambdaStreamNone},
+	{name: "lambdastream", title: "Lambda Kinesis: lambdastreamdedup.KinesisHandler, PostgreSQL", sqs: true, run: runLambdaStream},
 }
 
 func rowNames() []string {
