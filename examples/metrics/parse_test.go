@@ -1,4 +1,4 @@
-package deploy_test
+package main
 
 import (
 	"fmt"
@@ -16,10 +16,10 @@ type exposition map[string]*family
 
 type family struct {
 	labels  map[string]map[string]bool
-	samples []sample
+	samples []point
 }
 
-type sample struct {
+type point struct {
 	labels map[string]string
 	value  float64
 }
@@ -73,7 +73,7 @@ func parseExposition(text string) (exposition, error) {
 			}
 			f.labels[k][val] = true
 		}
-		f.samples = append(f.samples, sample{labels: labels, value: v})
+		f.samples = append(f.samples, point{labels: labels, value: v})
 	}
 	return x, nil
 }
