@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -354,10 +355,12 @@ func slug(heading string) string {
 	return b.String()
 }
 
-// The rules file is valid for Prometheus, and its alerts fire as the unit
-// tests of prometheus/dedup-alerts_test.yml say, when promtool is
-// available (Debian's prometheus package; PROMTOOL names another).
-// The drift test above does not depend on it.
+// The rules file is valid for Prometheus and its alerts fire as the unit
+// tests of deploy/prometheus/dedup-alerts_test.yml say, and each panel's
+// query is valid PromQL (checked as a recording rule, the dashboard's
+// variables given values), when promtool is available (Debian's prometheus
+// package; PROMTOOL names another). The drift test above does not depend on
+// it.
 func TestAlertRulesPromtool(t *testing.T) {
 	tool := os.Getenv("PROMTOOL")
 	if tool == "" {
@@ -366,7 +369,22 @@ func TestAlertRulesPromtool(t *testing.T) {
 			t.Skip("promtool not installed (apt-get install prometheus, or set PROMTOOL)")
 		}
 	}
-	for _, args := range [][]string{{"check", "rules", alertsFile}, {"test", "rules", alertsTests}} {
+	vars := strings.NewReplacer("$__rate_interval", "5m", "$__range", "6h", "$scope", ".*")
+	var rules []map[string]string
+	for i, q := range dashboardQueries(t) {
+		if strings.HasPrefix(q.where, "panel ") {
+			rules = append(rules, map[string]string{"record": fmt.Sprintf("dashboard:query_%d", i), "expr": vars.Replace(q.expr)})
+		}
+	}
+	b, err := json.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	panels := filepath.Join(t.TempDir(), "dashboard-queries.yml") // JSON is YAML
+	if err := os.WriteFile(panels, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"check", "rules", alertsFile}, {"test", "rules", alertsTests}, {"check", "rules", panels}} {
 		out, err := exec.Command(tool, args...).CombinedOutput()
 		if err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
