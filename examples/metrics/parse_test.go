@@ -24,13 +24,18 @@ type point struct {
 	value  float64
 }
 
-// value returns the value of name's sample whose label is value.
-func (x exposition) value(name, label, value string) (float64, bool) {
+// value returns the value of name's sample having the labels given as
+// name, value pairs, and whether there is one.
+func (x exposition) value(name string, labels ...string) (float64, bool) {
 	if f := x[name]; f != nil {
+	samples:
 		for _, s := range f.samples {
-			if s.labels[label] == value {
-				return s.value, true
+			for i := 0; i+1 < len(labels); i += 2 {
+				if s.labels[labels[i]] != labels[i+1] {
+					continue samples
+				}
 			}
+			return s.value, true
 		}
 	}
 	return 0, false
