@@ -49,10 +49,11 @@ type query struct {
 // instrument exercised (a cycle of the example's workload: a consumer with
 // successes, a retry, dead letters and an outage, an idemhttp middleware
 // with replays and conflicts; a consumer whose outcome is lost; an outbox
-// relay publishing, failing an event and reading its backlog), scrapes the exporter's /metrics, and checks each query of the
-// dashboard and the alert rules: every metric it selects was emitted, with
-// every label it matches or groups by or shows, and every literal value it
-// matches is one a sample had.
+// relay publishing, failing an event and reading its backlog), scrapes the
+// exporter's /metrics, and checks each query of the dashboard and the alert
+// rules: every metric it selects was emitted, with every label it matches
+// or groups by or shows, and every literal value it matches is one a
+// sample had.
 func TestDashboardAndAlertsQueryEmittedMetrics(t *testing.T) {
 	exp := newExporter(t)
 	cycle(t, exp)
@@ -82,8 +83,9 @@ func TestDashboardAndAlertsQueryEmittedMetrics(t *testing.T) {
 	}
 	// Every instrument the run emitted is on the dashboard (the leases
 	// lost counter aside: no honest run of this size loses one).
+	histogram := regexp.MustCompile(`_(bucket|sum|count)$`)
 	for name := range emitted {
-		base := regexp.MustCompile(`_(bucket|sum|count)$`).ReplaceAllString(name, "")
+		base := histogram.ReplaceAllString(name, "")
 		if strings.HasPrefix(name, "otel_") || name == "target_info" || name == "dedup_leases_lost_total" {
 			continue
 		}
@@ -109,6 +111,23 @@ func TestDashboardAndAlertsQueryEmittedMetrics(t *testing.T) {
 		if (want == "") != (got == "") || !strings.Contains(got, want) {
 			t.Errorf("check(%q) = %q, want a problem containing %q", expr, got, want)
 		}
+	}
+}
+
+// parseQuery finds the metrics, matchers and grouping labels of an
+// expression, and no function, aggregation, keyword or range as a metric.
+func TestParseQuery(t *testing.T) {
+	got, err := parseQuery(`histogram_quantile(0.9, sum by (le, a) (rate(m_bucket{x="1", y=~"$v"}[$__rate_interval]))) > 0.5 and on (a) max without (b) (n offset 5m) unless sum(rate(o[5m:1m]))`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ref{
+		metrics:  []string{"m_bucket", "n", "o"},
+		matchers: []matcher{{"m_bucket", "x", "=", "1"}, {"m_bucket", "y", "=~", "$v"}},
+		grouping: []string{"le", "a", "a", "b"},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("parseQuery = %+v, want %+v", got, want)
 	}
 }
 

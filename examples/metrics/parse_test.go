@@ -192,7 +192,7 @@ func lex(q string) ([]token, error) {
 			i = j
 		case unicode.IsDigit(c) || c == '.':
 			j := i
-			for j < len(q) && (unicode.IsDigit(rune(q[j])) || strings.ContainsRune(".eE", rune(q[j]))) {
+			for j < len(q) && (q[j] == '.' || unicode.IsDigit(rune(q[j])) || unicode.IsLetter(rune(q[j]))) { // 0.5, 1e3, 5m, 1h30m
 				j++
 			}
 			toks = append(toks, token{'n', q[i:j]})
