@@ -36,8 +36,8 @@ func WithTracerProvider(tp trace.TracerProvider) Opt {
 // (dedup.leases_lost) and successes whose outcome could not be recorded
 // (dedup.outcomes_unrecorded: their effects may run again), and, when
 // collected, whether its deliveries are in an outage (dedup.outage: 1 while
-// [Wrapper.Health] reports [ErrOutage], else 0). Without it the wrapper records none; pass
-// otel.GetMeterProvider() to use the global provider.
+// [Wrapper.Health] reports [ErrOutage], else 0). Without it the wrapper
+// records none; pass otel.GetMeterProvider() to use the global provider.
 func WithMeterProvider(mp metric.MeterProvider) Opt {
 	return optFunc(func(c *config) { c.meterProvider = mp })
 }
