@@ -58,7 +58,8 @@ func TestDashboardAndAlertsQueryEmittedMetrics(t *testing.T) {
 	exp := newExporter(t)
 	cycle(t, exp)
 	scope := loseOutcome(t, exp)
-	emitted := relay(t, exp)
+	startRelay(t, exp)
+	emitted := exp.scrape(t)
 	if v, ok := emitted.value("dedup_outcomes_unrecorded_total", "dedup_scope", scope); !ok || v != 1 {
 		t.Errorf("dedup_outcomes_unrecorded_total: %v (found: %v), want 1", v, ok)
 	}

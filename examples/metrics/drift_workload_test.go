@@ -132,11 +132,11 @@ func loseOutcome(t *testing.T, exp *exporter) string {
 	return scope
 }
 
-// relay runs an outbox relay publishing to an in-process Kafka cluster
-// until its events are published, one of them to a topic that does not
-// exist (failed for good), and scrapes while it runs: the backlog gauges
-// are read only then. It returns that scrape.
-func relay(t *testing.T, exp *exporter) exposition {
+// startRelay runs an outbox relay, until the test ends, publishing to an
+// in-process Kafka cluster, and returns once its events are published, one
+// of them to a topic that does not exist (failed for good). Its backlog
+// gauges are read only while it runs.
+func startRelay(t *testing.T, exp *exporter) {
 	t.Helper()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
@@ -154,12 +154,12 @@ func relay(t *testing.T, exp *exporter) exposition {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer kc.Close()
+	t.Cleanup(kc.Close)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...), kgo.ProducerLinger(0), kgo.UnknownTopicRetries(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
 	pub, err := kafkaoutbox.NewPublisher(cl)
 	if err != nil {
 		t.Fatal(err)
@@ -186,23 +186,22 @@ func relay(t *testing.T, exp *exporter) exposition {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("relay: %v", err)
 		}
-	}()
+	})
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		st, err := ob.Stats(ctx, pool)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.Pending == 0 && st.Failed == 1 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the relay did not settle its events in 60 s: %+v", st)
 		}
 	}
-	return exp.scrape(t)
 }
