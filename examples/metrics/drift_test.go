@@ -382,13 +382,7 @@ func slug(heading string) string {
 // package; PROMTOOL names another). The drift test above does not depend on
 // it.
 func TestAlertRulesPromtool(t *testing.T) {
-	tool := os.Getenv("PROMTOOL")
-	if tool == "" {
-		var err error
-		if tool, err = exec.LookPath("promtool"); err != nil {
-			t.Skip("promtool not installed (apt-get install prometheus, or set PROMTOOL)")
-		}
-	}
+	tool := prometheusTool(t, "promtool", "PROMTOOL")
 	vars := strings.NewReplacer("$__rate_interval", "5m", "$__range", "6h", "$scope", ".*")
 	var rules []map[string]string
 	for i, q := range dashboardQueries(t) {

@@ -22,13 +22,7 @@ import (
 // when the prometheus server is installed (Debian's prometheus package;
 // PROMETHEUS names another binary).
 func TestDashboardQueriesAnswered(t *testing.T) {
-	bin := os.Getenv("PROMETHEUS")
-	if bin == "" {
-		var err error
-		if bin, err = exec.LookPath("prometheus"); err != nil {
-			t.Skip("prometheus not installed (apt-get install prometheus, or set PROMETHEUS)")
-		}
-	}
+	bin := prometheusTool(t, "prometheus", "PROMETHEUS")
 	exp := newExporter(t)
 	defer http.DefaultClient.CloseIdleConnections()
 	cycle(t, exp)
@@ -54,6 +48,22 @@ func TestDashboardQueriesAnswered(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
+}
+
+// prometheusTool returns the path of a program of Debian's prometheus
+// package, name, or the one the environment variable env names; it skips
+// the test when there is none: these checks are extras that the drift test
+// does not depend on.
+func prometheusTool(t *testing.T, name, env string) string {
+	t.Helper()
+	if p := os.Getenv(env); p != "" {
+		return p
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("%s not installed (apt-get install prometheus, or set %s)", name, env)
+	}
+	return p
 }
 
 // startPrometheus runs a Prometheus scraping target each second until the
