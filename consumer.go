@@ -167,14 +167,15 @@ func newEngine[M any](store Store, msgs Messages[M], cfg config) (*Wrapper[M], e
 	if cfg.batchWaitSet && cfg.batchWait > 0 && bc == nil {
 		return nil, fmt.Errorf("%w: WithBatchCompletion: the store (%T) cannot complete a batch in one write", ErrConfig, store)
 	}
-	tel, err := newTelemetry(&cfg)
+	health := outage.New(cfg.logger, cfg.outageThreshold, ErrOutage)
+	tel, err := newTelemetry(&cfg, health)
 	if err != nil {
 		return nil, fmt.Errorf("%w: OpenTelemetry instruments: %w", ErrConfig, err)
 	}
 	if tel != nil && tel.storeCalls != nil {
 		store, bc = timed(store, bc, tel.storeCalls)
 	}
-	w := &Wrapper[M]{store: store, bc: bc, msgs: msgs, cfg: cfg, tel: tel, health: outage.New(cfg.logger, cfg.outageThreshold, ErrOutage)}
+	w := &Wrapper[M]{store: store, bc: bc, msgs: msgs, cfg: cfg, tel: tel, health: health}
 	w.runner, w.runAtOnce, w.newCompleter = newEachRunner[M], newEachRunner[M], newInlineCompleter[M]
 	w.heartbeats.New = func() any { return &heartbeat{store: store, logger: cfg.logger} }
 	return w, nil

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dedupkit/dedup/internal/otelkit"
+	"github.com/dedupkit/dedup/internal/outage"
 )
 
 // instrumentation is the name under which the wrapper's spans and metrics are
@@ -33,8 +34,10 @@ func WithTracerProvider(tp trace.TracerProvider) Opt {
 // (dedup.store.duration; the transactional inbox's statements, made in the
 // handler's transaction, are not among them), leases lost
 // (dedup.leases_lost) and successes whose outcome could not be recorded
-// (dedup.outcomes_unrecorded: their effects may run again). Without it the wrapper records none; pass
-// otel.GetMeterProvider() to use the global provider.
+// (dedup.outcomes_unrecorded: their effects may run again), and, when
+// collected, whether its deliveries are in an outage (dedup.outage: 1 while
+// [Wrapper.Health] reports [ErrOutage], else 0). Without it the wrapper
+// records none; pass otel.GetMeterProvider() to use the global provider.
 func WithMeterProvider(mp metric.MeterProvider) Opt {
 	return optFunc(func(c *config) { c.meterProvider = mp })
 }
@@ -65,7 +68,9 @@ type telemetry struct {
 // included.
 const numOutcomes = int(OutcomeConflict) + 1
 
-func newTelemetry(cfg *config) (*telemetry, error) {
+// newTelemetry returns the instruments cfg asks for, nil when none; the
+// outage gauge reads health when collected.
+func newTelemetry(cfg *config, health *outage.Tracker) (*telemetry, error) {
 	tracer, m, ok := otelkit.TracerMeter(cfg.tracerProvider, cfg.meterProvider, instrumentation)
 	if !ok {
 		return nil, nil
@@ -75,7 +80,7 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 	if m == nil {
 		return t, nil
 	}
-	var errs [4]error
+	var errs [5]error
 	t.deliveries, errs[0] = m.Int64Counter("dedup.deliveries", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries handled, by scope and outcome; outcome \"error\" when the outcome could not be made durable."))
 	t.handling, errs[1] = m.Float64Histogram("messaging.process.duration", metric.WithUnit("s"),
@@ -85,6 +90,7 @@ func newTelemetry(cfg *config) (*telemetry, error) {
 		metric.WithDescription("Attempts whose claim another worker took over before they settled."))
 	t.unrecorded, errs[3] = m.Int64Counter("dedup.outcomes_unrecorded", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries whose handler succeeded but whose outcome the store never recorded: their effects may run again when the event is redelivered."))
+	errs[4] = observeOutage(m, health, t.scope)
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
@@ -189,4 +195,22 @@ func (t *telemetry) outcomeUnrecorded(ctx context.Context) {
 		return
 	}
 	t.unrecorded.Add(ctx, 1, t.scopeAdd...)
+}
+
+// observeOutage registers dedup.outage, observed when the metrics are
+// collected: 1 while health reports an outage, else 0. The registration
+// lasts as long as the meter provider: a wrapper has no end.
+func observeOutage(m metric.Meter, health *outage.Tracker, scope attribute.KeyValue) error {
+	byScope := metric.WithAttributeSet(attribute.NewSet(scope))
+	_, err := m.Int64ObservableGauge("dedup.outage", metric.WithUnit("{outage}"),
+		metric.WithDescription("1 while the wrapper's deliveries have kept failing to be made durable (store or dead-letter sink failing) for the outage threshold or longer, else 0."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			var v int64
+			if health.Health() != nil {
+				v = 1
+			}
+			o.Observe(v, byScope)
+			return nil
+		}))
+	return err
 }
