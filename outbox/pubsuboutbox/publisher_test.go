@@ -178,7 +178,9 @@ func TestFailureSemantics(t *testing.T) {
 			t.Errorf("event %s: %v, want %s", events[i].ID, errs[i], want)
 		}
 	}
-	retryable := func(err error) bool { return err != nil && !dedup.IsPermanent(err) && !errors.Is(err, outbox.ErrNotAttempted) }
+	retryable := func(err error) bool {
+		return err != nil && !dedup.IsPermanent(err) && !errors.Is(err, outbox.ErrNotAttempted)
+	}
 	check(0, retryable, "the injected failure, to retry")
 	check(1, func(err error) bool { return err == nil }, "nil")
 	check(2, func(err error) bool { return errors.Is(err, outbox.ErrNotAttempted) }, "ErrNotAttempted")
