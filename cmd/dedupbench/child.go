@@ -196,7 +196,7 @@ func (m *meter) result(r *row, cfg config) result {
 		}
 	}
 	wantProcessed := int64(cfg.Unique)
-	if r.name == "none" || r.name == "sqs-none" {
+	if r.name == "none" || r.name == "sqs-none" || r.name == "pubsub-none" {
 		wantProcessed = int64(cfg.Records)
 	}
 	if res.Processed != wantProcessed || res.Processed+res.Duplicates != int64(cfg.Records) {

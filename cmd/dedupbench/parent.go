@@ -373,6 +373,8 @@ func floorOf(row string) string {
 	switch {
 	case strings.HasPrefix(row, "sqs"):
 		return "sqs-none"
+	case strings.HasPrefix(row, "pubsub"):
+		return "pubsub-none"
 	case strings.HasPrefix(row, "dynamodb"):
 		return "dynamodb-floor"
 	}

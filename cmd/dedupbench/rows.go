@@ -53,6 +53,8 @@ var rows = []*row{
 	{name: "sqs-none", title: "SQS (fauxqs): receive and delete, no dedup", small: true, sqs: true, run: runSQSNone},
 	{name: "sqs", title: "SQS (fauxqs): sqsdedup.Consumer defaults, PostgreSQL", small: true, sqs: true, run: runSQS("postgres")},
 	{name: "sqs-dynamodb", title: "SQS (fauxqs): sqsdedup.Consumer defaults, DynamoDB", small: true, sqs: true, run: runSQS("dynamodb")},
+	{name: "pubsub-none", title: "Pub/Sub (pstest): Receive and ack, no dedup", small: true, run: runPubSubNone},
+	{name: "pubsub", title: "Pub/Sub (pstest): pubsubdedup.Consumer defaults, PostgreSQL", small: true, run: runPubSub},
 }
 
 func rowNames() []string {
