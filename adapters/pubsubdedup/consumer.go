@@ -127,11 +127,26 @@ func (c *Consumer) Run(ctx context.Context) error {
 		r.GiveUp(fmt.Errorf("pubsubdedup: receive on %s: %w", c.sub, err))
 	}
 	r.closeGate()
-	return r.Stop(func() {
-		if received != nil {
-			<-received // Receive returns once every message it handed over is acked or nacked
-		}
-	})
+	return r.Stop(func() { r.awaitReceive(received) })
+}
+
+// awaitReceive waits for Receive to return, which it does once every
+// message it handed over is acked or nacked and those acknowledgements are
+// sent: at once when the handlers have all returned, which Stop waited for.
+// Only a handler ignoring its cancelled context (which Stop reported)
+// holds it back: then awaitReceive gives up after shutdown.Grace, leaving
+// Receive to return when that handler does.
+func (r *runner) awaitReceive(received <-chan error) {
+	if received == nil {
+		return
+	}
+	t := time.NewTimer(shutdown.Grace)
+	defer t.Stop()
+	select {
+	case <-received:
+	case <-t.C:
+		r.log.Error("pubsubdedup: Receive has not returned; a handler still runs, ignoring its cancelled context")
+	}
 }
 
 // maxFailureDelay bounds the hold of messages not settled while the store
@@ -169,18 +184,17 @@ func (c *Consumer) prepare(ctx context.Context) (*runner, error) {
 
 // settings returns the client's receive settings: as many messages
 // outstanding as workers, each one's ack deadline extended by the ack
-// deadline at a time, up to the longest extension; Receive waits for every
-// message it handed over until the handlers' shutdown is over.
+// deadline at a time, up to the longest extension.
 func (r *runner) settings() pubsub.ReceiveSettings {
 	s := pubsub.DefaultReceiveSettings
 	s.MaxOutstandingMessages = r.cfg.workers
 	s.MaxExtension = r.cfg.maxExtension
 	s.MinDurationPerAckExtension = r.ackDeadline
 	s.MaxDurationPerAckExtension = r.ackDeadline
-	s.ShutdownOptions = &pubsub.ShutdownOptions{
-		Behavior: pubsub.ShutdownBehaviorWaitForProcessing,
-		Timeout:  r.cfg.ShutdownTimeout + 2*shutdown.Grace,
-	}
+	// Graceful: Receive returns once every message it handed over is acked
+	// or nacked and those acknowledgements are sent. (A timed shutdown
+	// returns at once and may drop the acknowledgements not sent yet.)
+	s.ShutdownOptions = &pubsub.ShutdownOptions{Behavior: pubsub.ShutdownBehaviorWaitForProcessing, Timeout: -1}
 	return s
 }
 
