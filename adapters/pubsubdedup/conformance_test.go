@@ -12,6 +12,7 @@ import (
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
 	"github.com/dedupkit/dedup/adaptertest"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/internal/wire"
 )
@@ -39,7 +40,7 @@ type harness struct {
 func newHarness(t *testing.T) adaptertest.Harness {
 	e := newEnv(t, subConfig{})
 	proxy := testenv.StartProxy(t, e.srv.Addr)
-	return &harness{e: e, proxy: proxy, client: dial(t, proxy.Addr()), sink: e.sink(t)}
+	return &harness{e: e, proxy: proxy, client: pubsubenv.Client(t, proxy.Addr(), project), sink: e.sink(t)}
 }
 
 // Publish publishes each message with its ID in the "event-id" attribute.

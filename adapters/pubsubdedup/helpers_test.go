@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,48 +11,15 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"go.uber.org/goleak"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
 	"github.com/dedupkit/dedup/adaptertest"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 	"github.com/dedupkit/dedup/internal/wire"
 )
 
-// TestMain fails the run if a goroutine outlives the tests. It ignores the
-// goroutine opencensus starts when the client library is imported, which
-// lives as long as the process, and waits up to leakWait for the others to
-// end: a Receive's stream monitor returns on its next tick (every 10 s)
-// after Receive has.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := waitNoLeak(leakWait); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// leakWait bounds TestMain's wait for goroutines to end.
-const leakWait = 30 * time.Second
-
-// waitNoLeak returns nil once only the process's lasting goroutines run,
-// or goleak's error after d.
-func waitNoLeak(d time.Duration) error {
-	end := time.Now().Add(d)
-	for {
-		err := goleak.Find(goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"))
-		if err == nil || time.Now().After(end) {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+func TestMain(m *testing.M) { pubsubenv.RunTests(m) }
 
 // deadline bounds every wait for an effect: generous, for a loaded machine.
 const deadline = 60 * time.Second
@@ -90,10 +55,9 @@ func token() string { return strings.ToLower(rand.Text()[:10]) }
 // subscription configured by sc, all closed when t ends.
 func newEnv(t *testing.T, sc subConfig) *env {
 	t.Helper()
-	srv := pstest.NewServer()
-	t.Cleanup(func() { _ = srv.Close() })
+	srv, client := pubsubenv.Start(t, project)
 	tok := token()
-	e := &env{srv: srv, client: dial(t, srv.Addr),
+	e := &env{srv: srv, client: client,
 		topic: "projects/" + project + "/topics/orders-" + tok,
 		sub:   "projects/" + project + "/subscriptions/billing-" + tok,
 		dlq:   "projects/" + project + "/topics/orders-dlq-" + tok}
@@ -115,24 +79,6 @@ func newEnv(t *testing.T, sc subConfig) *env {
 		t.Fatal(err)
 	}
 	return e
-}
-
-// dial returns a client of the server at addr, closed when t ends.
-func dial(t testing.TB, addr string) *pubsub.Client {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pubsub.NewClient(context.Background(), project, option.WithGRPCConn(conn))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = conn.Close()
-	})
-	return c
 }
 
 // publish publishes data with id as its "event-id" attribute and attrs,

@@ -11,14 +11,12 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 )
 
 // pubsubPullWait bounds one pull of letters; a pull that brings none ends
@@ -74,16 +72,7 @@ func pubsubClient(ctx context.Context, project, endpoint string) (*pubsub.Client
 		}
 		return c, func() { _ = c.Close() }, nil
 	}
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, nil, fmt.Errorf("cannot reach Pub/Sub at %s: %w", endpoint, err)
-	}
-	c, err := pubsub.NewClient(ctx, project, option.WithGRPCConn(conn))
-	if err != nil {
-		_ = conn.Close()
-		return nil, nil, fmt.Errorf("cannot reach Pub/Sub at %s: %w", endpoint, err)
-	}
-	return c, func() { _ = c.Close(); _ = conn.Close() }, nil
+	return pubsubenv.Dial(ctx, endpoint, project)
 }
 
 // pubsubRedrive is the state of one Pub/Sub redrive.

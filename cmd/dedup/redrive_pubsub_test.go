@@ -15,6 +15,7 @@ import (
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
 	"github.com/dedupkit/dedup/adaptertest"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 )
 
 // pubsubTopics is a test's pstest server with an origin topic and its
@@ -28,11 +29,7 @@ type pubsubTopics struct {
 func newPubSubTopics(t *testing.T) *pubsubTopics {
 	t.Helper()
 	ctx := context.Background()
-	srv := pstest.NewServer()
-	t.Cleanup(func() { _ = srv.Close() })
-	client, closeClient, err := pubsubClient(ctx, "shop", srv.Addr)
-	require.NoError(t, err)
-	t.Cleanup(closeClient)
+	srv, client := pubsubenv.Start(t, "shop")
 	tok := strings.ToLower(rand.Text()[:8])
 	p := &pubsubTopics{srv: srv, client: client,
 		topic: "projects/shop/topics/orders-" + tok, sub: "projects/shop/subscriptions/app-" + tok,

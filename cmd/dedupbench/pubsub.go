@@ -3,19 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 	"github.com/dedupkit/dedup/internal/wire"
 )
 
@@ -78,20 +75,13 @@ func runPubSubNone(ctx context.Context, cfg config, m *meter) error {
 // stops them.
 func openSubscription(ctx context.Context, cfg config) (*pubsub.Client, string, func(), error) {
 	srv := pstest.NewServer()
-	conn, err := grpc.NewClient(srv.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	client, closeClient, err := pubsubenv.Dial(ctx, srv.Addr, "dedupbench")
 	if err != nil {
-		_ = srv.Close()
-		return nil, "", nil, err
-	}
-	client, err := pubsub.NewClient(ctx, "dedupbench", option.WithGRPCConn(conn))
-	if err != nil {
-		_ = conn.Close()
 		_ = srv.Close()
 		return nil, "", nil, err
 	}
 	drop := func() {
-		_ = client.Close()
-		_ = conn.Close()
+		closeClient()
 		_ = srv.Close()
 	}
 	const topic, sub = "projects/dedupbench/topics/events", "projects/dedupbench/subscriptions/bench"
@@ -104,17 +94,7 @@ func openSubscription(ctx context.Context, cfg config) (*pubsub.Client, string, 
 		drop()
 		return nil, "", nil, err
 	}
-	// The row's events, duplicates shuffled in as for Kafka.
-	rng := rand.New(rand.NewPCG(1, uint64(cfg.Records)))
-	ids := make([]int, 0, cfg.Records)
-	for i := range cfg.Unique {
-		ids = append(ids, i)
-	}
-	for len(ids) < cfg.Records {
-		ids = append(ids, rng.IntN(cfg.Unique))
-	}
-	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
-	for _, i := range ids {
+	for _, i := range eventOrder(cfg) {
 		srv.Publish(topic, fmt.Appendf(nil, `{"id":%d,"customer":%d,"cents":%d}`, i, i%997, 100+i%9973),
 			map[string]string{wire.PubSubIDAttribute: "evt-" + strconv.Itoa(i)})
 	}

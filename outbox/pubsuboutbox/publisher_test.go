@@ -4,40 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"go.uber.org/goleak"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 	"github.com/dedupkit/dedup/outbox"
 	"github.com/dedupkit/dedup/outbox/pubsuboutbox"
 )
 
-// TestMain fails the run if a goroutine outlives the tests, but for the one
-// opencensus starts when the client library is imported.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start")); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pubsubenv.RunTests(m) }
 
 const topic = "projects/shop/topics/orders"
 
@@ -70,15 +54,7 @@ func newServer(t *testing.T, r pstest.Reactor) (*pstest.Server, *pubsuboutbox.Pu
 	if r != nil {
 		opts = append(opts, pstest.ServerReactorOption{FuncName: "Publish", Reactor: r})
 	}
-	srv := pstest.NewServer(opts...)
-	conn, err := grpc.NewClient(srv.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := pubsub.NewClient(context.Background(), "shop", option.WithGRPCConn(conn))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, client := pubsubenv.Start(t, "shop", opts...)
 	if _, err := client.TopicAdminClient.CreateTopic(context.Background(), &pubsubpb.Topic{Name: topic}); err != nil {
 		t.Fatal(err)
 	}
@@ -86,12 +62,7 @@ func newServer(t *testing.T, r pstest.Reactor) (*pstest.Server, *pubsuboutbox.Pu
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		pub.Stop()
-		_ = client.Close()
-		_ = conn.Close()
-		_ = srv.Close()
-	})
+	t.Cleanup(pub.Stop)
 	return srv, pub
 }
 

@@ -9,16 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
 	"github.com/dedupkit/dedup/internal/crashtest"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
@@ -70,9 +67,7 @@ func TestPubSubCrashCampaign(t *testing.T) {
 	run := crashtest.RunID()
 	token := strings.ToLower(run)
 	ctx := context.Background()
-	srv := pstest.NewServer()
-	t.Cleanup(func() { _ = srv.Close() })
-	admin := dial(t, srv.Addr)
+	srv, admin := pubsubenv.Start(t, project)
 	topic := "projects/" + project + "/topics/orders-" + token
 	dlqTopic := "projects/" + project + "/topics/orders-dlq-" + token
 	sub := "projects/" + project + "/subscriptions/workers-" + token
@@ -223,24 +218,6 @@ func TestPubSubCrashCampaign(t *testing.T) {
 	if f.Kills() == 0 || reruns == 0 {
 		t.Errorf("no kill landed mid-handler (kills %d): the campaign proved nothing", f.Kills())
 	}
-}
-
-// dial returns an admin client of the server at addr, closed when t ends.
-func dial(t *testing.T, addr string) *pubsub.Client {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pubsub.NewClient(context.Background(), project, option.WithGRPCConn(conn))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = conn.Close()
-	})
-	return c
 }
 
 // messagesOf returns the messages the server holds in topic.

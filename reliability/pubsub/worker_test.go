@@ -14,13 +14,11 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
 	"github.com/dedupkit/dedup/internal/crashtest"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
 	"github.com/dedupkit/dedup/internal/wire"
 )
 
@@ -91,29 +89,22 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*pubs
 		pool.Close()
 		return nil, nil, err
 	}
-	conn, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	client, closeClient, err := pubsubenv.Dial(ctx, cfg.Addr, cfg.Project)
 	if err != nil {
 		pool.Close()
 		starts.Close()
 		return nil, nil, err
 	}
-	var client *pubsub.Client
 	var sink *pubsubdedup.Sink
 	closeAll := func() {
 		if sink != nil {
 			sink.Stop()
 		}
-		if client != nil {
-			_ = client.Close()
-		}
-		_ = conn.Close()
+		closeClient()
 		starts.Close()
 		pool.Close()
 	}
 	c, err := func() (*pubsubdedup.Consumer, error) {
-		if client, err = pubsub.NewClient(ctx, cfg.Project, option.WithGRPCConn(conn)); err != nil {
-			return nil, err
-		}
 		store, err := dedup.NewPostgresStore(pool, dedup.WithTable(cfg.Table))
 		if err != nil {
 			return nil, err
