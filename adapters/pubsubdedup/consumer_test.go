@@ -163,3 +163,47 @@ func TestOrderingKeys(t *testing.T) {
 		t.Errorf("letter's ordering key %q, reason %q; want k-poison, %s", l.OrderingKey, l.Attributes["dedup-reason"], dedup.ReasonPermanent)
 	}
 }
+
+// A retry is nacked at once when the subscription has a retry policy (the
+// server's backoff applies): it runs again well within the wrapper's
+// backoff of ten minutes. Without one it is held for the wrapper's backoff,
+// here 3 s, before it is nacked: it runs again no sooner.
+func TestRetryPolicy(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		policy  bool
+		backoff time.Duration
+	}{{true, 10 * time.Minute}, {false, 3 * time.Second}} {
+		e := newEnv(t, subConfig{retryPolicy: c.policy})
+		fx := adaptertest.NewEffects()
+		var mu sync.Mutex
+		var calls []time.Time
+		w := wrap(t, dedup.NewMemoryStore(), fx, func(_ context.Context, m *pubsub.Message) error {
+			mu.Lock()
+			calls = append(calls, time.Now())
+			mu.Unlock()
+			if fx.Call(eventID(m)) == 1 {
+				return errBoom
+			}
+			fx.Apply(eventID(m))
+			return nil
+		}, dedup.WithSink(e.sink(t)), dedup.WithBackoff(func(int) time.Duration { return c.backoff }))
+		run := e.start(t, w)
+		e.publish(t, "retry-1", "x", "", nil)
+		adaptertest.WaitFor(t, deadline, "the retry run again and applied", func() bool {
+			return fx.Count("retry-1") == 1 && e.unacked() == 0
+		})
+		run.StopClean(t)
+		mu.Lock()
+		gap := calls[1].Sub(calls[0])
+		mu.Unlock()
+		switch {
+		case fx.Calls("retry-1") != 2:
+			t.Errorf("retry policy %t: handler ran %d times, want 2", c.policy, fx.Calls("retry-1"))
+		case c.policy && gap >= c.backoff:
+			t.Errorf("with a retry policy the retry ran %v after the failure, want it nacked at once", gap)
+		case !c.policy && gap < c.backoff:
+			t.Errorf("without a retry policy the retry ran %v after the failure, want it held for the backoff %v", gap, c.backoff)
+		}
+	}
+}

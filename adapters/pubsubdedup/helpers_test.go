@@ -11,6 +11,7 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
@@ -47,6 +48,9 @@ type subConfig struct {
 	// policy (to the env's dlq topic), which makes Pub/Sub set the
 	// delivery attempt.
 	maxDeliveries int
+	// retryPolicy gives the subscription a retry policy (which pstest
+	// keeps but does not apply).
+	retryPolicy bool
 }
 
 func token() string { return strings.ToLower(rand.Text()[:10]) }
@@ -72,6 +76,9 @@ func newEnv(t *testing.T, sc subConfig) *env {
 	}
 	s := &pubsubpb.Subscription{Name: e.sub, Topic: e.topic, AckDeadlineSeconds: int32(sc.ackDeadline / time.Second),
 		EnableMessageOrdering: sc.ordered}
+	if sc.retryPolicy {
+		s.RetryPolicy = &pubsubpb.RetryPolicy{MinimumBackoff: durationpb.New(time.Second), MaximumBackoff: durationpb.New(time.Minute)}
+	}
 	if sc.maxDeliveries > 0 {
 		s.DeadLetterPolicy = &pubsubpb.DeadLetterPolicy{DeadLetterTopic: e.dlq, MaxDeliveryAttempts: int32(sc.maxDeliveries)}
 	}
