@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -94,9 +92,8 @@ func openSubscription(ctx context.Context, cfg config) (*pubsub.Client, string, 
 		drop()
 		return nil, "", nil, err
 	}
-	for _, i := range eventOrder(cfg) {
-		srv.Publish(topic, fmt.Appendf(nil, `{"id":%d,"customer":%d,"cents":%d}`, i, i%997, 100+i%9973),
-			map[string]string{wire.PubSubIDAttribute: "evt-" + strconv.Itoa(i)})
+	for _, i := range eventOrder(cfg.Records, cfg.Unique) {
+		srv.Publish(topic, eventBody(i), map[string]string{wire.PubSubIDAttribute: eventID(i)})
 	}
 	return client, sub, drop, nil
 }

@@ -147,9 +147,18 @@ func ctxOr(ctx context.Context, err error) error {
 	return err
 }
 
-// sendEvents sends the row's events (eventOrder), ten per SendMessageBatch.
+// sendEvents sends the row's events, duplicates shuffled in as for Kafka,
+// ten per SendMessageBatch.
 func sendEvents(ctx context.Context, client *sqs.Client, url string, cfg config) error {
-	ids := eventOrder(cfg)
+	rng := rand.New(rand.NewPCG(1, uint64(cfg.Records)))
+	ids := make([]int, 0, cfg.Records)
+	for i := range cfg.Unique {
+		ids = append(ids, i)
+	}
+	for len(ids) < cfg.Records {
+		ids = append(ids, rng.IntN(cfg.Unique))
+	}
+	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 	for start := 0; start < len(ids); start += 10 {
 		var entries []types.SendMessageBatchRequestEntry
 		for k, i := range ids[start:min(start+10, len(ids))] {
@@ -171,20 +180,4 @@ func sendEvents(ctx context.Context, client *sqs.Client, url string, cfg config)
 		}
 	}
 	return nil
-}
-
-// eventOrder returns the events of a queue's row in the order they are
-// sent: cfg.Unique events, then re-sends of random earlier ones, shuffled
-// in as for Kafka. The seed is fixed: every run sees the same order.
-func eventOrder(cfg config) []int {
-	rng := rand.New(rand.NewPCG(1, uint64(cfg.Records)))
-	ids := make([]int, 0, cfg.Records)
-	for i := range cfg.Unique {
-		ids = append(ids, i)
-	}
-	for len(ids) < cfg.Records {
-		ids = append(ids, rng.IntN(cfg.Unique))
-	}
-	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
-	return ids
 }
