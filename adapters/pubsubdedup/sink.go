@@ -41,6 +41,11 @@ const MaxAttributeValue = 1024
 // the dead-letter topic. The Sink's publisher has message ordering on;
 // after a letter with an ordering key failed, the client refuses that key
 // until resumed, which Send does, so a letter sent again is published.
+//
+// A letter's attributes keep within Pub/Sub's limits ([MaxAttributeValue]);
+// its body is not cut: a letter of an original near Pub/Sub's 10 MB, which
+// the metadata pushes over it, is refused, Send fails and the message is
+// not acknowledged.
 type Sink struct {
 	pub   *pubsub.Publisher
 	topic string
