@@ -366,14 +366,17 @@ func fillRatios(rs []result) {
 }
 
 // floorOf names the row a row is measured against: the least its store or
-// queue can do with the same events. SQS, RabbitMQ and NATS rows are
-// measured against consuming the same queue or stream with no dedup,
+// queue can do with the same events. SQS, Pub/Sub, RabbitMQ, NATS and
+// Lambda stream rows are measured against consuming the same queue,
+// subscription, stream or invocations with no dedup,
 // DynamoDB rows against a bare conditional write, the rest against
 // PostgreSQL's bare insert.
 func floorOf(row string) string {
 	switch {
 	case strings.HasPrefix(row, "sqs"):
 		return "sqs-none"
+	case strings.HasPrefix(row, "pubsub"):
+		return "pubsub-none"
 	case strings.HasPrefix(row, "dynamodb"):
 		return "dynamodb-floor"
 	case strings.HasPrefix(row, "amqp-quorum"):
@@ -382,6 +385,8 @@ func floorOf(row string) string {
 		return "amqp-none"
 	case strings.HasPrefix(row, "nats"):
 		return "nats-none"
+	case strings.HasPrefix(row, "lambdastream"):
+		return "lambdastream-none"
 	}
 	return "floor"
 }

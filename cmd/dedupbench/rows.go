@@ -64,6 +64,8 @@ var rows = []*row{
 	{name: "nats", title: "NATS JetStream: natsdedup.Consumer defaults, PostgreSQL", broker: true, run: runNATS},
 	{name: "lambdastream-none", title: "Lambda Kinesis invocations, no dedup", sqs: true, run: runLambdaStreamNone},
 	{name: "lambdastream", title: "Lambda Kinesis: lambdastreamdedup.KinesisHandler, PostgreSQL", sqs: true, run: runLambdaStream},
+	{name: "pubsub-none", title: "Pub/Sub (pstest): Receive and ack, no dedup", small: true, run: runPubSubNone},
+	{name: "pubsub", title: "Pub/Sub (pstest): pubsubdedup.Consumer defaults, PostgreSQL", small: true, run: runPubSub},
 }
 
 func rowNames() []string {

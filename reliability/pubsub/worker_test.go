@@ -1,0 +1,160 @@
+package pubsubreliability_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/adapters/pubsubdedup"
+	"github.com/dedupkit/dedup/internal/crashtest"
+	"github.com/dedupkit/dedup/internal/pubsubenv"
+	"github.com/dedupkit/dedup/internal/wire"
+)
+
+// workerEnv carries a worker's configuration, as JSON, into a re-executed
+// test binary; its presence makes TestMain run workerMain.
+const workerEnv = "DEDUP_PUBSUBREL_WORKER"
+
+// idAttribute carries the event ID: the campaign publishes an event twice,
+// as two messages with two message IDs.
+const idAttribute = wire.PubSubIDAttribute
+
+// workerConfig is what a worker process runs.
+type workerConfig struct {
+	Name         string // "w2#5": slot 2, fifth process started; recorded with each row
+	Addr         string // the pstest server's, in the test process
+	Project      string
+	Subscription string
+	DLQTopic     string
+	DSN          string
+	Table        string // the dedup table
+	EffectsTable string
+	Scope        string
+	MaxAttempts  int
+}
+
+var errPoison = errors.New("poison: this event can never succeed")
+
+// workerMain is a consumer process of the campaign: a pubsubdedup.Consumer
+// over the transactional inbox (dedup.WrapTx), whose handler writes its
+// effect in the record's transaction. It runs until SIGTERM (a graceful
+// stop) or SIGKILL (a crash) and returns the exit code.
+func workerMain(raw string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var cfg workerConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		log.Error("worker: bad configuration", slog.Any("error", err))
+		return 2
+	}
+	log = log.With(slog.String("worker", cfg.Name))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	crashtest.Ready()
+	consumer, closeAll, err := newConsumer(ctx, cfg, log)
+	if err != nil && ctx.Err() != nil {
+		return 0 // stopped (SIGTERM) while it was setting up
+	}
+	if err != nil {
+		log.Error("worker: setup failed", slog.Any("error", err))
+		return 1
+	}
+	defer closeAll()
+	if err := consumer.Run(ctx); err != nil {
+		log.Error("worker: Run failed", slog.Any("error", err))
+		return crashtest.ExitRunError
+	}
+	return 0
+}
+
+func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*pubsubdedup.Consumer, func(), error) {
+	// The records' transactions and the start rows written beside them
+	// have a pool each (see dedup.WrapTx).
+	pool, err := pgxpool.New(ctx, cfg.DSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	starts, err := pgxpool.New(ctx, cfg.DSN)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	client, closeClient, err := pubsubenv.Dial(ctx, cfg.Addr, cfg.Project)
+	if err != nil {
+		pool.Close()
+		starts.Close()
+		return nil, nil, err
+	}
+	var sink *pubsubdedup.Sink
+	closeAll := func() {
+		if sink != nil {
+			sink.Stop()
+		}
+		closeClient()
+		starts.Close()
+		pool.Close()
+	}
+	c, err := func() (*pubsubdedup.Consumer, error) {
+		store, err := dedup.NewPostgresStore(pool, dedup.WithTable(cfg.Table))
+		if err != nil {
+			return nil, err
+		}
+		if sink, err = pubsubdedup.NewSink(client, cfg.DLQTopic); err != nil {
+			return nil, err
+		}
+		w, err := dedup.WrapTx(store, pubsubdedup.Messages(pubsubdedup.WithIDAttribute(idAttribute)),
+			effectHandler(starts, cfg.EffectsTable, cfg.Name),
+			dedup.WithScope(cfg.Scope),
+			dedup.WithSink(sink),
+			dedup.WithMaxAttempts(cfg.MaxAttempts),
+			dedup.WithBackoff(func(int) time.Duration { return 0 }),
+			dedup.WithLogger(log))
+		if err != nil {
+			return nil, err
+		}
+		return pubsubdedup.NewConsumer(client, cfg.Subscription, w,
+			pubsubdedup.WithWorkers(40),
+			pubsubdedup.WithInFlightDelay(200*time.Millisecond),
+			pubsubdedup.WithShutdownTimeout(5*time.Second),
+			pubsubdedup.WithLogger(log))
+	}()
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return c, closeAll, nil
+}
+
+// effectHandler records a start row outside the transaction, works a
+// little, then (unless the event is poison) writes the effect in the
+// record's transaction and works a little more, so that a kill lands
+// before the effect, between effect and commit, or elsewhere.
+func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[*pubsub.Message] {
+	insert := `INSERT INTO ` + table + ` (event_id, worker, kind) VALUES ($1, $2, $3)`
+	return func(ctx context.Context, tx pgx.Tx, m *pubsub.Message) error {
+		id := m.Attributes[idAttribute]
+		if _, err := pool.Exec(ctx, insert, id, worker, "start"); err != nil {
+			return err
+		}
+		if err := crashtest.Pause(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+		if strings.Contains(string(m.Data), `"poison":true`) {
+			return errPoison
+		}
+		if _, err := tx.Exec(ctx, insert, id, worker, "effect"); err != nil {
+			return err
+		}
+		return crashtest.Pause(ctx, 10*time.Millisecond)
+	}
+}
