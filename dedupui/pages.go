@@ -85,14 +85,14 @@ func (c *console) summary(ctx context.Context, scope string, older time.Duration
 // recordView is a record as a page shows it.
 type recordView struct {
 	dedup.Record
-	Link       template.URL
-	Now        time.Time
-	ResultSize int
-	Result     string // shown with WithPayloads only
-	Reason     string
-	Next       string // what its next delivery will do
-	Stuck      bool
-	Releasable bool // a release is offered
+	Link        template.URL
+	Now         time.Time
+	ResultSize  int
+	Result      string // shown with WithPayloads only
+	Reason      string
+	Next        string // what its next delivery will do
+	Stuck       bool
+	Releasable  bool // a release is offered
 	Forgettable bool
 }
 
