@@ -97,7 +97,11 @@ func (c *console) act(a action) http.HandlerFunc {
 		}
 		done, logged, err := a.do(c, r)
 		var cf *conflict
+		var bad *badRequest
 		switch {
+		case errors.As(err, &bad):
+			log.WarnContext(r.Context(), "dedupui: action refused: bad request", append(logged, "reason", bad.reason)...)
+			c.refuse(w, http.StatusBadRequest, bad.reason)
 		case errors.As(err, &cf):
 			log.InfoContext(r.Context(), "dedupui: action not done", append(logged, "reason", cf.reason)...)
 			c.refuse(w, http.StatusConflict, cf.reason)
