@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/dedupui"
 	"github.com/dedupkit/dedup/deduptype"
+	"github.com/dedupkit/dedup/dedupui"
 	"github.com/dedupkit/dedup/internal/testenv"
 	"github.com/dedupkit/dedup/outbox"
 )
