@@ -319,3 +319,22 @@ func TestStoreWithoutBrowser(t *testing.T) {
 		t.Errorf("forget on a store without Admin: %d, want 400", code)
 	}
 }
+
+// A store whose table is missing is a 500 whose page says nothing of the
+// database, and the error is logged.
+func TestStoreErrorIs500AndLogged(t *testing.T) {
+	store, err := dedup.NewPostgresStore(testenv.Postgres(t), dedup.WithTable("dedupui_never_created"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := testenv.NewJSONLogs(t)
+	base := serve(t, dedupui.New(store, dedupui.WithLogger(logs.Logger(0))))
+	for _, path := range []string{"", "failed", "record?scope=s&id=x"} {
+		if code, body := get(t, base, path); code != http.StatusInternalServerError || strings.Contains(body, "dedupui_never_created") {
+			t.Errorf("%q: %d\n%s", path, code, body)
+		}
+	}
+	if n := len(logs.Lines("dedupui: page failed")); n != 3 {
+		t.Errorf("%d errors logged, want 3\n%s", n, logs)
+	}
+}
