@@ -26,7 +26,7 @@ func TestOverviewNumbersEqualTheTable(t *testing.T) {
 	delete(got, "*")
 	rows, err := f.pool.Query(context.Background(), `SELECT scope,
 		count(*) FILTER (WHERE status = 1), count(*) FILTER (WHERE status = 3), count(*) FILTER (WHERE status = 4),
-		count(*) FILTER (WHERE (status = 1 AND lease_until < now()) OR status = 3)
+		count(*) FILTER (WHERE (status = 1 AND lease_until < now()) OR (status = 3 AND updated_at < now() - interval '10 minutes'))
 		FROM `+f.table+` WHERE expires_at > now() GROUP BY scope`)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,8 @@ func TestPagingWalksEveryRecordOnce(t *testing.T) {
 	base := f.console(t, dedupui.WithPageSize(4))
 	for _, c := range []struct{ path, where string }{
 		{"failed", "status = 4"},
-		{"stuck", "(status = 1 AND lease_until < now()) OR status = 3"},
+		{"stuck?older_than=0s", "(status = 1 AND lease_until < now()) OR status = 3"},
+		{"stuck", "(status = 1 AND lease_until < now()) OR (status = 3 AND updated_at < now() - interval '10 minutes')"},
 		{"failed?scope=b&reason=reason+1%3A+boom", "status = 4 AND scope = 'b' AND last_error = 'reason 1: boom'"},
 	} {
 		keys := walkPages(t, base, c.path)
