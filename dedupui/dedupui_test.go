@@ -339,3 +339,11 @@ func TestStoreErrorIs500AndLogged(t *testing.T) {
 		t.Errorf("%d errors logged, want 3\n%s", n, logs)
 	}
 }
+
+func TestNilStore(t *testing.T) {
+	var s *dedup.MemoryStore
+	base := serve(t, dedupui.New(s))
+	if code, body := get(t, base, ""); code != http.StatusInternalServerError || !strings.Contains(body, "without a store") {
+		t.Errorf("nil store: %d %s", code, body)
+	}
+}
