@@ -3,6 +3,7 @@ package dedupui_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strings"
@@ -345,5 +346,27 @@ func TestNilStore(t *testing.T) {
 	base := serve(t, dedupui.New(s))
 	if code, body := get(t, base, ""); code != http.StatusInternalServerError || !strings.Contains(body, "without a store") {
 		t.Errorf("nil store: %d %s", code, body)
+	}
+}
+
+// Whatever the query, a page answers 200, 400 or 404: never a 500, never
+// a panic (which the server would turn into a dropped connection).
+func TestArbitraryQueriesNever500(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	base := serve(t, dedupui.New(store, dedupui.WithActions()))
+	rnd := rand.New(rand.NewPCG(1, 2))
+	names := []string{"scope", "id", "reason", "after", "older_than", "x"}
+	values := []string{"", "s", "a/b", "%00", "%ff%fe", "-1s", "1h", "99999999h", "eyJ0IjoiMjAyNi0wMS0wMVQwMDowMDowMFoiLCJzIjoicyIsImkiOiJpIn0",
+		"eyJ0IjoxfQ", strings.Repeat("z", 300), "%22%3E%3Cscript%3E", "+"}
+	for range 400 {
+		path := []string{"", "record", "stuck", "failed", "outbox", "release", "forget", "requeue"}[rnd.IntN(8)]
+		var q []string
+		for range rnd.IntN(4) {
+			q = append(q, names[rnd.IntN(len(names))]+"="+values[rnd.IntN(len(values))])
+		}
+		code, body := get(t, base, path+"?"+strings.Join(q, "&"))
+		if code != http.StatusOK && code != http.StatusBadRequest && code != http.StatusNotFound {
+			t.Fatalf("%s?%s: %d\n%s", path, strings.Join(q, "&"), code, body)
+		}
 	}
 }
