@@ -81,6 +81,33 @@ func TestOverviewNumbersEqualTheTable(t *testing.T) {
 	if n := strings.Count(body, `<tr data-event=`); fmt.Sprint(n) != failed {
 		t.Errorf("outbox page lists %d failed events, the table has %s", n, failed)
 	}
+	rows, err = f.pool.Query(context.Background(), `SELECT destination, count(*) FROM `+f.outboxTable+` WHERE status = 'pending' GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	destinations := 0
+	for rows.Next() {
+		var dest string
+		var n int64
+		if err := rows.Scan(&dest, &n); err != nil {
+			t.Fatal(err)
+		}
+		destinations++
+		if want := fmt.Sprintf(`<tr data-destination="%s"><td>%s</td><td class="num" data-count="pending">%d</td>`, dest, dest, n); !strings.Contains(body, want) {
+			t.Errorf("outbox page does not show %d pending for %s", n, dest)
+		}
+	}
+	if destinations != 2 || strings.Count(body, "<tr data-destination=") != 2 {
+		t.Errorf("the table has %d destinations pending, the page %d", destinations, strings.Count(body, "<tr data-destination="))
+	}
+	var sent string
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*)::text FROM `+f.outboxTable+` WHERE status = 'sent' AND sent_at > now() - interval '1 hour'`).Scan(&sent); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(body, `<span data-total>`+sent+`</span>`) || sent == "0" {
+		t.Errorf("the published chart does not total the %s events sent", sent)
+	}
 }
 
 // walkPages follows the next links of a list from path, returning the
