@@ -1,13 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +15,6 @@ import (
 
 	"github.com/dedupkit/dedup"
 )
-
-// lockedBuffer is a bytes.Buffer the command writes to while the test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // dedup ui serves the console of the store its flags name: a stuck record
 // shows on its page, the action is refused without -actions, and an
@@ -45,28 +27,26 @@ func TestUIServesTheStore(t *testing.T) {
 	require.NoError(t, err)
 
 	runCtx, stop := context.WithCancel(ctx)
-	var out, errOut lockedBuffer
+	// The command's output comes through a pipe: its first line says where
+	// it serves; what follows is drained until the command ends.
+	pr, pw := io.Pipe()
+	var errOut bytes.Buffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(runCtx, []string{"ui", "-postgres", dsn, "-table", table, "-addr", "127.0.0.1:0", "-create-indexes", "-outbox-table", ""}, &out, &errOut)
+		defer pw.Close()
+		done <- run(runCtx, []string{"ui", "-postgres", dsn, "-table", table, "-addr", "127.0.0.1:0", "-create-indexes", "-outbox-table", ""}, pw, &errOut)
 	}()
-	serving := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+/)`)
-	var base string
-	deadline := time.Now().Add(60 * time.Second)
-	for base == "" {
-		select {
-		case code := <-done:
-			t.Fatalf("dedup ui ended with %d: %s%s", code, out.String(), errOut.String())
-		default:
-		}
-		if m := serving.FindStringSubmatch(out.String()); m != nil {
-			base = m[1]
-		} else if time.Now().After(deadline) {
-			t.Fatal("dedup ui does not say where it serves")
-		} else {
-			time.Sleep(20 * time.Millisecond)
-		}
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		stop()
+		t.Fatalf("dedup ui ended with %d before saying where it serves: %v %s", <-done, err, errOut.String())
 	}
+	drained := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, pr); close(drained) }()
+	defer func() { stop(); <-drained }()
+	m := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+/)`).FindStringSubmatch(line)
+	require.NotNil(t, m, line)
+	base := m[1]
 	page := func(path string) (int, string) {
 		resp, err := http.Get(base + path)
 		require.NoError(t, err)
