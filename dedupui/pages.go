@@ -31,30 +31,32 @@ type overviewData struct {
 }
 
 func (c *console) overview(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	if err := known(q, "scope", "older_than"); err != nil {
-		c.fail(w, r, err)
-		return
-	}
-	scope, err := scopeParam(q)
-	if err == nil {
-		var older time.Duration
-		older, err = olderThanParam(q)
-		if err == nil && c.browse != nil {
-			var d overviewData
-			d, err = c.summary(r.Context(), scope, older)
-			d.OlderThan = q.Get("older_than")
-			if err == nil {
-				c.render(w, r, "overview", "Overview", d)
-				return
-			}
-		}
-	}
+	d, err := c.overviewOf(r)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	c.render(w, r, "overview", "Overview", overviewData{Scope: scope})
+	c.render(w, r, "overview", "Overview", d)
+}
+
+// overviewOf reads the overview the request asks for; a store without
+// dedup.Browser has none to read.
+func (c *console) overviewOf(r *http.Request) (overviewData, error) {
+	q := r.URL.Query()
+	if err := known(q, "scope", "older_than"); err != nil {
+		return overviewData{}, err
+	}
+	scope, err := scopeParam(q)
+	if err != nil {
+		return overviewData{}, err
+	}
+	older, err := olderThanParam(q)
+	if err != nil || c.browse == nil {
+		return overviewData{Scope: scope}, err
+	}
+	d, err := c.summary(r.Context(), scope, older)
+	d.OlderThan = q.Get("older_than")
+	return d, err
 }
 
 // summary reads the overview of scope.
@@ -157,20 +159,7 @@ func (c *console) list(which dedup.BrowseList) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		d := listData{List: name, Scope: q.Get("scope"), Reason: q.Get("reason"), OlderThan: q.Get("older_than")}
-		bq := dedup.BrowseQuery{List: which, Limit: c.cfg.pageSize}
-		err := known(q, names...)
-		if err == nil {
-			bq.Scope, err = scopeParam(q)
-		}
-		if err == nil {
-			bq.Reason, err = reasonParam(q)
-		}
-		if err == nil {
-			bq.OlderThan, err = olderThanParam(q)
-		}
-		if err == nil {
-			bq.After, err = afterParam(q)
-		}
+		bq, err := browseQuery(q, which, c.cfg.pageSize, names)
 		if err != nil {
 			c.fail(w, r, err)
 			return

@@ -92,6 +92,26 @@ func reasonParam(q url.Values) (string, error) {
 	return r, nil
 }
 
+// browseQuery reads the page of list which that q asks for, q taking the
+// parameters names only.
+func browseQuery(q url.Values, which dedup.BrowseList, limit int, names []string) (dedup.BrowseQuery, error) {
+	bq := dedup.BrowseQuery{List: which, Limit: limit}
+	err := known(q, names...)
+	if err == nil {
+		bq.Scope, err = scopeParam(q)
+	}
+	if err == nil {
+		bq.Reason, err = reasonParam(q)
+	}
+	if err == nil {
+		bq.OlderThan, err = olderThanParam(q)
+	}
+	if err == nil {
+		bq.After, err = afterParam(q)
+	}
+	return bq, err
+}
+
 // cursor is a BrowseCursor as a link carries it.
 type cursor struct {
 	At    time.Time `json:"t"`
