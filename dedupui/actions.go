@@ -134,9 +134,12 @@ func (c *console) sameOrigin(r *http.Request) error {
 
 // readRecord reads the record an action names (scope and id in values).
 func (c *console) readRecord(r *http.Request, fromForm bool) (dedup.Record, error) {
-	values := r.URL.Query()
+	values, names := r.URL.Query(), []string{"scope", "id"}
 	if fromForm {
-		values = r.PostForm
+		values, names = r.PostForm, append(names, "owner")
+	}
+	if err := known(values, names...); err != nil {
+		return dedup.Record{}, err
 	}
 	if c.admin == nil {
 		return dedup.Record{}, badf("this store cannot forget records (it does not implement dedup.Admin)")
@@ -268,7 +271,7 @@ func (c *console) eventIDs(ids []string) ([]string, error) {
 }
 
 func previewRequeue(c *console, r *http.Request) (confirmData, error) {
-	if err := known(r.URL.Query(), "id"); err != nil {
+	if err := known(r.URL.Query(), "id..."); err != nil {
 		return confirmData{}, err
 	}
 	ids, err := c.eventIDs(r.URL.Query()["id"])
@@ -298,6 +301,9 @@ func previewRequeue(c *console, r *http.Request) (confirmData, error) {
 }
 
 func doRequeue(c *console, r *http.Request) (string, []any, error) {
+	if err := known(r.PostForm, "id..."); err != nil {
+		return "", nil, err
+	}
 	ids, err := c.eventIDs(r.PostForm["id"])
 	logged := []any{"events", ids}
 	if err != nil {

@@ -313,14 +313,14 @@ func TestBadQueriesAre400(t *testing.T) {
 		"record", "record?scope=s", "record?id=x", "record?scope=s&id=" + long, "record?scope=s&id=a%00b",
 		"?scope=" + long, "?older_than=-1s", "?older_than=soon", "?nope=1",
 		"stuck?after=garbage", "stuck?after=" + "eyJ0IjoieCJ9", "stuck?older_than=99999h", "stuck?reason=" + strings.Repeat("r", 81),
-		"failed?scope=a&scope=b", "failed?older_than=1s", "outbox?x=1",
+		"failed?scope=a&scope=b", "failed?older_than=1s", "outbox?x=1", "record?scope=s&id=a&id=b",
 		"release", "forget?scope=s", "requeue", "requeue?id=", "requeue?id=a%01",
 	} {
 		if code, body := get(t, base, path); code != http.StatusBadRequest {
 			t.Errorf("GET %s: %d, want 400\n%s", path, code, body)
 		}
 	}
-	for _, form := range []url.Values{{}, {"scope": {"s"}}, {"scope": {"s"}, "id": {long}}} {
+	for _, form := range []url.Values{{}, {"scope": {"s"}}, {"scope": {"s"}, "id": {long}}, {"scope": {"s"}, "id": {"a", "b"}, "owner": {"o"}}, {"scope": {"s"}, "id": {"a"}, "extra": {"1"}}} {
 		if code, body := post(t, base, "forget", form, "Origin", origin(t, base)); code != http.StatusBadRequest {
 			t.Errorf("POST forget %v: %d, want 400\n%s", form, code, body)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/dedupkit/dedup"
@@ -24,18 +25,21 @@ func badf(format string, args ...any) error { return &badRequest{reason: fmt.Spr
 // maxOlderThan bounds older_than: a longer one is a typo.
 const maxOlderThan = 365 * 24 * time.Hour
 
-// known checks that q holds only the parameters named, each at most once,
-// so that a misspelt filter is refused rather than ignored.
+// known checks that q holds only the parameters named, each at most once
+// unless its name ends in "..." (a list), so that a misspelt filter is
+// refused rather than ignored.
 func known(q url.Values, names ...string) error {
 next:
 	for k, v := range q {
 		for _, n := range names {
-			if k == n {
-				if len(v) > 1 && n != "id" {
-					return badf("parameter %q given %d times", k, len(v))
-				}
-				continue next
+			list := strings.HasSuffix(n, "...")
+			if k != strings.TrimSuffix(n, "...") {
+				continue
 			}
+			if len(v) > 1 && !list {
+				return badf("parameter %q given %d times", k, len(v))
+			}
+			continue next
 		}
 		return badf("unknown parameter %q", k)
 	}
