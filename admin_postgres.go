@@ -4,34 +4,13 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Stuck implements [Admin]. It scans the table: it is an operator's query,
 // not one for a hot path. While a migration from record v1 runs, it sees
 // the rows moved so far.
 func (s *PostgresStore) Stuck(ctx context.Context, scope string, olderThan time.Duration, limit int) ([]Record, error) {
-	rows, err := s.pool.Query(ctx, s.sql.stuck, scope, olderThan, limit)
-	if err != nil {
-		return nil, s.opError("stuck", err)
-	}
-	var out []Record
-	var r pgRecord
-	var key Key
-	_, err = pgx.ForEachRow(rows, r.targets(&key.Scope, &key.EventID), func() error {
-		rec, err := r.decode(key)
-		if err != nil {
-			return fmt.Errorf("%s: %w", key, err)
-		}
-		out = append(out, rec)
-		r = pgRecord{}
-		return nil
-	})
-	if err != nil {
-		return nil, s.opError("stuck", scanError(err))
-	}
-	return out, nil
+	return s.records(ctx, "stuck", s.sql.stuck, scope, olderThan, limit)
 }
 
 // Forget implements [Admin].

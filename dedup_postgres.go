@@ -44,6 +44,7 @@ type PostgresStore struct {
 	txConns *txBudget
 	table   string // quoted, for messages
 	sql     postgresSQL
+	console consoleSQL // the operator's console's (admin_browse_postgres.go)
 	// layout is what the table was last found to be (a pgLayout): v2, or
 	// being migrated from v1, when each operation first moves its keys'
 	// rows across.
@@ -82,6 +83,7 @@ func NewPostgresStore(pool *pgxpool.Pool, opts ...StoreOpt) (*PostgresStore, err
 	}
 	s := &PostgresStore{pool: pool, txConns: budget, table: ident.Sanitize(), names: newTableNames(ident)}
 	s.sql = buildPostgresSQL(s.table, s.names)
+	s.console = buildConsoleSQL(s.table)
 	return s, nil
 }
 
