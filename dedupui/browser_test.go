@@ -192,7 +192,7 @@ func TestBrowser(t *testing.T) {
 	if path := os.Getenv("DEDUP_CONSOLE_PNG"); path != "" {
 		t.Run("README screenshot", func(t *testing.T) {
 			p := b.NewPage(t)
-			p.Do(chromedp.EmulateViewport(1100, 760))
+			p.Do(chromedp.EmulateViewport(1280, 720))
 			p.Open(f.console(t))
 			if err := os.WriteFile(path, browsertest.Run(p, chromedp.CaptureScreenshot()), 0o644); err != nil {
 				t.Fatal(err)
