@@ -46,6 +46,24 @@ func TestBrowser(t *testing.T) {
 		open(t, p, base+"record?"+keyQuery(f.final), "record")
 		open(t, p, base+"record?scope=billing&id=never-seen", "record-missing")
 
+		// With actions on: each action's confirmation page, reached by its
+		// link or by the outbox's requeue button; none is confirmed here.
+		act := f.console(t, dedupui.WithActions())
+		open(t, p, act+"record?"+keyQuery(f.final), "record-with-actions")
+		if status := p.Click(`a[href^="forget?"]`); status != http.StatusOK {
+			t.Fatalf("forget link: HTTP %d", status)
+		}
+		settle(t, p, "forget-confirm")
+		open(t, p, act+"outbox", "outbox-with-actions")
+		p.Do(chromedp.Click(chromedp.CSS(`#failed-events input[type="checkbox"]`), chromedp.NodeVisible))
+		if status := p.Click(`form[action="requeue"] button[type="submit"]`); status != http.StatusOK {
+			t.Fatalf("requeue button: HTTP %d", status)
+		}
+		settle(t, p, "requeue-confirm")
+		if !p.Exists(`form[action="requeue"] input[name="id"]`) {
+			t.Error("the requeue confirmation posts no event")
+		}
+
 		p.Open(base)
 		checkOverviewCounts(t, p, f)
 		p.Open(base + "outbox")
