@@ -180,6 +180,33 @@ func TestBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("without JavaScript, a stuck record is found and released", func(t *testing.T) {
+		p := b.NewPage(t)
+		p.DisableJavaScript()
+		base := f.console(t, dedupui.WithActions())
+		open(t, p, base, "no-js-overview")
+		var key dedup.Key
+		for _, step := range []struct{ selector, name string }{
+			{`nav a[href="stuck"]`, "no-js-stuck"},
+			{`#records tr[data-key^="billing/lapsed-"] a`, "no-js-record"},
+			{`a[href^="release?"]`, "no-js-release-confirm"},
+			{"#confirm", "no-js-release-done"},
+		} {
+			if status := p.Click(step.selector); status != http.StatusOK {
+				t.Fatalf("%s: HTTP %d", step.selector, status)
+			}
+			settle(t, p, step.name)
+			if step.name == "no-js-record" {
+				key = dedup.Key{Scope: p.Text(`[data-field="scope"]`), EventID: p.Text(`[data-field="event_id"]`)}
+			}
+		}
+		done := p.Text("#done")
+		c, err := f.store.Claim(context.Background(), dedup.ClaimRequest{Key: key, Fingerprint: "fp-" + key.EventID, Lease: time.Minute, TTL: time.Hour})
+		if err != nil || c.Status != dedup.ClaimAcquired || c.Record.Attempts != 1 {
+			t.Fatalf("claim of %s after a release without JavaScript (done page: %q): %v attempt %d, %v", key, done, c.Status, c.Record.Attempts, err)
+		}
+	})
+
 	t.Run("a confirmed release makes the record claimable", func(t *testing.T) {
 		p := b.NewPage(t)
 		base := f.console(t, dedupui.WithActions())

@@ -31,6 +31,7 @@ func site(t *testing.T) *httptest.Server {
 		}
 	}
 	mux.HandleFunc("GET /clean", page(`<h1 id=title>Clean</h1><a id=next href="form">next</a>`))
+	mux.HandleFunc("GET /scripted", page(`<p id=js>off</p><script>document.getElementById("js").textContent = "on"</script>`))
 	mux.HandleFunc("GET /logs", page(`<script>console.error("bad thing", 42)</script>`))
 	mux.HandleFunc("GET /throws", page(`<script>null.x</script>`))
 	mux.HandleFunc("GET /broken-image", page(`<img src="/missing.png">`))
@@ -115,6 +116,22 @@ func TestCrossSiteFormIsSeenAsCrossSite(t *testing.T) {
 	if got := p.TakeProblems(); len(got) == 0 {
 		t.Error("a 403 document was not recorded as a problem")
 	}
+}
+
+func TestDisableJavaScript(t *testing.T) {
+	b := browsertest.Start(t)
+	srv := site(t)
+	p := b.NewPage(t)
+	p.Open(srv.URL + "/scripted")
+	if got := p.Text("#js"); got != "on" {
+		t.Fatalf("with JavaScript: %q, want on", got)
+	}
+	p.DisableJavaScript()
+	p.Open(srv.URL + "/scripted")
+	if got := p.Text("#js"); got != "off" {
+		t.Errorf("without JavaScript: %q, want off", got)
+	}
+	p.NoProblems("scripted")
 }
 
 func TestScreenshotIsAPNGOfThePage(t *testing.T) {

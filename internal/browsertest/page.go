@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
@@ -65,6 +66,18 @@ func Run[T any](p *Page, a chromedp.Action[T]) T {
 		p.t.Fatalf("browser: %v", err)
 	}
 	return v
+}
+
+// DisableJavaScript turns the page's scripts off from the next navigation
+// on, as a visitor with JavaScript disabled has them; the helpers, which
+// work through the DevTools protocol, keep working.
+func (p *Page) DisableJavaScript() {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, ActionTimeout)
+	defer cancel()
+	if _, err := chromedp.Call(ctx, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true}); err != nil {
+		p.t.Fatalf("browser: disabling JavaScript: %v", err)
+	}
 }
 
 // Open navigates to url, waits for the page to load and returns the HTTP
