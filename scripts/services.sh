@@ -6,10 +6,9 @@
 # Redis (scripts/redis.sh), and the machine's RabbitMQ and NATS JetStream
 # (scripts/brokers.sh).
 # Downloads and logs go to .cache/ (git-ignored); `make stop-services` stops
-# what this script started. When PostgreSQL, Java or Chromium (the console's
-# browser test, dedupui/browser_test.go) is missing, it installs it
-# system-wide with apt-get, saying so first; DEDUP_NO_APT=1 makes it stop and
-# name the package instead.
+# what this script started. When PostgreSQL or Java is missing, it installs
+# it system-wide with apt-get, saying so first; DEDUP_NO_APT=1 makes it stop
+# and name the package instead.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -113,8 +112,10 @@ start_sqs() {
 	"$ROOT/scripts/local-aws-sqs.sh"
 }
 
-# ensure_chromium: Debian's headless-capable Chromium for the console's
-# browser test (internal/browsertest starts it; nothing to keep running).
+# ensure_chromium: Debian's chromium for the console's browser test
+# (dedupui/browser_test.go; internal/browsertest starts it, nothing keeps
+# running), installed like PostgreSQL and Java when missing (apt_install,
+# which DEDUP_NO_APT=1 turns into a stop naming the package).
 ensure_chromium() {
 	if ! command -v chromium >/dev/null; then
 		apt_install chromium "Chromium is not installed (the console's browser test drives it)"
