@@ -96,7 +96,7 @@ func walkPages(t *testing.T, base, path string) []string {
 			t.Fatalf("%s: %d\n%s", path, code, body)
 		}
 		for _, m := range rowKey.FindAllStringSubmatch(body, -1) {
-			keys = append(keys, unescape(m[1]))
+			keys = append(keys, unescape(m[1])+"/"+unescape(m[2]))
 		}
 		path = ""
 		if m := nextLink.FindStringSubmatch(body); m != nil {

@@ -211,7 +211,7 @@ func origin(t *testing.T, base string) string {
 var (
 	countCell  = regexp.MustCompile(`(?s)<tr data-scope="([^"]*)">.*?</tr>`)
 	countValue = regexp.MustCompile(`data-count="(\w+)">(?:<a [^>]*>)?(\d+)<`)
-	rowKey     = regexp.MustCompile(`<tr data-key="([^"]*)">`)
+	rowKey     = regexp.MustCompile(`<tr data-key="[^"]*" data-scope="([^"]*)" data-id="([^"]*)">`)
 	nextLink   = regexp.MustCompile(`<a href="([^"]*)" rel="next"`)
 	hiddenIn   = regexp.MustCompile(`<input type="hidden" name="(\w+)" value="([^"]*)">`)
 )

@@ -15,6 +15,7 @@
 //	dedup redrive sqs -dlq-url https://... [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup redrive amqp -amqp amqp://... -dlq orders.dlq [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup redrive nats -nats nats://... -dlq DLQ [-subject dlq.orders] [-reason ...] [-min-age ...] [-rate ...] [-yes]
+//	dedup ui [-addr 127.0.0.1:8080] [-actions] [-payloads] [-outbox-table outbox] [-create-indexes]
 //
 // The stores are named by flags or by the environment variables the tests
 // use: -postgres (DEDUP_POSTGRES_DSN), -dynamodb (DEDUP_DYNAMODB_ENDPOINT,
@@ -71,6 +72,7 @@ var commands = []command{
 	{"migrate", "print the PostgreSQL table's migration to record v2; -yes to migrate", runMigrate},
 	{"outbox", "status of the outbox, requeue failed events", runOutbox},
 	{"redrive", "send dead letters back to their origin (kafka, sqs, amqp, nats)", runRedrive},
+	{"ui", "serve the operator's console (dedupui) over the store's flags", runUI},
 }
 
 // run runs the command line args and returns the exit status.
