@@ -8,12 +8,12 @@
 package browsertest
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
-	"sync"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -37,7 +37,6 @@ const (
 // started it ends.
 type Browser struct {
 	ctx context.Context // the browser's root chromedp context
-	out *lockedBuffer   // the browser's stdout and stderr, for failures
 }
 
 // chromiumNames are the executables Start looks for on PATH, in order, when
@@ -66,7 +65,7 @@ func ChromiumPath() (string, error) {
 // --user-data-dir removed afterwards) plus what this machine needs. Without
 // the background-networking and component-update flags Chromium keeps
 // calling out, and this closed network refuses it; QUIC likewise.
-func allocatorOptions(path string, out *lockedBuffer) []chromedp.ExecAllocatorOption {
+func allocatorOptions(path string, out io.Writer) []chromedp.ExecAllocatorOption {
 	return append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
 		chromedp.Headless,
@@ -92,7 +91,12 @@ func Start(t testing.TB) *Browser {
 		testenv.Unavailable(t, "Chromium", err)
 		return nil
 	}
-	out := &lockedBuffer{}
+	// The browser's output, read if it does not start; the file outlives
+	// the process, since cleanups run last registered first.
+	out, err := os.Create(filepath.Join(t.TempDir(), "chromium.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), allocatorOptions(path, out)...)
 	ctx, cancel := chromedp.NewContext(allocCtx)
 	// Cancelling the root context closes the browser; cancelling the
@@ -100,11 +104,13 @@ func Start(t testing.TB) *Browser {
 	t.Cleanup(func() {
 		cancel()
 		cancelAlloc()
+		out.Close()
 	})
 	if err := attach(ctx); err != nil {
-		t.Fatalf("starting %s: %v\n%s", path, err, out.String())
+		log, _ := os.ReadFile(out.Name())
+		t.Fatalf("starting %s: %v\n%s", path, err, log)
 	}
-	return &Browser{ctx: ctx, out: out}
+	return &Browser{ctx: ctx}
 }
 
 // attach makes the first chromedp call on ctx, which starts the browser or
@@ -125,23 +131,4 @@ func attach(ctx context.Context) error {
 		}
 		return errors.New("timed out")
 	}
-}
-
-// lockedBuffer is the browser's output, written by chromedp's copier and
-// read by the test.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
