@@ -69,6 +69,15 @@ func TestBrowser(t *testing.T) {
 		p.Open(base + "outbox")
 		checkOutboxCounts(t, p, f)
 		p.NoProblems("counts")
+		// Nothing is fetched from the network: every asset is the console's.
+		for _, u := range p.Requested() {
+			if !strings.HasPrefix(u, base) && !strings.HasPrefix(u, act) {
+				t.Errorf("the console's pages requested %s, outside the console", u)
+			}
+		}
+		if !slices.ContainsFunc(p.Requested(), func(u string) bool { return strings.HasSuffix(u, "static/style.css") }) {
+			t.Errorf("no stylesheet requested: %q", p.Requested())
+		}
 	})
 
 	t.Run("paging walks every record once", func(t *testing.T) {

@@ -62,6 +62,9 @@ func TestPageRecordsProblems(t *testing.T) {
 	if got := p.Problems(); len(got) != 0 {
 		t.Errorf("clean page: problems %q", got)
 	}
+	if got := p.Requested(); !slices.Equal(got, []string{srv.URL + "/clean"}) {
+		t.Errorf("clean page requested %q, want only itself", got)
+	}
 
 	for _, tc := range []struct{ path, want string }{
 		{"/logs", "console.error: bad thing 42"},

@@ -25,6 +25,7 @@ type Page struct {
 	mu       sync.Mutex
 	problems []string
 	requests map[network.RequestID]string // method and URL, to name a failed request
+	urls     []string                     // every URL requested, in order
 }
 
 // NewPage opens a tab in b, closed when t ends.
@@ -140,6 +141,14 @@ func (p *Page) TakeProblems() []string {
 	return taken
 }
 
+// Requested returns the URL of every request the page made since it
+// opened, in order: documents, scripts, styles, images, fetches.
+func (p *Page) Requested() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.urls...)
+}
+
 // NoProblems fails the test if the page recorded a problem, naming each,
 // with what for context (the page's name).
 func (p *Page) NoProblems(what string) {
@@ -172,6 +181,7 @@ func (p *Page) record(ev any) {
 		}
 	case *network.EventRequestWillBeSent:
 		p.requests[ev.RequestID] = ev.Request.Method + " " + ev.Request.URL
+		p.urls = append(p.urls, ev.Request.URL)
 	case *network.EventResponseReceived:
 		if r := ev.Response; r.Status >= 400 {
 			p.problems = append(p.problems, fmt.Sprintf("HTTP %d for %s", r.Status, p.requests[ev.RequestID]))
