@@ -111,6 +111,9 @@ func splitTable(table string) (schema, bare string) {
 // [PostgresStore.Migrate]: every claim pays for them (see
 // docs/operations.md). It must not run in a transaction.
 func (s *PostgresStore) CreateConsoleIndexes(ctx context.Context) error {
+	if err := s.consoleLayout(ctx, "console indexes"); err != nil {
+		return err
+	}
 	rows, err := s.pool.Query(ctx, s.console.invalid)
 	if err != nil {
 		return s.opError("console indexes", err)
@@ -148,6 +151,9 @@ func (s *PostgresStore) MissingConsoleIndexes(ctx context.Context) ([]string, er
 // table of up to 16 MB and estimated in a larger one. While a migration
 // from record v1 runs, it sees the rows moved so far.
 func (s *PostgresStore) Summary(ctx context.Context, q SummaryQuery) (Summary, error) {
+	if err := s.consoleLayout(ctx, "summary"); err != nil {
+		return Summary{}, err
+	}
 	var sum Summary
 	var blocks, estimate int64
 	if err := s.pool.QueryRow(ctx, s.console.size, s.table).Scan(&sum.Now, &blocks, &estimate); err != nil {
@@ -229,6 +235,9 @@ func (s *PostgresStore) Browse(ctx context.Context, q BrowseQuery) ([]Record, er
 	if err := q.validate(); err != nil {
 		return nil, err
 	}
+	if err := s.consoleLayout(ctx, "browse"); err != nil {
+		return nil, err
+	}
 	at, after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, Key{}
 	if q.After != nil {
 		at, after = pgtype.Timestamptz{Time: q.After.UpdatedAt, Valid: true}, q.After.Key
@@ -239,6 +248,16 @@ func (s *PostgresStore) Browse(ctx context.Context, q BrowseQuery) ([]Record, er
 		sql, args = s.console.stuck, append(args, q.OlderThan)
 	}
 	return s.records(ctx, "browse", sql, args...)
+}
+
+// consoleLayout refuses a table of record v1 with [ErrRecordV1]: the
+// console reads the v2 layout, and while a migration from v1 runs, the
+// rows moved so far.
+func (s *PostgresStore) consoleLayout(ctx context.Context, op string) error {
+	if _, err := s.migrating(ctx, s.pool); err != nil {
+		return s.opError(op, err)
+	}
+	return nil
 }
 
 // records runs a query of scope, event_id and the record columns and

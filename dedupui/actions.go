@@ -186,7 +186,9 @@ func recordConfirm(rec dedup.Record, refusal string, what ...string) confirmData
 	return d
 }
 
-func previewRelease(c *console, r *http.Request) (confirmData, error) {
+// previewRecord is the confirmation of an action on the record the query
+// names: refused with refusal's reason, if it gives one, else saying what.
+func previewRecord(c *console, r *http.Request, refusal func(dedup.Record) string, what func(dedup.Record) []string) (confirmData, error) {
 	rec, err := c.readRecord(r, false)
 	var cf *conflict
 	if errors.As(err, &cf) {
@@ -195,25 +197,24 @@ func previewRelease(c *console, r *http.Request) (confirmData, error) {
 	if err != nil {
 		return confirmData{}, err
 	}
-	return recordConfirm(rec, releasable(rec, time.Now()),
-		"Its record is deleted: the event runs afresh, as attempt 1, when it is delivered again.",
-		"Nothing is done if the record is claimed again or settled before you confirm."), nil
+	return recordConfirm(rec, refusal(rec), append(what(rec), "Nothing is done if the record is claimed again or settled before you confirm.")...), nil
+}
+
+// runsAfresh is what releasing or forgetting a record does.
+const runsAfresh = "Its record is deleted: the event runs afresh, as attempt 1, when it is delivered again."
+
+func previewRelease(c *console, r *http.Request) (confirmData, error) {
+	return previewRecord(c, r, func(rec dedup.Record) string { return releasable(rec, time.Now()) },
+		func(dedup.Record) []string { return []string{runsAfresh} })
 }
 
 func previewForget(c *console, r *http.Request) (confirmData, error) {
-	rec, err := c.readRecord(r, false)
-	var cf *conflict
-	if errors.As(err, &cf) {
-		return recordConfirm(rec, cf.reason), nil
-	}
-	if err != nil {
-		return confirmData{}, err
-	}
-	what := []string{"Its record is deleted: the event runs afresh, as attempt 1, when it is delivered again."}
-	if rec.Status == dedup.StatusProcessing && time.Now().Before(rec.LeaseUntil) {
-		what = append(what, "A worker holds its lease until "+stamp(rec.LeaseUntil)+": if it is alive, the event may run twice at once.")
-	}
-	return recordConfirm(rec, forgettable(rec), append(what, "Nothing is done if the record is claimed again or settled before you confirm.")...), nil
+	return previewRecord(c, r, forgettable, func(rec dedup.Record) []string {
+		if rec.Status == dedup.StatusProcessing && time.Now().Before(rec.LeaseUntil) {
+			return []string{runsAfresh, "A worker holds its lease until " + stamp(rec.LeaseUntil) + ": if it is alive, the event may run twice at once."}
+		}
+		return []string{runsAfresh}
+	})
 }
 
 // doForgetIf forgets the posted record if it still carries the posted

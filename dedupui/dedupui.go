@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/nilcheck"
 	"github.com/dedupkit/dedup/outbox"
 )
 
@@ -93,8 +94,14 @@ type console struct {
 // New returns the console of store. The store's optional interfaces are
 // resolved once: [dedup.Browser] for the overview and the lists,
 // [dedup.Admin] for the actions on records; a store without them shows
-// records by key, and says what it cannot show.
+// records by key, and says what it cannot show. A nil store gives a
+// handler that answers every request with 500 and says so.
 func New(store dedup.Store, opts ...Opt) http.Handler {
+	if nilcheck.IsNil(store) {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "dedupui: the console was made without a store (dedupui.New(nil))", http.StatusInternalServerError)
+		})
+	}
 	cfg := config{pageSize: DefaultPageSize, logger: slog.Default(), caller: func(*http.Request) string { return "" }}
 	for _, o := range opts {
 		o.apply(&cfg)

@@ -26,7 +26,7 @@ func TestOverviewNumbersEqualTheTable(t *testing.T) {
 	delete(got, "*")
 	rows, err := f.pool.Query(context.Background(), `SELECT scope,
 		count(*) FILTER (WHERE status = 1), count(*) FILTER (WHERE status = 3), count(*) FILTER (WHERE status = 4),
-		count(*) FILTER (WHERE (status = 1 AND lease_until < now()) OR status = 3)
+		count(*) FILTER (WHERE (status = 1 AND lease_until < now()) OR (status = 3 AND updated_at < now() - interval '10 minutes'))
 		FROM `+f.table+` WHERE expires_at > now() GROUP BY scope`)
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,8 @@ func TestPagingWalksEveryRecordOnce(t *testing.T) {
 	base := f.console(t, dedupui.WithPageSize(4))
 	for _, c := range []struct{ path, where string }{
 		{"failed", "status = 4"},
-		{"stuck", "(status = 1 AND lease_until < now()) OR status = 3"},
+		{"stuck?older_than=0s", "(status = 1 AND lease_until < now()) OR status = 3"},
+		{"stuck", "(status = 1 AND lease_until < now()) OR (status = 3 AND updated_at < now() - interval '10 minutes')"},
 		{"failed?scope=b&reason=reason+1%3A+boom", "status = 4 AND scope = 'b' AND last_error = 'reason 1: boom'"},
 	} {
 		keys := walkPages(t, base, c.path)
@@ -317,5 +318,32 @@ func TestStoreWithoutBrowser(t *testing.T) {
 	}
 	if code, _ := get(t, base, "forget?scope=s&id=x"); code != http.StatusBadRequest {
 		t.Errorf("forget on a store without Admin: %d, want 400", code)
+	}
+}
+
+// A store whose table is missing is a 500 whose page says nothing of the
+// database, and the error is logged.
+func TestStoreErrorIs500AndLogged(t *testing.T) {
+	store, err := dedup.NewPostgresStore(testenv.Postgres(t), dedup.WithTable("dedupui_never_created"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := testenv.NewJSONLogs(t)
+	base := serve(t, dedupui.New(store, dedupui.WithLogger(logs.Logger(0))))
+	for _, path := range []string{"", "failed", "record?scope=s&id=x"} {
+		if code, body := get(t, base, path); code != http.StatusInternalServerError || strings.Contains(body, "dedupui_never_created") {
+			t.Errorf("%q: %d\n%s", path, code, body)
+		}
+	}
+	if n := len(logs.Lines("dedupui: page failed")); n != 3 {
+		t.Errorf("%d errors logged, want 3\n%s", n, logs)
+	}
+}
+
+func TestNilStore(t *testing.T) {
+	var s *dedup.MemoryStore
+	base := serve(t, dedupui.New(s))
+	if code, body := get(t, base, ""); code != http.StatusInternalServerError || !strings.Contains(body, "without a store") {
+		t.Errorf("nil store: %d %s", code, body)
 	}
 }

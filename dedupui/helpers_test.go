@@ -163,7 +163,17 @@ func (f *fixture) console(t *testing.T, opts ...dedupui.Opt) string {
 // get fetches base+path and returns the status and body.
 func get(t *testing.T, base, path string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(base + path)
+	req, err := http.NewRequest(http.MethodGet, base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return do(t, req)
+}
+
+// do sends req and returns the status and body of the response.
+func do(t *testing.T, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,16 +197,7 @@ func post(t *testing.T, base, path string, form url.Values, headers ...string) (
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	return do(t, req)
 }
 
 // origin is the scheme and host of base, as a browser's Origin header.

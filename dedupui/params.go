@@ -63,12 +63,18 @@ func keyParam(q url.Values) (dedup.Key, error) {
 	return k, nil
 }
 
+// DefaultOlderThan is how long a retryable failure must have been left to
+// count as stuck unless a page's older_than parameter says otherwise: the
+// default of `dedup stuck -older-than`.
+const DefaultOlderThan = 10 * time.Minute
+
 // olderThanParam returns how long a retryable failure must have been left
-// to be stuck: the older_than parameter (a Go duration), 0 when absent.
+// to be stuck: the older_than parameter (a Go duration), DefaultOlderThan
+// when absent.
 func olderThanParam(q url.Values) (time.Duration, error) {
 	s := q.Get("older_than")
 	if s == "" {
-		return 0, nil
+		return DefaultOlderThan, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 || d > maxOlderThan {

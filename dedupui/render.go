@@ -3,6 +3,7 @@ package dedupui
 import (
 	"bytes"
 	"embed"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -73,14 +74,17 @@ func (c *console) renderAs(w http.ResponseWriter, r *http.Request, name, nav, ti
 }
 
 // fail writes the error page for err: 400 with the reason for a bad
-// query, 404 for an absent record, 500 (logged, its text not shown) for
-// the rest.
+// query, 404 for an absent record, 500 (logged) for the rest, its text
+// shown only when it is the store's configuration's (dedup.ErrConfig: a
+// table of record v1, say), which says what to do.
 func (c *console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	code := status(err)
 	msg := err.Error()
 	if code == http.StatusInternalServerError {
 		c.cfg.logger.ErrorContext(r.Context(), "dedupui: page failed", "path", r.URL.Path, "err", err)
-		msg = "the console could not read the store; the service's log has the error"
+		if !errors.Is(err, dedup.ErrConfig) {
+			msg = "the console could not read the store; the service's log has the error"
+		}
 	}
 	c.refuse(w, code, msg)
 }
