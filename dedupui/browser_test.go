@@ -85,7 +85,8 @@ func TestBrowser(t *testing.T) {
 		base := f.console(t, dedupui.WithPageSize(3))
 		for _, list := range []struct{ path, where string }{
 			{"failed", "status = 4"},
-			{"stuck", "(status = 1 AND lease_until < now()) OR status = 3"},
+			{"stuck", stuckWhere(dedupui.DefaultOlderThan)},
+			{"stuck?older_than=0s", stuckWhere(0)},
 		} {
 			want := tableKeys(t, f, list.where)
 			seen := map[string]bool{}
@@ -360,10 +361,10 @@ func checkOverviewCounts(t *testing.T, p *browsertest.Page, f *fixture) {
 			Object.fromEntries([...r.querySelectorAll("[data-count]")].map(c => [c.dataset.count, c.textContent.trim()]))]))`))
 	rows, err := f.pool.Query(context.Background(), `SELECT scope,
 		count(*) FILTER (WHERE status = 1), count(*) FILTER (WHERE status = 3), count(*) FILTER (WHERE status = 4),
-		count(*) FILTER (WHERE (status = 1 AND lease_until < now()) OR status = 3)
+		count(*) FILTER (WHERE `+stuckWhere(dedupui.DefaultOlderThan)+`)
 		FROM `+f.table+` WHERE expires_at > now() GROUP BY scope
 		UNION ALL SELECT '*', count(*) FILTER (WHERE status = 1), count(*) FILTER (WHERE status = 3), count(*) FILTER (WHERE status = 4),
-		count(*) FILTER (WHERE (status = 1 AND lease_until < now()) OR status = 3)
+		count(*) FILTER (WHERE `+stuckWhere(dedupui.DefaultOlderThan)+`)
 		FROM `+f.table+` WHERE expires_at > now()`)
 	if err != nil {
 		t.Fatal(err)
@@ -429,6 +430,12 @@ func checkOutboxCounts(t *testing.T, p *browsertest.Page, f *fixture) {
 	if shownFailed != failed || failed == 0 {
 		t.Errorf("outbox page lists %d failed events, table has %d", shownFailed, failed)
 	}
+}
+
+// stuckWhere is the SQL condition of a stuck record: in flight past its
+// lease, or failed retryably and left longer than olderThan.
+func stuckWhere(olderThan time.Duration) string {
+	return fmt.Sprintf("(status = 1 AND lease_until < now()) OR (status = 3 AND updated_at < now() - interval '%d microseconds')", olderThan.Microseconds())
 }
 
 // tableKeys returns the keys of the records that match where, written as
