@@ -3,6 +3,7 @@ package dedupui_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strings"
@@ -79,6 +80,33 @@ func TestOverviewNumbersEqualTheTable(t *testing.T) {
 	}
 	if n := strings.Count(body, `<tr data-event=`); fmt.Sprint(n) != failed {
 		t.Errorf("outbox page lists %d failed events, the table has %s", n, failed)
+	}
+	rows, err = f.pool.Query(context.Background(), `SELECT destination, count(*) FROM `+f.outboxTable+` WHERE status = 'pending' GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	destinations := 0
+	for rows.Next() {
+		var dest string
+		var n int64
+		if err := rows.Scan(&dest, &n); err != nil {
+			t.Fatal(err)
+		}
+		destinations++
+		if want := fmt.Sprintf(`<tr data-destination="%s"><td>%s</td><td class="num" data-count="pending">%d</td>`, dest, dest, n); !strings.Contains(body, want) {
+			t.Errorf("outbox page does not show %d pending for %s", n, dest)
+		}
+	}
+	if destinations != 2 || strings.Count(body, "<tr data-destination=") != 2 {
+		t.Errorf("the table has %d destinations pending, the page %d", destinations, strings.Count(body, "<tr data-destination="))
+	}
+	var sent string
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*)::text FROM `+f.outboxTable+` WHERE status = 'sent' AND sent_at > now() - interval '1 hour'`).Scan(&sent); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(body, `<span data-total>`+sent+`</span>`) || sent == "0" {
+		t.Errorf("the published chart does not total the %s events sent", sent)
 	}
 }
 
@@ -345,5 +373,27 @@ func TestNilStore(t *testing.T) {
 	base := serve(t, dedupui.New(s))
 	if code, body := get(t, base, ""); code != http.StatusInternalServerError || !strings.Contains(body, "without a store") {
 		t.Errorf("nil store: %d %s", code, body)
+	}
+}
+
+// Whatever the query, a page answers 200, 400 or 404: never a 500, never
+// a panic (which the server would turn into a dropped connection).
+func TestArbitraryQueriesNever500(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	base := serve(t, dedupui.New(store, dedupui.WithActions()))
+	rnd := rand.New(rand.NewPCG(1, 2))
+	names := []string{"scope", "id", "reason", "after", "older_than", "x"}
+	values := []string{"", "s", "a/b", "%00", "%ff%fe", "-1s", "1h", "99999999h", "eyJ0IjoiMjAyNi0wMS0wMVQwMDowMDowMFoiLCJzIjoicyIsImkiOiJpIn0",
+		"eyJ0IjoxfQ", strings.Repeat("z", 300), "%22%3E%3Cscript%3E", "+"}
+	for range 400 {
+		path := []string{"", "record", "stuck", "failed", "outbox", "release", "forget", "requeue"}[rnd.IntN(8)]
+		var q []string
+		for range rnd.IntN(4) {
+			q = append(q, names[rnd.IntN(len(names))]+"="+values[rnd.IntN(len(values))])
+		}
+		code, body := get(t, base, path+"?"+strings.Join(q, "&"))
+		if code != http.StatusOK && code != http.StatusBadRequest && code != http.StatusNotFound {
+			t.Fatalf("%s?%s: %d\n%s", path, strings.Join(q, "&"), code, body)
+		}
 	}
 }
