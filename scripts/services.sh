@@ -112,7 +112,19 @@ start_sqs() {
 	"$ROOT/scripts/local-aws-sqs.sh"
 }
 
+# ensure_chromium: Debian's chromium for the console's browser test
+# (dedupui/browser_test.go; internal/browsertest starts it, nothing keeps
+# running), installed like PostgreSQL and Java when missing (apt_install,
+# which DEDUP_NO_APT=1 turns into a stop naming the package).
+ensure_chromium() {
+	if ! command -v chromium >/dev/null; then
+		apt_install chromium "Chromium is not installed (the console's browser test drives it)"
+	fi
+	log "Chromium ready: $(chromium --version 2>/dev/null || echo 'version unknown')"
+}
+
 mkdir -p "$CACHE"
+ensure_chromium
 start_postgres
 start_dynamodb
 start_sqs
