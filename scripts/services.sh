@@ -123,8 +123,20 @@ ensure_chromium() {
 	log "Chromium ready: $(chromium --version 2>/dev/null || echo 'version unknown')"
 }
 
+# ensure_promtool: Debian's prometheus package, for promtool and a
+# Prometheus that examples/metrics runs for the length of a test (checking
+# the alert rules and the dashboard's queries against a real scrape); the
+# package's own service is not needed.
+ensure_promtool() {
+	if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+		apt_install prometheus "Prometheus's promtool is not installed (examples/metrics checks the alert rules with it)"
+	fi
+	log "promtool ready: $(promtool --version 2>&1 | head -1)"
+}
+
 mkdir -p "$CACHE"
 ensure_chromium
+ensure_promtool
 start_postgres
 start_dynamodb
 start_sqs
