@@ -40,11 +40,7 @@ func newRedisHarness(t *testing.T) adaptertest.Harness {
 	proxy := testenv.StartProxy(t, e.rdb.Options().Addr)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), DialTimeout: 2 * time.Second, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	sink, err := redisstreamdedup.NewSink(e.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &redisHarness{e: e, rdb: rdb, proxy: proxy, sink: sink}
+	return &redisHarness{e: e, rdb: rdb, proxy: proxy, sink: e.sink(t)}
 }
 
 // Publish adds each message as an entry: its ID in "id", its payload in

@@ -16,10 +16,7 @@ import (
 func TestPoisonToTheDeadLetterStream(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	sink, err := redisstreamdedup.NewSink(e.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sink := e.sink(t)
 	fx := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), fx, func(_ context.Context, m *redisstreamdedup.Message) error {
 		fx.Call(eventID(m))
@@ -62,10 +59,7 @@ func TestPoisonToTheDeadLetterStream(t *testing.T) {
 func TestMissingIDFieldDeadLettered(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	sink, err := redisstreamdedup.NewSink(e.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sink := e.sink(t)
 	fx := adaptertest.NewEffects()
 	w := wrap(t, dedup.NewMemoryStore(), fx, func(_ context.Context, m *redisstreamdedup.Message) error {
 		fx.Call(eventID(m))
@@ -89,10 +83,7 @@ func TestMissingIDFieldDeadLettered(t *testing.T) {
 func TestSinkAddsALetterOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	sink, err := redisstreamdedup.NewSink(e.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sink := e.sink(t)
 	dl := dedup.DeadLetter{Payload: []byte("p"), Origin: dedup.Origin{Stream: e.stream, MessageID: "1-0"},
 		Reason: dedup.ReasonHandlerError, EventID: "ev", Scope: "s", Attempts: 3}
 	other := dl

@@ -24,10 +24,7 @@ import (
 func TestFinalRedelivery(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	sink, err := redisstreamdedup.NewSink(e.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sink := e.sink(t)
 	store, logs, fx := dedup.NewMemoryStore(), &testenv.Logs{}, adaptertest.NewEffects()
 	var mended atomic.Bool
 	w := wrap(t, store, fx, func(_ context.Context, m *redisstreamdedup.Message) error {

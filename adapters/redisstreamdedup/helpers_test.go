@@ -79,6 +79,16 @@ func (e *env) publish(t *testing.T, fields ...string) string {
 	return id
 }
 
+// sink returns a Sink adding letters to the env's dead-letter stream.
+func (e *env) sink(t *testing.T) *redisstreamdedup.Sink {
+	t.Helper()
+	s, err := redisstreamdedup.NewSink(e.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // letters returns the entries of the dead-letter stream.
 func (e *env) letters(t *testing.T) []redis.XMessage {
 	t.Helper()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -92,14 +91,10 @@ func runRedisStreamsNone(ctx context.Context, cfg config, m *meter) error {
 // events in eventOrder, with its group reading it from
 // the start, and a function that deletes the stream and closes the client.
 func openRedisStream(ctx context.Context, cfg config) (*redis.Client, string, func(), error) {
-	opts := &redis.Options{Addr: cfg.Redis}
-	if strings.Contains(cfg.Redis, "://") {
-		var err error
-		if opts, err = redis.ParseURL(cfg.Redis); err != nil {
-			return nil, "", nil, fmt.Errorf("-redis: %w", err)
-		}
+	rdb, err := newRedisClient(ctx, cfg)
+	if err != nil {
+		return nil, "", nil, err
 	}
-	rdb := redis.NewClient(opts)
 	stream := "dedupbench:stream:" + deduptype.NewOwnerToken()[:12]
 	drop := func() {
 		rdb.Del(context.Background(), stream)
@@ -107,7 +102,7 @@ func openRedisStream(ctx context.Context, cfg config) (*redis.Client, string, fu
 	}
 	if err := rdb.XGroupCreateMkStream(ctx, stream, streamGroup, "0").Err(); err != nil {
 		drop()
-		return nil, "", nil, fmt.Errorf("redis at %s: %w (run `make services`)", opts.Addr, err)
+		return nil, "", nil, fmt.Errorf("create stream %s: %w", stream, err)
 	}
 	pipe := rdb.Pipeline()
 	order := eventOrder(cfg.Records, cfg.Unique)
