@@ -51,7 +51,7 @@ func (r *runner) claim(ctx context.Context, n int) ([]*Message, error) {
 // count sets the delivery count of msgs, taken over, from the pending
 // entry list (XPENDING's, one pipelined call each). An entry whose count
 // cannot be read is given back at once, and err, or the read's failure,
-// returned.
+// returned; one no longer pending (acknowledged meanwhile) is left out.
 func (r *runner) count(ctx context.Context, msgs []*Message, err error) ([]*Message, error) {
 	if len(msgs) == 0 {
 		return nil, err
@@ -67,12 +67,15 @@ func (r *runner) count(ctx context.Context, msgs []*Message, err error) ([]*Mess
 	var back []givenBack
 	for i, m := range msgs {
 		pel, cerr := cmds[i].Result()
-		if cerr != nil || len(pel) != 1 {
+		switch {
+		case cerr != nil:
 			back = append(back, givenBack{id: m.ID})
 			if err == nil {
-				err = fmt.Errorf("XPENDING %s: %v entries, %w", m.ID, len(pel), cerr)
+				err = fmt.Errorf("XPENDING %s: %w", m.ID, cerr)
 			}
 			continue
+		case len(pel) == 0:
+			continue // acknowledged meanwhile, by a consumer that stalled past the claim idle time
 		}
 		m.DeliveredCount = pel[0].RetryCount
 		counted = append(counted, m)
