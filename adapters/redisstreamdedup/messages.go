@@ -13,15 +13,16 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/wire"
 )
 
 // DefaultIDField is the field of an entry the event ID is read from unless
 // [WithIDField] or [WithEntryID] says otherwise.
-const DefaultIDField = "id"
+const DefaultIDField = wire.RedisIDField
 
 // DefaultPayloadField is the field of an entry holding its payload, unless
 // [WithPayloadField] names another; a [Sink] writes a letter's payload to it.
-const DefaultPayloadField = "payload"
+const DefaultPayloadField = wire.RedisPayloadField
 
 // eventIDField carries, in a dead letter, the event ID of the entry it
 // parks (dedup.DeadLetter.Metadata's dedup-event-id).

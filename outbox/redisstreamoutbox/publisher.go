@@ -23,7 +23,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
-	"github.com/dedupkit/dedup/adapters/redisstreamdedup"
 	"github.com/dedupkit/dedup/internal/group"
 	"github.com/dedupkit/dedup/internal/wire"
 	"github.com/dedupkit/dedup/outbox"
@@ -31,11 +30,11 @@ import (
 
 // IDField is the field carrying an event's ID: where redisstreamdedup's
 // Messages reads it by default.
-const IDField = redisstreamdedup.DefaultIDField
+const IDField = wire.RedisIDField
 
 // PayloadField is the field carrying an event's payload: where
 // redisstreamdedup's Messages reads it by default.
-const PayloadField = redisstreamdedup.DefaultPayloadField
+const PayloadField = wire.RedisPayloadField
 
 // KeyField is the field carrying an event's key (outbox.Event.Key) as it
 // is, when it has one; Redis fields are binary-safe.
