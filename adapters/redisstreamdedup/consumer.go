@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,7 +26,8 @@ import (
 // ([dedup.Wrapper.HandleConcurrent]); the next batch is read and handled
 // meanwhile. The outcomes:
 //
-//   - OutcomeProcessed, OutcomeDuplicate: the entry is acknowledged (XACK).
+//   - OutcomeProcessed, OutcomeDuplicate: the entry is acknowledged (XACK;
+//     one that fails is tried again with the next).
 //   - OutcomeDeadLettered, OutcomeConflict: the wrapper has parked the
 //     entry in its dead-letter sink and recorded it; the entry is
 //     acknowledged.
@@ -121,7 +123,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.lost.Store(nil) // Health speaks of a running consumer only
 	r.Serve(r.hb.Run)
 	r.poll(r.Ctx)
-	return r.Stop(nil)
+	return r.Stop(func() { r.ack(nil) })
 }
 
 // maxFailureDelay bounds the delay of entries not settled while the store
@@ -139,6 +141,9 @@ type runner struct {
 	// scan), and lastScan when the last scan ended.
 	cursor   string
 	lastScan time.Time
+	// unacked are settled entries whose acknowledgement failed.
+	ackMu   sync.Mutex
+	unacked []string
 }
 
 // prepare checks the group and returns a runner for it.
@@ -184,6 +189,7 @@ func (r *runner) poll(ctx context.Context) {
 		if err == nil {
 			failures = 0
 			r.answered()
+			r.ack(nil) // those whose acknowledgement failed, if any
 			continue
 		}
 		if ctx.Err() != nil {
@@ -258,13 +264,23 @@ func (r *runner) handle(msgs []*Message) {
 	r.giveBack(back)
 }
 
-// ack acknowledges settled entries in one XACK.
+// ack acknowledges settled entries in one XACK, together with those whose
+// acknowledgement failed before; those it fails to acknowledge are kept
+// for the next call (after the next read that succeeds, at the latest, and
+// once more as Run stops), so that an outage leaves no settled entry
+// pending once Redis answers again.
 func (r *runner) ack(ids []string) {
+	r.ackMu.Lock()
+	ids, r.unacked = append(r.unacked, ids...), nil
+	r.ackMu.Unlock()
 	if len(ids) == 0 {
 		return
 	}
 	if err := r.rdb.XAck(r.BG, r.stream, r.group, ids...).Err(); err != nil {
-		r.log.Warn("redisstreamdedup: acknowledgement failed; the entries are settled and, taken over, are acknowledged as duplicates",
+		r.log.Warn("redisstreamdedup: acknowledgement failed; the entries are settled, and acknowledged again later or, taken over, as duplicates",
 			slog.Int("entries", len(ids)), slog.Any("error", err))
+		r.ackMu.Lock()
+		r.unacked = append(r.unacked, ids...)
+		r.ackMu.Unlock()
 	}
 }
