@@ -37,9 +37,7 @@ type redisHarness struct {
 
 func newRedisHarness(t *testing.T) adaptertest.Harness {
 	e := newEnv(t)
-	proxy := testenv.StartProxy(t, e.rdb.Options().Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), DialTimeout: 2 * time.Second, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
+	proxy, rdb := e.proxied(t)
 	return &redisHarness{e: e, rdb: rdb, proxy: proxy, sink: e.sink(t)}
 }
 

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/redisstreamdedup"
 	"github.com/dedupkit/dedup/adaptertest"
@@ -21,9 +19,7 @@ import (
 func TestFailedAckSentAgain(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	proxy := testenv.StartProxy(t, e.rdb.Options().Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), DialTimeout: 2 * time.Second, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
+	proxy, rdb := e.proxied(t)
 	fx, logs := adaptertest.NewEffects(), &testenv.Logs{}
 	started, finish := make(chan struct{}), make(chan struct{})
 	w := wrap(t, dedup.NewMemoryStore(), fx, func(_ context.Context, m *redisstreamdedup.Message) error {

@@ -79,6 +79,17 @@ func (e *env) publish(t *testing.T, fields ...string) string {
 	return id
 }
 
+// proxied returns a TCP proxy to the env's Redis, which a test cuts and
+// restores, and a client through it that does not retry a failed command,
+// closed when t ends.
+func (e *env) proxied(t *testing.T) (*testenv.Proxy, *redis.Client) {
+	t.Helper()
+	proxy := testenv.StartProxy(t, e.rdb.Options().Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), DialTimeout: 2 * time.Second, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	return proxy, rdb
+}
+
 // sink returns a Sink adding letters to the env's dead-letter stream.
 func (e *env) sink(t *testing.T) *redisstreamdedup.Sink {
 	t.Helper()

@@ -6,12 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/redisstreamdedup"
 	"github.com/dedupkit/dedup/adaptertest"
-	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // A consumer that dies holding an entry (its connection to Redis and to
@@ -28,9 +25,7 @@ func TestTakeoverByXAutoClaim(t *testing.T) {
 	scope := "rs-takeover-" + token()
 
 	// The first consumer, through a proxy, over a store it can lose.
-	proxy := testenv.StartProxy(t, e.rdb.Options().Addr)
-	rdbA := redis.NewClient(&redis.Options{Addr: proxy.Addr(), DialTimeout: 2 * time.Second, MaxRetries: -1})
-	t.Cleanup(func() { rdbA.Close() })
+	proxy, rdbA := e.proxied(t)
 	storeA := &cutStore{Store: shared}
 	fxA := adaptertest.NewEffects()
 	started, release, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
