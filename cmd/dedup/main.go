@@ -16,6 +16,7 @@
 //	dedup redrive amqp -amqp amqp://... -dlq orders.dlq [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup redrive nats -nats nats://... -dlq DLQ [-subject dlq.orders] [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup redrive pubsub -project P -subscription orders-dlq-sub [-endpoint host:port] [-reason ...] [-min-age ...] [-rate ...] [-yes]
+//	dedup redrive redis -redis 127.0.0.1:6379 -dlq orders:dlq [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup ui [-addr 127.0.0.1:8080] [-actions] [-payloads] [-outbox-table outbox] [-create-indexes]
 //
 // The stores are named by flags or by the environment variables the tests
@@ -72,7 +73,7 @@ var commands = []command{
 	{"purge", "delete expired records", runPurge},
 	{"migrate", "print the PostgreSQL table's migration to record v2; -yes to migrate", runMigrate},
 	{"outbox", "status of the outbox, requeue failed events", runOutbox},
-	{"redrive", "send dead letters back to their origin (kafka, sqs, amqp, nats, pubsub)", runRedrive},
+	{"redrive", "send dead letters back to their origin (kafka, sqs, amqp, nats, pubsub, redis)", runRedrive},
 	{"ui", "serve the operator's console (dedupui) over the store's flags", runUI},
 }
 

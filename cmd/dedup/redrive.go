@@ -23,15 +23,16 @@ const redriveCountHeader = "x-dedup-redrive-count"
 
 func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats|pubsub [flags]", errUsage)
+		return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats|pubsub|redis [flags]", errUsage)
 	}
 	if isHelp(args[0]) {
-		return help(os.Stderr, "dedup redrive kafka|sqs|amqp|nats|pubsub [flags]: send dead letters back to their origin",
+		return help(os.Stderr, "dedup redrive kafka|sqs|amqp|nats|pubsub|redis [flags]: send dead letters back to their origin",
 			"kafka", "from a Kafka dead-letter topic to the topics they came from",
 			"sqs", "from an SQS dead-letter queue to the queues they came from",
 			"amqp", "from a RabbitMQ dead-letter queue to the queues they came from",
 			"nats", "from a NATS JetStream dead-letter stream to the subjects they came from",
-			"pubsub", "from a subscription of a Pub/Sub dead-letter topic to the topics they came from")
+			"pubsub", "from a subscription of a Pub/Sub dead-letter topic to the topics they came from",
+			"redis", "from a Redis dead-letter stream to the streams they came from")
 	}
 	switch args[0] {
 	case "kafka":
@@ -44,8 +45,10 @@ func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 		return redriveNATS(ctx, args[1:], out)
 	case "pubsub":
 		return redrivePubSub(ctx, args[1:], out)
+	case "redis":
+		return redriveRedis(ctx, args[1:], out)
 	}
-	return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats|pubsub, not %q", errUsage, args[0])
+	return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats|pubsub|redis, not %q", errUsage, args[0])
 }
 
 // redrive is what every redrive shares: the filters, the loop guard, the

@@ -387,6 +387,8 @@ func floorOf(row string) string {
 		return "nats-none"
 	case strings.HasPrefix(row, "lambdastream"):
 		return "lambdastream-none"
+	case strings.HasPrefix(row, "redisstreams"):
+		return "redisstreams-none"
 	}
 	return "floor"
 }

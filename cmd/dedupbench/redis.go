@@ -37,17 +37,9 @@ func runRedis(batchCompletion bool) rowRun {
 // trips m counts as store calls (a pipeline is one), and a function that
 // deletes the row's keys and closes the client.
 func openRedisStore(ctx context.Context, cfg config, m *meter) (*redisstore.Store, func(), error) {
-	opts := &redis.Options{Addr: cfg.Redis}
-	if strings.Contains(cfg.Redis, "://") {
-		var err error
-		if opts, err = redis.ParseURL(cfg.Redis); err != nil {
-			return nil, nil, fmt.Errorf("-redis: %w", err)
-		}
-	}
-	client := redis.NewClient(opts)
-	if err := client.Ping(ctx).Err(); err != nil {
-		client.Close()
-		return nil, nil, fmt.Errorf("redis at %s: %w (run `make services`)", opts.Addr, err)
+	client, err := newRedisClient(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
 	}
 	client.AddHook(roundTrips{&m.store.n})
 	prefix := "dedupbench:" + deduptype.NewOwnerToken()[:12] + ":"
@@ -72,6 +64,23 @@ func openRedisStore(ctx context.Context, cfg config, m *meter) (*redisstore.Stor
 		client.Close()
 	}
 	return store, cleanup, nil
+}
+
+// newRedisClient returns a client of -redis, which answered a PING.
+func newRedisClient(ctx context.Context, cfg config) (*redis.Client, error) {
+	opts := &redis.Options{Addr: cfg.Redis}
+	if strings.Contains(cfg.Redis, "://") {
+		var err error
+		if opts, err = redis.ParseURL(cfg.Redis); err != nil {
+			return nil, fmt.Errorf("-redis: %w", err)
+		}
+	}
+	client := redis.NewClient(opts)
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis at %s: %w (run `make services`)", opts.Addr, err)
+	}
+	return client, nil
 }
 
 // roundTrips is a go-redis hook counting round trips: one per command, one

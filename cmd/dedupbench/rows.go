@@ -66,6 +66,8 @@ var rows = []*row{
 	{name: "lambdastream", title: "Lambda Kinesis: lambdastreamdedup.KinesisHandler, PostgreSQL", sqs: true, run: runLambdaStream},
 	{name: "pubsub-none", title: "Pub/Sub (pstest): Receive and ack, no dedup", small: true, run: runPubSubNone},
 	{name: "pubsub", title: "Pub/Sub (pstest): pubsubdedup.Consumer defaults, PostgreSQL", small: true, run: runPubSub},
+	{name: "redisstreams-none", title: "Redis Streams: XREADGROUP and XACK, no dedup", broker: true, run: runRedisStreamsNone},
+	{name: "redisstreams", title: "Redis Streams: redisstreamdedup.Consumer defaults, Redis store", broker: true, run: runRedisStreams},
 }
 
 func rowNames() []string {

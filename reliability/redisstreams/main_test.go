@@ -1,0 +1,21 @@
+// Package redisstreamsreliability_test holds the Redis Streams crash
+// campaign: consumer processes of one consumer group, running the
+// transactional inbox on PostgreSQL, killed with SIGKILL at random and
+// restarted while events arrive, some twice and some poison. It ends by
+// counting effects and dead letters. See RELIABILITY.md.
+package redisstreamsreliability_test
+
+import (
+	"os"
+	"testing"
+)
+
+// TestMain runs the test binary as a campaign worker process when the
+// worker environment variable is set (see worker_test.go), and as the test
+// suite otherwise.
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv(workerEnv); cfg != "" {
+		os.Exit(workerMain(cfg))
+	}
+	os.Exit(m.Run())
+}
