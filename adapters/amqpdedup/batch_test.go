@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -12,42 +11,7 @@ import (
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/amqpdedup"
 	"github.com/dedupkit/dedup/adaptertest"
-	"github.com/dedupkit/dedup/deduptype"
 )
-
-// claimSizes records how many keys each claim call of a real store asks
-// for (1 for a Claim).
-type claimSizes struct {
-	dedup.Store
-	mu    sync.Mutex
-	sizes []int
-}
-
-func (s *claimSizes) add(n int) {
-	s.mu.Lock()
-	s.sizes = append(s.sizes, n)
-	s.mu.Unlock()
-}
-
-func (s *claimSizes) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	s.add(1)
-	return s.Store.Claim(ctx, req)
-}
-
-func (s *claimSizes) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
-	s.add(len(reqs))
-	return s.Store.ClaimBatch(ctx, reqs)
-}
-
-func (s *claimSizes) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
-	return s.Store.(deduptype.BatchCompleter).CompleteBatch(ctx, cs)
-}
-
-func (s *claimSizes) all() []int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.sizes)
-}
 
 // Under a backlog, batches fill up to the batch size however the
 // deliveries trickle out of amqp091-go, and a delivery that arrives while
@@ -66,7 +30,7 @@ func TestBacklogFormsFullBatches(t *testing.T) {
 			for i := range n {
 				b.publish(q, "backlog-"+strconv.Itoa(i), "x", nil)
 			}
-			store := &claimSizes{Store: dedup.NewMemoryStore()}
+			store := adaptertest.NewClaimSizes(dedup.NewMemoryStore())
 			got := adaptertest.NewEffects()
 			release := make(chan struct{})
 			c := b.consumerAt(b.url, q, store, func(ctx context.Context, d amqp.Delivery) error {
@@ -92,9 +56,7 @@ func TestBacklogFormsFullBatches(t *testing.T) {
 			for range batches {
 				want = append(want, size)
 			}
-			sizes := store.all()
-			slices.Sort(sizes)
-			if !slices.Equal(sizes, want) {
+			if sizes := store.Sizes(); !slices.Equal(sizes, want) {
 				t.Errorf("claims of %v keys, want %v", sizes, want)
 			}
 			if twice := got.Twice(); len(twice) > 0 {
