@@ -20,8 +20,10 @@ import (
 
 // Consumer consumes one RabbitMQ queue with manual acknowledgements and runs
 // each delivery through a dedup.Wrapper, then acts on its outcome.
-// Deliveries that arrive together are claimed in one store call, handled
-// concurrently and their successes completed together
+// Deliveries are handled in batches, several at once: the deliveries that
+// arrive within a short linger of each other while earlier batches are
+// being handled ([WithBatchSize], [WithLinger]) are claimed in one store
+// call, handled concurrently and their successes completed together
 // ([dedup.Wrapper.HandleConcurrent]). The outcomes:
 //
 //   - OutcomeProcessed, OutcomeDuplicate, OutcomeDeadLettered (the letter
@@ -103,6 +105,7 @@ func NewConsumer(url, queue string, w *dedup.Wrapper[amqp.Delivery], opts ...Opt
 	case w == nil:
 		return nil, fmt.Errorf("%w: amqpdedup: nil wrapper", dedup.ErrConfig)
 	}
+	cfg.batchSize = min(cfg.batchSize, cfg.prefetch)
 	dlq := queue + ".dlq"
 	if cfg.dlqSet {
 		dlq = cfg.dlq
@@ -213,6 +216,8 @@ type runner struct {
 
 	mu   sync.Mutex
 	held map[*time.Timer]amqp.Delivery // to be returned to the queue when their timer fires
+	// batches counts the batches dispatched and not yet handled.
+	batches atomic.Int64
 }
 
 // session is one connection's consumption of the queue.
@@ -262,7 +267,6 @@ func (r *runner) open(ctx context.Context) (*session, error) {
 // consume dispatches s's deliveries in batches until ctx is done (nil) or
 // the session is lost (why).
 func (r *runner) consume(ctx context.Context, s *session) error {
-	batchSize := max(1, r.cfg.prefetch/2)
 	var recheck <-chan time.Time
 	if !s.dlqFound {
 		t := time.NewTicker(dlqRecheck)
@@ -287,24 +291,44 @@ func (r *runner) consume(ctx context.Context, s *session) error {
 				}
 				return lostWhy(s)
 			}
-			d.Acknowledger = s.acker
-			batch := []amqp.Delivery{d}
-		fill:
-			for len(batch) < batchSize {
-				select {
-				case d, ok := <-s.deliveries:
-					if !ok {
-						break fill
-					}
-					d.Acknowledger = s.acker
-					batch = append(batch, d)
-				default:
-					break fill
-				}
-			}
-			r.Dispatch(func() { r.handle(batch) })
+			batch := r.fill(ctx, s, d)
+			r.batches.Add(1)
+			r.Dispatch(func() {
+				defer r.batches.Add(-1)
+				r.handle(batch)
+			})
 		}
 	}
+}
+
+// fill returns a batch of first and the deliveries that follow it: first
+// alone when no batch is being handled, so that a lone delivery never
+// waits; else with those that arrive within the linger of first, up to the
+// batch size (see [WithLinger]). A closed channel or ctx done ends the
+// batch early; consume sees why next.
+func (r *runner) fill(ctx context.Context, s *session, first amqp.Delivery) []amqp.Delivery {
+	first.Acknowledger = s.acker
+	batch := []amqp.Delivery{first}
+	if r.batches.Load() == 0 || r.cfg.batchSize == 1 {
+		return batch
+	}
+	linger := time.NewTimer(r.cfg.linger)
+	defer linger.Stop()
+	for len(batch) < r.cfg.batchSize {
+		select {
+		case d, ok := <-s.deliveries:
+			if !ok {
+				return batch
+			}
+			d.Acknowledger = s.acker
+			batch = append(batch, d)
+		case <-linger.C:
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
 }
 
 // lostWhy says why s's deliveries stopped.

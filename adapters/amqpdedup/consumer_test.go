@@ -297,6 +297,14 @@ func TestNewConsumerRejectsBadConfiguration(t *testing.T) {
 			_, err := amqpdedup.NewConsumer(testenv.DefaultRabbitMQURL, "q", w, amqpdedup.WithPrefetch(0))
 			return err
 		},
+		"batch size 0": func() error {
+			_, err := amqpdedup.NewConsumer(testenv.DefaultRabbitMQURL, "q", w, amqpdedup.WithBatchSize(0))
+			return err
+		},
+		"negative linger": func() error {
+			_, err := amqpdedup.NewConsumer(testenv.DefaultRabbitMQURL, "q", w, amqpdedup.WithLinger(-time.Millisecond))
+			return err
+		},
 		"nil routing key": func() error {
 			_, err := amqpdedup.NewSink(testenv.DefaultRabbitMQURL, amqpdedup.WithRoutingKey(nil))
 			return err

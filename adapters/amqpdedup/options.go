@@ -14,8 +14,21 @@ import (
 
 // Defaults applied by [NewConsumer] when an option is not given.
 const (
-	DefaultPrefetch        = 100
-	DefaultInFlightDelay   = 5 * time.Second
+	// DefaultPrefetch holds up to 400 deliveries: four batches of
+	// DefaultBatchSize at once, so that the store's commits of one batch
+	// overlap those of the others (measured in dedupbench's amqp rows:
+	// about two and a half times the throughput of two batches of 50).
+	DefaultPrefetch = 400
+	// DefaultBatchSize is the most deliveries one batch holds.
+	DefaultBatchSize = 100
+	// DefaultLinger is how long a batch waits for more deliveries while
+	// others are being handled.
+	DefaultLinger = 5 * time.Millisecond
+	// DefaultInFlightDelay is how long a delivery whose event is being
+	// handled elsewhere is held before it is returned to the queue.
+	DefaultInFlightDelay = 5 * time.Second
+	// DefaultShutdownTimeout is how long Run waits for running handlers
+	// once its context is done.
 	DefaultShutdownTimeout = consumeropt.DefaultShutdownTimeout
 )
 
@@ -29,6 +42,8 @@ func (f optFunc) apply(x *config) { f(x) }
 type config struct {
 	consumeropt.Common
 	prefetch     int
+	batchSize    int
+	linger       time.Duration
 	amqp         amqp.Config
 	errorBackoff dedup.Backoff
 	dlq          string
@@ -39,6 +54,8 @@ func defaultConfig() config {
 	return config{
 		Common:       consumeropt.Defaults(DefaultInFlightDelay),
 		prefetch:     DefaultPrefetch,
+		batchSize:    DefaultBatchSize,
+		linger:       DefaultLinger,
 		amqp:         amqpconn.DefaultConfig(),
 		errorBackoff: dedup.ExponentialBackoff(time.Second, 30*time.Second),
 	}
@@ -48,6 +65,10 @@ func (c *config) validate() error {
 	switch {
 	case c.prefetch < 1 || c.prefetch > 65535:
 		return fmt.Errorf("%w: WithPrefetch(%d): must be 1 to 65535", dedup.ErrConfig, c.prefetch)
+	case c.batchSize < 1:
+		return fmt.Errorf("%w: WithBatchSize(%d): must be at least 1", dedup.ErrConfig, c.batchSize)
+	case c.linger < 0:
+		return fmt.Errorf("%w: WithLinger(%v): must not be negative", dedup.ErrConfig, c.linger)
 	case c.errorBackoff == nil:
 		return fmt.Errorf("%w: WithErrorBackoff(nil)", dedup.ErrConfig)
 	}
@@ -55,10 +76,23 @@ func (c *config) validate() error {
 }
 
 // WithPrefetch sets the channel's QoS prefetch count: how many deliveries
-// the consumer holds unacknowledged at most (default 100). Deliveries that
-// arrive together are handled together, up to half of it: their keys
-// claimed in one store call and their successes completed in one write.
+// the consumer holds unacknowledged at most (default 400), hence how many
+// batches (see [WithBatchSize]) it handles at once.
 func WithPrefetch(n int) Opt { return optFunc(func(c *config) { c.prefetch = n }) }
+
+// WithBatchSize sets the most deliveries one batch holds (default 100, and
+// never more than the prefetch): a batch's keys are claimed in one store
+// call, its handlers run concurrently and its successes are completed
+// together, while the next batch forms and is handled.
+func WithBatchSize(n int) Opt { return optFunc(func(c *config) { c.batchSize = n }) }
+
+// WithLinger sets how long a batch waits, from its first delivery, for more
+// deliveries to join it while other batches are being handled (default
+// 5 ms); it is handed over sooner once full. A delivery that arrives while
+// no batch is being handled is handled at once, alone, so that a lone
+// delivery never waits: the linger only delays deliveries that would wait
+// for a store call anyway, and under a backlog it lets them share one.
+func WithLinger(d time.Duration) Opt { return optFunc(func(c *config) { c.linger = d }) }
 
 // WithDialConfig sets how the consumer connects (TLS, SASL, heartbeat,
 // vhost, dialer); the default has a 10 s heartbeat.

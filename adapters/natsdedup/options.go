@@ -13,11 +13,14 @@ import (
 
 // Defaults applied by [NewConsumer] when an option is not given.
 const (
-	// DefaultWorkers is how many messages a Consumer holds at once.
-	DefaultWorkers = 100
+	// DefaultWorkers is how many messages a Consumer holds at once: four
+	// batches of DefaultBatchSize, so that the store's commits of one batch
+	// overlap those of the others (measured in dedupbench's nats row: 1.5 to
+	// 2 times the throughput of two batches of 50).
+	DefaultWorkers = 400
 	// DefaultBatchSize is the most messages one batch holds: pulled
 	// together, claimed in one store call and completed together.
-	DefaultBatchSize = 50
+	DefaultBatchSize = 100
 	// DefaultFetchWait is how long a pull waits for a message to arrive.
 	DefaultFetchWait = 5 * time.Second
 	// DefaultInFlightDelay is the longest a message whose event is being
@@ -78,12 +81,12 @@ func (c *config) validate() error {
 }
 
 // WithWorkers sets how many messages a Consumer holds and handles at once
-// (default 100). It pulls only as many messages as there are free workers,
+// (default 400). It pulls only as many messages as there are free workers,
 // so no message waits unhandled while its AckWait runs. The consumer's
 // MaxAckPending also bounds it, on the server's side.
 func WithWorkers(n int) Opt { return optFunc(func(c *config) { c.workers = n }) }
 
-// WithBatchSize sets the most messages one pull asks for (default 50, and
+// WithBatchSize sets the most messages one pull asks for (default 100, and
 // never more than the workers or the consumer's MaxRequestBatch): a batch's
 // keys are claimed in one store call, its handlers run concurrently and its
 // successes are completed together, so that the next batch is pulled and
