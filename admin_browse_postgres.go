@@ -65,9 +65,12 @@ func buildConsoleSQL(table string) consoleSQL {
 		// interrupted) is dropped, to be built again.
 		invalid: `SELECT indexrelid::regclass::text FROM pg_index
 	WHERE indexrelid IN (to_regclass('` + qualified(consoleIndex) + `'), to_regclass('` + qualified(createdIndex) + `')) AND NOT indisvalid`,
+		// The table's name, cast to regclass, fails with undefined_table
+		// when the table is absent: no index is missing from no table.
 		missing: `SELECT array_remove(ARRAY[
 	CASE WHEN to_regclass('` + qualified(consoleIndex) + `') IS NULL THEN '` + index(consoleIndex) + `' END,
-	CASE WHEN to_regclass('` + qualified(createdIndex) + `') IS NULL THEN '` + index(createdIndex) + `' END], NULL)`,
+	CASE WHEN to_regclass('` + qualified(createdIndex) + `') IS NULL THEN '` + index(createdIndex) + `' END], NULL)
+WHERE $1::regclass IS NOT NULL`,
 
 		counts: `SELECT scope, status, count(*), count(*) FILTER (WHERE
 	(status = 1 AND lease_until < now()) OR (status = 3 AND updated_at < now() - $2::interval))
@@ -136,11 +139,16 @@ func (s *PostgresStore) CreateConsoleIndexes(ctx context.Context) error {
 }
 
 // MissingConsoleIndexes names the indexes of [PostgresStore.CreateConsoleIndexes]
-// that the table lacks: without them, the console's queries read the
-// whole table.
+// that the table lacks: without them the console's queries would read the
+// whole table, so the console (package dedupui) runs none of them. Like
+// the console's queries, it fails on an absent table (run Migrate) and on
+// a table of record v1 ([ErrRecordV1]).
 func (s *PostgresStore) MissingConsoleIndexes(ctx context.Context) ([]string, error) {
+	if err := s.consoleLayout(ctx, "console indexes"); err != nil {
+		return nil, err
+	}
 	var missing []string
-	if err := s.pool.QueryRow(ctx, s.console.missing).Scan(&missing); err != nil {
+	if err := s.pool.QueryRow(ctx, s.console.missing, s.table).Scan(&missing); err != nil {
 		return nil, s.opError("console indexes", err)
 	}
 	return missing, nil

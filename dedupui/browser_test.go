@@ -66,6 +66,7 @@ func TestBrowser(t *testing.T) {
 
 		p.Open(base)
 		checkOverviewCounts(t, p, f)
+		checkLegendLines(t, p)
 		p.Open(base + "outbox")
 		checkOutboxCounts(t, p, f)
 		p.NoProblems("counts")
@@ -350,6 +351,25 @@ func serveRecorded(t *testing.T, h http.Handler, l *postLog) string {
 		}
 		h.ServeHTTP(w, r)
 	}))
+}
+
+// checkLegendLines checks that each entry of the failure chart's legend
+// keeps its colour swatch on the line of its reason: the swatch's box
+// overlaps the reason's first line box, as laid out by the browser.
+func checkLegendLines(t *testing.T, p *browsertest.Page) {
+	t.Helper()
+	entries := browsertest.Run(p, chromedp.Evaluate[[]string](`[...document.querySelectorAll(".legend li")].map(li => {
+		const s = li.querySelector("svg").getBoundingClientRect(), r = li.querySelector("a").getClientRects()[0];
+		return (s.top < r.bottom && s.bottom > r.top ? "" : "apart: ") + li.textContent.trim();
+	})`))
+	if len(entries) == 0 {
+		t.Error("the overview's failure chart has no legend")
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e, "apart: ") {
+			t.Errorf("legend entry %q: its swatch is not on its reason's line", strings.TrimPrefix(e, "apart: "))
+		}
+	}
 }
 
 // checkOverviewCounts compares the overview's table, read from the DOM,

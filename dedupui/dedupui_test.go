@@ -203,6 +203,34 @@ func TestActionsRefusedWithoutWithActions(t *testing.T) {
 	}
 }
 
+// The error page's header says what the console offers, as every other
+// page's does: "actions on" on a console mounted with WithActions.
+func TestRefusalPageShowsTheMode(t *testing.T) {
+	store := dedup.NewMemoryStore()
+	for _, c := range []struct {
+		opts []dedupui.Opt
+		mode string
+	}{
+		{nil, "read-only · payloads hidden"},
+		{[]dedupui.Opt{dedupui.WithActions(), dedupui.WithPayloads()}, "actions on · payloads shown"},
+	} {
+		base := serve(t, dedupui.New(store, c.opts...))
+		for name, res := range map[string]func() (int, string){
+			"bad query":       func() (int, string) { return get(t, base, "record?scope=s") },
+			"unknown param":   func() (int, string) { return get(t, base, "stuck?colour=red") },
+			"cross-site POST": func() (int, string) { return post(t, base, "forget", url.Values{}, "Sec-Fetch-Site", "cross-site") },
+		} {
+			code, body := res()
+			if code < 400 || !strings.Contains(body, `data-code=`) {
+				t.Fatalf("%s (%s): %d, not an error page\n%s", name, c.mode, code, body)
+			}
+			if !strings.Contains(body, `<span class="mode" id="mode">`+c.mode+`</span>`) {
+				t.Errorf("%s: the refusal's header does not say %q\n%s", name, c.mode, body)
+			}
+		}
+	}
+}
+
 func TestCrossSitePostRefused(t *testing.T) {
 	f := newFixture(t, []string{"s"}, 1)
 	base := f.console(t, dedupui.WithActions())

@@ -19,6 +19,18 @@ type indexChecker interface {
 	MissingConsoleIndexes(ctx context.Context) ([]string, error)
 }
 
+// missingIndexes names the indexes the store lacks for the overview, the
+// charts and the lists: while any is missing, those pages run none of
+// their queries, which would read the whole records table, and show a
+// notice instead. A store without indexChecker lacks none.
+func (c *console) missingIndexes(ctx context.Context) ([]string, error) {
+	ic, ok := c.store.(indexChecker)
+	if !ok {
+		return nil, nil
+	}
+	return ic.MissingConsoleIndexes(ctx)
+}
+
 // overviewData is the overview page's.
 type overviewData struct {
 	Scope, OlderThan string
@@ -54,6 +66,10 @@ func (c *console) overviewOf(r *http.Request) (overviewData, error) {
 	if err != nil || c.browse == nil {
 		return overviewData{Scope: scope}, err
 	}
+	missing, err := c.missingIndexes(r.Context())
+	if err != nil || len(missing) > 0 {
+		return overviewData{Scope: scope, OlderThan: q.Get("older_than"), Missing: missing}, err
+	}
 	d, err := c.summary(r.Context(), scope, older)
 	d.OlderThan = q.Get("older_than")
 	return d, err
@@ -75,11 +91,6 @@ func (c *console) summary(ctx context.Context, scope string, older time.Duration
 	if sum.OldestInFlight != nil {
 		v := c.recordView(*sum.OldestInFlight, sum.Now)
 		d.Oldest = &v
-	}
-	if ic, ok := c.store.(indexChecker); ok {
-		if d.Missing, err = ic.MissingConsoleIndexes(ctx); err != nil {
-			return overviewData{}, err
-		}
 	}
 	return d, nil
 }
@@ -148,6 +159,7 @@ type listData struct {
 	Next                     template.URL // the next page, "" on the last
 	First                    template.URL // the first page, "" on it
 	Unsupported              bool
+	Missing                  []string // the indexes the list needs and lacks
 }
 
 // list serves the page of one list.
@@ -166,6 +178,14 @@ func (c *console) list(which dedup.BrowseList) http.HandlerFunc {
 		}
 		if c.browse == nil {
 			d.Unsupported = true
+			c.renderAs(w, r, "list", name, title, d)
+			return
+		}
+		if d.Missing, err = c.missingIndexes(r.Context()); err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		if len(d.Missing) > 0 {
 			c.renderAs(w, r, "list", name, title, d)
 			return
 		}

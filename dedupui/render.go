@@ -54,6 +54,13 @@ type view struct {
 	Data     any
 }
 
+// view is what the layout shows of the console around a page's data,
+// the same on every page, the error page included.
+func (c *console) view(title, nav string, data any) view {
+	return view{Title: title, Nav: nav, Actions: c.cfg.actions, Payloads: c.cfg.payloads, Browse: c.browse != nil,
+		Outbox: c.cfg.outbox != nil, Data: data}
+}
+
 // render writes the page name with data, or the error page if it fails.
 func (c *console) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
 	c.renderAs(w, r, name, name, title, data)
@@ -62,10 +69,8 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, name, title str
 // renderAs is render for a template that serves several pages, nav
 // naming the one it serves.
 func (c *console) renderAs(w http.ResponseWriter, r *http.Request, name, nav, title string, data any) {
-	v := view{Title: title, Nav: nav, Actions: c.cfg.actions, Payloads: c.cfg.payloads, Browse: c.browse != nil,
-		Outbox: c.cfg.outbox != nil, Data: data}
 	var buf bytes.Buffer
-	if err := pages[name].ExecuteTemplate(&buf, "layout", v); err != nil {
+	if err := pages[name].ExecuteTemplate(&buf, "layout", c.view(title, nav, data)); err != nil {
 		c.fail(w, r, fmt.Errorf("render %s: %w", name, err))
 		return
 	}
@@ -92,11 +97,10 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, err error) {
 // refuse writes the error page with code and msg.
 func (c *console) refuse(w http.ResponseWriter, code int, msg string) {
 	var buf bytes.Buffer
-	v := view{Title: http.StatusText(code), Nav: "error", Browse: c.browse != nil, Outbox: c.cfg.outbox != nil,
-		Data: struct {
-			Code int
-			Msg  string
-		}{code, msg}}
+	v := c.view(http.StatusText(code), "error", struct {
+		Code int
+		Msg  string
+	}{code, msg})
 	if err := pages["error"].ExecuteTemplate(&buf, "layout", v); err != nil {
 		http.Error(w, msg, code)
 		return
