@@ -163,3 +163,47 @@ func readStream(t *testing.T, client *kinesis.Client, name, arn, after string) [
 	}
 	return recs
 }
+
+// A letter whose stream does not exist stops the redrive with an error
+// naming it and stays in the queue, visible at once for the next run.
+func TestRedriveKinesisMissingStream(t *testing.T) {
+	ctx := context.Background()
+	testenv.Kinesis(t)
+	queues := testenv.SQS(t)
+	dlq := testenv.SQSQueue(t, queues, nil)
+	dsn, table, _, _ := postgresTable(t)
+	sink, err := sqsdedup.NewSink(queues, dlq)
+	require.NoError(t, err)
+	require.NoError(t, sink.Send(ctx, dedup.DeadLetter{Payload: []byte(`{"id":"k-9"}`), Reason: dedup.ReasonPermanent,
+		Error: "bug", Attempts: 1, EventID: "k-9", Scope: "kinesis/apply", LastFailure: time.Now(),
+		Headers: []dedup.Header{{Key: lambdastreamdedup.HeaderStreamARN, Value: []byte("arn:aws:kinesis:us-east-1:000000000000:stream/gone"), Type: "String"},
+			{Key: lambdastreamdedup.HeaderPartitionKey, Value: []byte("customer-9"), Type: "String"}},
+		Origin: dedup.Origin{Stream: "arn:aws:kinesis:us-east-1:000000000000:stream/gone", MessageID: "shardId-000000000000:1"}}))
+	code, _, errOut := cli(t, "redrive", "kinesis", "-sqs", testenv.Env("DEDUP_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+		"-dlq-url", dlq, "-kinesis", testenv.Env("DEDUP_KINESIS_ENDPOINT", "http://127.0.0.1:4569"),
+		"-stream", "dedup-test-missing-"+time.Now().Format("150405.000000"), "-postgres", dsn, "-table", table, "-yes")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errOut, "put \"kinesis/apply\"/k-9 back on stream dedup-test-missing-")
+	require.Equal(t, []string{"k-9"}, visible(t, queues, dlq), "the letter stays, visible again")
+}
+
+func TestKinesisStreamName(t *testing.T) {
+	for arn, want := range map[string]string{
+		"arn:aws:kinesis:us-east-1:123456789012:stream/orders":                           "orders",
+		"arn:aws-cn:kinesis:cn-north-1:123456789012:stream/a.b-c_d":                      "a.b-c_d",
+		"arn:aws:dynamodb:us-east-1:123456789012:table/T/stream/2026-01-01T00:00:00.000": "",
+		"arn:aws:kinesis:us-east-1:123456789012:stream/":                                 "",
+		"orders": "",
+		"":       "",
+	} {
+		got, ok := kinesisStreamName(arn)
+		require.Equal(t, want, got, arn)
+		require.Equal(t, want != "", ok, arn)
+	}
+}
+
+func TestRedriveKinesisUsage(t *testing.T) {
+	code, _, errOut := cli(t, "redrive", "kinesis", "-postgres", "postgres://x")
+	require.Equal(t, 2, code, errOut)
+	require.Contains(t, errOut, "-dlq-url is required")
+}

@@ -46,8 +46,8 @@ func registerSQSDLQ(fs *flag.FlagSet) sqsDLQ {
 // drain redrives the dead letters of q through send, which reports whether
 // it sent a letter back: one sent back is deleted only after the send
 // succeeded, so that a redrive stopped halfway loses nothing and resumes
-// where it stopped; one skipped stays in the queue and is made visible
-// again at the end.
+// where it stopped; one skipped, or whose send failed, stays in the queue
+// and is made visible again at the end.
 func (q sqsDLQ) drain(ctx context.Context, r *redrive, out io.Writer, send func(*sqs.Client, types.Message) (bool, error)) error {
 	client, err := sqsClient(ctx, *q.endpoint)
 	if err != nil {
@@ -57,7 +57,7 @@ func (q sqsDLQ) drain(ctx context.Context, r *redrive, out io.Writer, send func(
 	if _, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: dlqURL}); err != nil {
 		return fmt.Errorf("queue %s: %w", *dlqURL, err)
 	}
-	var kept []types.Message // skipped, or read in a dry run: made visible again at the end
+	var kept []types.Message // skipped, failed, or read in a dry run: made visible again at the end
 	defer func() {
 		for _, m := range kept {
 			_, _ = client.ChangeMessageVisibility(context.WithoutCancel(ctx), &sqs.ChangeMessageVisibilityInput{
@@ -79,9 +79,7 @@ func (q sqsDLQ) drain(ctx context.Context, r *redrive, out io.Writer, send func(
 		r.sum.read++
 		sent, err := send(client, m)
 		if err != nil || !sent {
-			if err == nil {
-				kept = append(kept, m)
-			}
+			kept = append(kept, m)
 			return err
 		}
 		r.sum.sent++
