@@ -9,7 +9,7 @@ services:
 # Stops what scripts/services.sh started (PostgreSQL is the machine's own):
 # each pid file's process, if it still is the service it names.
 stop-services:
-	@for svc in dynamodb:DynamoDBLocal fauxqs:fauxqs local-aws-sqs:local-aws-sqs redis:redis-server; do \
+	@for svc in dynamodb:DynamoDBLocal fauxqs:fauxqs local-aws-sqs:local-aws-sqs redis:redis-server kinesalite:serve.js; do \
 		name="$${svc%%:*}"; pattern="$${svc#*:}"; file=".cache/$$name.pid"; \
 		[ -f "$$file" ] || continue; \
 		pid="$$(cat "$$file")"; \

@@ -22,7 +22,8 @@ wait_answers() {
 	return 1
 }
 
-# npm_install PACKAGE VERSION: installs the exact version into $DIR, once.
+# npm_install PACKAGE VERSION: installs the exact version into $DIR, once;
+# NPM_IGNORE_SCRIPTS=1 skips the packages' install scripts.
 npm_install() {
 	if [[ "$(node -p "require('$DIR/node_modules/$1/package.json').version" 2>/dev/null)" == "$2" ]]; then
 		return
@@ -31,7 +32,9 @@ npm_install() {
 	log "installing $1@$2 into $DIR"
 	mkdir -p "$DIR"
 	[[ -f "$DIR/package.json" ]] || echo '{"private":true}' >"$DIR/package.json"
-	(cd "$DIR" && npm install --silent --no-audit --no-fund --save-exact "$1@$2" >/dev/null)
+	local flags=(--silent --no-audit --no-fund --save-exact)
+	[[ "${NPM_IGNORE_SCRIPTS:-}" == 1 ]] && flags+=(--ignore-scripts)
+	(cd "$DIR" && npm install "${flags[@]}" "$1@$2" >/dev/null)
 }
 
 # started PID: records PID and waits for the service to answer.

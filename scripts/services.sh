@@ -3,8 +3,9 @@
 # PostgreSQL on 127.0.0.1:5432, DynamoDB Local on 127.0.0.1:$DEDUP_DYNAMODB_PORT
 # and two SQS emulators: fauxqs on 127.0.0.1:$FAUXQS_PORT (scripts/fauxqs.sh)
 # and local-aws-sqs on 127.0.0.1:$LOCAL_AWS_SQS_PORT (scripts/local-aws-sqs.sh),
-# Redis (scripts/redis.sh), and the machine's RabbitMQ and NATS JetStream
-# (scripts/brokers.sh).
+# Redis (scripts/redis.sh), the Kinesis emulator kinesalite on
+# 127.0.0.1:$KINESALITE_PORT (scripts/kinesalite.sh), and the machine's
+# RabbitMQ and NATS JetStream (scripts/brokers.sh).
 # Downloads and logs go to .cache/ (git-ignored); `make stop-services` stops
 # what this script started. When PostgreSQL or Java is missing, it installs
 # it system-wide with apt-get, saying so first; DEDUP_NO_APT=1 makes it stop
@@ -141,4 +142,5 @@ start_postgres
 start_dynamodb
 start_sqs
 "$ROOT/scripts/redis.sh"
+"$ROOT/scripts/kinesalite.sh"
 "$ROOT/scripts/brokers.sh"

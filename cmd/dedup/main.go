@@ -13,6 +13,7 @@
 //	dedup outbox requeue [-id ID ...] [-all] [-limit 20] [-yes]
 //	dedup redrive kafka -brokers host:9092 -dlq orders.dlq [-reason handler-error] [-min-age 1h] [-rate 100] [-yes]
 //	dedup redrive sqs -dlq-url https://... [-reason ...] [-min-age ...] [-rate ...] [-yes]
+//	dedup redrive kinesis -dlq-url https://... [-kinesis URL] [-stream S] [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup redrive amqp -amqp amqp://... -dlq orders.dlq [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup redrive nats -nats nats://... -dlq DLQ [-subject dlq.orders] [-reason ...] [-min-age ...] [-rate ...] [-yes]
 //	dedup redrive pubsub -project P -subscription orders-dlq-sub [-endpoint host:port] [-reason ...] [-min-age ...] [-rate ...] [-yes]
@@ -73,7 +74,7 @@ var commands = []command{
 	{"purge", "delete expired records", runPurge},
 	{"migrate", "print the PostgreSQL table's migration to record v2; -yes to migrate", runMigrate},
 	{"outbox", "status of the outbox, requeue failed events", runOutbox},
-	{"redrive", "send dead letters back to their origin (kafka, sqs, amqp, nats, pubsub, redis)", runRedrive},
+	{"redrive", "send dead letters back to their origin (kafka, sqs, kinesis, amqp, nats, pubsub, redis)", runRedrive},
 	{"ui", "serve the operator's console (dedupui) over the store's flags", runUI},
 }
 

@@ -23,12 +23,13 @@ const redriveCountHeader = "x-dedup-redrive-count"
 
 func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats|pubsub|redis [flags]", errUsage)
+		return fmt.Errorf("%w: dedup redrive kafka|sqs|kinesis|amqp|nats|pubsub|redis [flags]", errUsage)
 	}
 	if isHelp(args[0]) {
-		return help(os.Stderr, "dedup redrive kafka|sqs|amqp|nats|pubsub|redis [flags]: send dead letters back to their origin",
+		return help(os.Stderr, "dedup redrive kafka|sqs|kinesis|amqp|nats|pubsub|redis [flags]: send dead letters back to their origin",
 			"kafka", "from a Kafka dead-letter topic to the topics they came from",
 			"sqs", "from an SQS dead-letter queue to the queues they came from",
+			"kinesis", "from an SQS dead-letter queue of Lambda Kinesis handlers to the streams they came from",
 			"amqp", "from a RabbitMQ dead-letter queue to the queues they came from",
 			"nats", "from a NATS JetStream dead-letter stream to the subjects they came from",
 			"pubsub", "from a subscription of a Pub/Sub dead-letter topic to the topics they came from",
@@ -39,6 +40,8 @@ func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 		return redriveKafka(ctx, args[1:], out)
 	case "sqs":
 		return redriveSQS(ctx, args[1:], out)
+	case "kinesis":
+		return redriveKinesis(ctx, args[1:], out)
 	case "amqp":
 		return redriveAMQP(ctx, args[1:], out)
 	case "nats":
@@ -48,7 +51,7 @@ func runRedrive(ctx context.Context, args []string, out io.Writer) error {
 	case "redis":
 		return redriveRedis(ctx, args[1:], out)
 	}
-	return fmt.Errorf("%w: dedup redrive kafka|sqs|amqp|nats|pubsub|redis, not %q", errUsage, args[0])
+	return fmt.Errorf("%w: dedup redrive kafka|sqs|kinesis|amqp|nats|pubsub|redis, not %q", errUsage, args[0])
 }
 
 // redrive is what every redrive shares: the filters, the loop guard, the
