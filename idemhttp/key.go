@@ -19,7 +19,7 @@ type keyProblem struct {
 // requestKey returns the request's idempotency key. present is false when
 // the header is absent; a non-nil *keyProblem refuses the request.
 func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyProblem) {
-	values := r.Header.Values(c.header)
+	values := r.Header[c.headerKey]
 	switch {
 	case len(values) == 0:
 		return "", false, nil
@@ -49,13 +49,22 @@ func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyP
 // entropy of its character frequencies, n·log2(n) − Σ c·log2(c) over the
 // count c of each character.
 func entropyBits(key string) float64 {
-	var counts [128]uint16 // keys are printable ASCII once parsed
+	var (
+		counts [128]uint16 // keys are printable ASCII once parsed
+		seen   [128]byte   // the distinct characters, so that only they are summed
+		n      int
+	)
 	for i := 0; i < len(key); i++ {
-		counts[key[i]&0x7f]++
+		c := key[i] & 0x7f
+		if counts[c] == 0 {
+			seen[n] = c
+			n++
+		}
+		counts[c]++
 	}
 	bits := nLog2n(len(key))
-	for _, c := range counts {
-		bits -= nLog2n(int(c))
+	for _, c := range seen[:n] {
+		bits -= nLog2n(int(counts[c]))
 	}
 	return bits
 }

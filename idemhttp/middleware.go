@@ -48,7 +48,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		case p == nil:
 			next.ServeHTTP(w, r)
 			return
-		case m.cached(w, r, p):
+		case !m.ready(w, r, p):
 			return
 		}
 		c, att, err := m.claim(r.Context(), p)

@@ -136,17 +136,17 @@ func seenBefore(text string, ends []int32, k int, name string) bool {
 	return false
 }
 
-// encodeSnapshot encodes the status, the headers of h named in names, and
-// body. It refuses what decodeSnapshot would refuse, so that no response is
+// encodeSnapshot encodes the status, the headers of h named in names
+// (canonical names, as WithStoredHeaders keeps them), and body. It refuses what decodeSnapshot would refuse, so that no response is
 // stored that cannot be replayed: more than maxSnapHeaders values, or a value
 // with a control character.
 func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]byte, error) {
 	size := 4 + len(body)
 	n := 0
 	for _, name := range names {
-		for _, v := range h.Values(name) {
+		for _, v := range h[name] {
 			if !validHeaderValue(v) {
-				return nil, fmt.Errorf("idemhttp: header %s has a control character in its value", http.CanonicalHeaderKey(name))
+				return nil, fmt.Errorf("idemhttp: header %s has a control character in its value", name)
 			}
 			size += 2*binary.MaxVarintLen16 + len(name) + len(v)
 			n++
@@ -160,10 +160,9 @@ func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]b
 	b = binary.BigEndian.AppendUint16(b, uint16(status))
 	b = binary.AppendUvarint(b, uint64(n))
 	for _, name := range names {
-		canon := http.CanonicalHeaderKey(name)
-		for _, v := range h.Values(name) {
-			b = binary.AppendUvarint(b, uint64(len(canon)))
-			b = append(b, canon...)
+		for _, v := range h[name] {
+			b = binary.AppendUvarint(b, uint64(len(name)))
+			b = append(b, name...)
 			b = binary.AppendUvarint(b, uint64(len(v)))
 			b = append(b, v...)
 		}

@@ -106,7 +106,7 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 			m.serveKeyless(w, r, h)
 			return
 		}
-		if m.cached(w, r, p) { // a replay begins no transaction
+		if !m.ready(w, r, p) { // a replay begins no transaction
 			return
 		}
 		c, att, err := m.core.Claim(r.Context(), p.key, p.fingerprint)
