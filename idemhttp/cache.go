@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -47,6 +46,7 @@ type cacheEntry struct {
 	shape      requestShape
 	shaped     bool
 	answer     storedAnswer
+	ends       [4]int32  // answer's ends, for two headers or fewer: no allocation of their own
 	deadline   time.Time // on the cache's clock
 	size       int
 	prev, next *cacheEntry
@@ -135,11 +135,10 @@ func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape
 	}
 	e := &cacheEntry{fingerprint: fingerprint, deadline: deadline}
 	if len(s.body)+len(s.text) < c.maxEntry { // cheap first test, before the copy
-		e.answer = s.answer()
-		// The key's ID may be cut from a longer header value; a
-		// tenant's scope is a string of its own, the plain scope the
-		// config's, shared.
-		e.key = dedup.Key{Scope: key.Scope, EventID: strings.Clone(key.EventID)}
+		e.answer = s.answerIn(e.ends[:0])
+		// The key's ID is cut from its header field's value, a string of
+		// its own at most a few bytes longer: kept, not copied.
+		e.key = key
 		if len(shape.body) <= maxShapeBody {
 			e.shape, e.shaped = *shape, true
 		}

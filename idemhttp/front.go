@@ -65,6 +65,7 @@ type prepared struct {
 	fingerprint string    // set by ready
 	expires     time.Time // the expiry of the record its claim acquired, if it did
 	body        bodyCopy  // the body given back to the handler, kept here to cost no allocation of its own
+	x           exchange  // its attempt's, once acquired, kept here for the same reason
 }
 
 // prepare reads the key, the caller and the body of r. It answers w itself
@@ -95,7 +96,9 @@ func (f *front) prepare(w http.ResponseWriter, r *http.Request) (p *prepared, ok
 		scope = dedup.TenantScope(scope, tenant)
 	}
 	p = &prepared{key: dedup.Key{Scope: scope, EventID: id}}
-	if err := p.key.Validate(); err != nil { // the key itself is valid: the tenant is not
+	// The ID is printable ASCII and the scope the config's, valid both; a
+	// tenant's name may not be.
+	if f.cfg.tenant != nil && p.key.Validate() != nil {
 		f.cfg.writeProblem(w, ProblemTenant, http.StatusForbidden, "the caller's name cannot scope a key", 0)
 		return nil, false
 	}
@@ -123,12 +126,17 @@ func (f *front) ready(w http.ResponseWriter, r *http.Request, p *prepared) bool 
 		e.answer.writeReplay(w)
 		return false
 	}
-	fp, kp := f.cfg.fingerprint(r, p.shape.body)
+	var kp *keyProblem
+	if e == nil {
+		kp = f.cfg.guessable(p.key.EventID)
+	}
+	if kp == nil {
+		p.fingerprint, kp = f.cfg.fingerprint(r, p.shape.body)
+	}
 	if kp != nil {
 		f.refuse(w, kp)
 		return false
 	}
-	p.fingerprint = fp
 	if e == nil {
 		return true
 	}

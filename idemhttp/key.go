@@ -16,8 +16,10 @@ type keyProblem struct {
 	detail  string
 }
 
-// requestKey returns the request's idempotency key. present is false when
-// the header is absent; a non-nil *keyProblem refuses the request.
+// requestKey returns the request's idempotency key, printable ASCII. present
+// is false when the header is absent; a non-nil *keyProblem refuses the
+// request. Its entropy is checked later (guessable), once the replay cache
+// has not answered.
 func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyProblem) {
 	values := r.Header[c.headerKey]
 	switch {
@@ -38,11 +40,21 @@ func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyP
 		return "", true, &keyProblem{ProblemKeyMalformed, "the key is empty"}
 	case len(key) > dedup.MaxIDLen:
 		return "", true, &keyProblem{ProblemKeyTooLong, fmt.Sprintf("the key is %d bytes; at most %d", len(key), dedup.MaxIDLen)}
-	case c.minKeyBits > 0 && entropyBits(key) < c.minKeyBits:
-		return "", true, &keyProblem{ProblemKeyLowEntropy, fmt.Sprintf("the key is too easy to guess or to repeat by accident (about %.0f bits estimated, at least %.0f required): "+
-			"send a random key per operation, such as a UUID: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", entropyBits(key), c.minKeyBits)}
 	}
 	return key, true, nil
+}
+
+// guessable refuses a key too easy to guess or to repeat by accident
+// (WithMinKeyEntropy). A key the replay cache holds passed it already.
+func (c *config) guessable(key string) *keyProblem {
+	if c.minKeyBits <= 0 {
+		return nil
+	}
+	if bits := entropyBits(key); bits < c.minKeyBits {
+		return &keyProblem{ProblemKeyLowEntropy, fmt.Sprintf("the key is too easy to guess or to repeat by accident (about %.0f bits estimated, at least %.0f required): "+
+			"send a random key per operation, such as a UUID: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", bits, c.minKeyBits)}
+	}
+	return nil
 }
 
 // entropyBits estimates the entropy of key: its length times the Shannon

@@ -59,7 +59,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			m.answerClaim(w, r, p, c)
 		default:
 			p.expires = c.Record.ExpiresAt
-			x := &exchange{r: r, rec: newRecorder(m.recorders, w, m.cfg.maxSnapshot, true), next: next}
+			x := &p.x
+			*x = exchange{r: r, rec: newRecorder(m.recorders, w, m.cfg.maxSnapshot, true), next: next}
 			m.attempt(w, p, att, x)
 			x.rec.release(m.recorders)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -59,10 +58,10 @@ type storedAnswer struct {
 	body   []byte
 }
 
-// answer returns s as a storedAnswer of its own ends, sharing s's text and
-// body.
-func (s *snapshot) answer() storedAnswer {
-	return storedAnswer{status: s.status, text: s.text, ends: slices.Clone(s.ends[:2*s.n]), body: s.body}
+// answerIn returns s as a storedAnswer of its own ends, appended to ends,
+// sharing s's text and body.
+func (s *snapshot) answerIn(ends []int32) storedAnswer {
+	return storedAnswer{status: s.status, text: s.text, ends: append(ends, s.ends[:2*s.n]...), body: s.body}
 }
 
 // writeReplay answers w with a, marked as a replay, byte for byte as a
