@@ -7,6 +7,13 @@
 // expiry (PEXPIREAT, from the server's clock), so [Store.Purge] has nothing
 // to do.
 //
+// On a single node, the Claim and Complete calls that concurrent callers
+// make at the same moment share one script call and one round trip, as a
+// group commit does: a caller alone goes at once, and callers arriving
+// while calls are in flight go together in the next one. Each is answered
+// exactly as if it had been made alone (an HTTP middleware's requests, or a
+// consumer's concurrent handlers, are such callers).
+//
 // The store accepts any [redis.UniversalClient]: a single node or a Sentinel
 // failover client (*redis.Client), or Redis Cluster (*redis.ClusterClient).
 // Keys are laid out so that a record never spans hash slots; see
