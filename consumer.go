@@ -429,7 +429,8 @@ func (w *Wrapper[M]) settleCtx(ctx context.Context, bound time.Duration) (contex
 	if !w.detached && ctx.Err() == nil {
 		return ctx, nothingToCancel
 	}
-	return withBound(ctx, bound)
+	c := withBound(ctx, bound)
+	return c, c.release
 }
 
 // nothingToCancel is the CancelFunc of a context returned as it was given.

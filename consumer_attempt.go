@@ -87,7 +87,7 @@ func (s storeAttempt[M]) claim(ctx context.Context, req ClaimRequest) (Claim, at
 func (s storeAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	hb := s.w.heartbeats.Get().(*heartbeat)
-	hb.start(s.w.holding(hctx), cancel, d.key, d.owner, d.leaseTime)
+	hb.start(hctx, s.w.detached, cancel, d.key, d.owner, d.leaseTime)
 	defer func() {
 		hb.stop()
 		s.w.heartbeats.Put(hb)
@@ -95,20 +95,6 @@ func (s storeAttempt[M]) run(ctx context.Context, d *delivery[M]) (err error) {
 	}()
 	defer capturePanic(&err)
 	return s.w.handler(hctx, d.msg)
-}
-
-// holding returns the context a claim is held in while its handler runs in
-// ctx: ctx itself, which the transport cancels once it may give the message
-// to another consumer; for a front end's attempt, ctx without its
-// cancellation, as the front end's caller leaving gives the work to nobody
-// else: the claim is held until the handler returns, whether anyone waits
-// for its answer or not, so that a retry never runs beside it. The
-// heartbeat's stop ends an extension in progress either way.
-func (w *Wrapper[M]) holding(ctx context.Context) context.Context {
-	if w.detached {
-		return context.WithoutCancel(ctx)
-	}
-	return ctx
 }
 
 // hold renews the lease: a refusal means another worker took the key over.

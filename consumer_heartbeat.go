@@ -15,25 +15,32 @@ type heartbeat struct {
 	store  Store
 	logger *slog.Logger
 
-	mu      sync.Mutex // guards the fields below
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	key     Key
-	owner   string
-	lease   time.Duration
-	timer   *time.Timer
-	stopped bool
+	mu  sync.Mutex // guards the fields below
+	ctx context.Context
+	// detached says that the claim is held in ctx without its
+	// cancellation: a front end's caller leaving gives the work to nobody
+	// else, so the claim is held until the handler returns, whether anyone
+	// waits for its answer or not, and a retry never runs beside it. A
+	// consumer's transport cancels ctx once it may give the message to
+	// another consumer, which ends the holding.
+	detached bool
+	cancel   context.CancelCauseFunc
+	key      Key
+	owner    string
+	lease    time.Duration
+	timer    *time.Timer
+	stopped  bool
 	// endBeat cancels the extension in progress, if any: once the attempt
 	// is over, its outcome's write must not wait for it.
 	endBeat context.CancelFunc
 	running sync.WaitGroup // extensions in progress
 }
 
-// start arms h for one attempt.
-func (h *heartbeat) start(ctx context.Context, cancel context.CancelCauseFunc, key Key, owner string, lease time.Duration) {
+// start arms h for one attempt, whose handler runs in ctx.
+func (h *heartbeat) start(ctx context.Context, detached bool, cancel context.CancelCauseFunc, key Key, owner string, lease time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.ctx, h.cancel, h.key, h.owner, h.lease, h.stopped = ctx, cancel, key, owner, lease, false
+	h.ctx, h.detached, h.cancel, h.key, h.owner, h.lease, h.stopped = ctx, detached, cancel, key, owner, lease, false
 	if h.timer == nil {
 		h.timer = time.AfterFunc(lease/3, h.beat)
 	} else {
@@ -48,7 +55,11 @@ func (h *heartbeat) beat() {
 		return
 	}
 	h.running.Add(1)
-	ctx, endBeat := context.WithCancel(h.ctx)
+	held := h.ctx
+	if h.detached { // made here, once a beat is due, rather than per attempt
+		held = context.WithoutCancel(held)
+	}
+	ctx, endBeat := context.WithCancel(held)
 	h.endBeat = endBeat
 	cancel, key, owner, lease := h.cancel, h.key, h.owner, h.lease
 	h.mu.Unlock()

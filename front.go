@@ -145,9 +145,9 @@ func (a *Attempt[M]) Refuse(ctx context.Context, result []byte) error {
 func (a *Attempt[M]) complete(ctx context.Context, result []byte, standalone bool) error {
 	a.result = frontResult{data: result, standalone: standalone}
 	a.d.result = &a.result
-	ctx, cancel := a.w.settleCtx(ctx, outcomeLeases*a.d.leaseTime)
-	defer cancel()
-	return a.observed(a.w.complete(ctx, &a.d))
+	sctx := withBound(ctx, outcomeLeases*a.d.leaseTime) // a front end's attempt is detached: see settleCtx
+	defer sctx.release()
+	return a.observed(a.w.complete(sctx, &a.d))
 }
 
 // Fail records the attempt as failed with cause, its effects undone where

@@ -24,10 +24,9 @@ type boundedContext struct {
 }
 
 // withBound returns ctx's values without its cancellation, done once bound
-// has passed or the returned release is called.
-func withBound(ctx context.Context, bound time.Duration) (*boundedContext, func()) {
-	c := &boundedContext{Context: context.WithoutCancel(ctx), deadline: time.Now().Add(bound)}
-	return c, c.release
+// has passed or its release is called.
+func withBound(ctx context.Context, bound time.Duration) *boundedContext {
+	return &boundedContext{Context: context.WithoutCancel(ctx), deadline: time.Now().Add(bound)}
 }
 
 func (c *boundedContext) Deadline() (time.Time, bool) { return c.deadline, true }

@@ -15,7 +15,7 @@ func TestBoundedContext(t *testing.T) {
 	parent, cancelParent := context.WithCancel(context.WithValue(context.Background(), settleKey{}, "v"))
 	cancelParent()
 
-	ctx, release := withBound(parent, time.Hour)
+	ctx, release := bounded(parent, time.Hour)
 	if ctx.Value(settleKey{}) != "v" {
 		t.Fatal("the caller's values are lost")
 	}
@@ -39,18 +39,18 @@ func TestBoundedContext(t *testing.T) {
 	release() // twice: nothing
 
 	// Released before anyone waited: Done is closed when asked.
-	ctx, release = withBound(context.Background(), time.Hour)
+	ctx, release = bounded(context.Background(), time.Hour)
 	release()
 	<-ctx.Done()
 
 	// At the bound, whether Done was asked first or not.
-	ctx, release = withBound(context.Background(), time.Millisecond)
+	ctx, release = bounded(context.Background(), time.Millisecond)
 	defer release()
 	<-ctx.Done()
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Fatalf("at the bound: %v", ctx.Err())
 	}
-	ctx2, release2 := withBound(context.Background(), -time.Second)
+	ctx2, release2 := bounded(context.Background(), -time.Second)
 	defer release2()
 	if !errors.Is(ctx2.Err(), context.DeadlineExceeded) {
 		t.Fatalf("past the bound, Done never asked: %v", ctx2.Err())
@@ -58,9 +58,15 @@ func TestBoundedContext(t *testing.T) {
 	<-ctx2.Done()
 
 	// A context derived from it ends with it.
-	ctx3, release3 := withBound(context.Background(), time.Hour)
+	ctx3, release3 := bounded(context.Background(), time.Hour)
 	child, cancelChild := context.WithCancel(ctx3)
 	defer cancelChild()
 	release3()
 	<-child.Done()
+}
+
+// bounded is withBound with its release as a CancelFunc.
+func bounded(ctx context.Context, bound time.Duration) (*boundedContext, func()) {
+	c := withBound(ctx, bound)
+	return c, c.release
 }

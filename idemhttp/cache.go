@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -42,10 +41,15 @@ type replayCache struct {
 type cacheEntry struct {
 	key         dedup.Key
 	fingerprint string
-	answer      storedAnswer
-	deadline    time.Time // on the cache's clock
-	size        int
-	prev, next  *cacheEntry
+	// shape is that of a request the answer is known to fit, when its body
+	// is small enough to keep (shaped).
+	shape      requestShape
+	shaped     bool
+	answer     storedAnswer
+	ends       [4]int32  // answer's ends, for two headers or fewer: no allocation of their own
+	deadline   time.Time // on the cache's clock
+	size       int
+	prev, next *cacheEntry
 }
 
 // entryOverhead approximates what an entry costs beyond its strings and
@@ -61,10 +65,16 @@ const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 128
 // entryOverhead. A body shares the buffer the store returned or the
 // snapshot encoded, which is that body plus the encoded headers: close
 // enough.
-func entrySize(key dedup.Key, fingerprint string, a *storedAnswer) int {
+func entrySize(key dedup.Key, fingerprint string, shape *requestShape, a *storedAnswer) int {
 	return len(key.Scope) + len(key.EventID) + len(fingerprint) +
+		len(shape.route) + len(shape.query) + cap(shape.body) +
 		len(a.text) + 4*len(a.ends) + len(a.body) + entryOverhead
 }
+
+// maxShapeBody is the largest request body an entry keeps to answer a
+// request of the same shape without a fingerprint: a larger one is
+// fingerprinted, which costs little beside reading it.
+const maxShapeBody = 4 << 10
 
 // newReplayCache returns a cache of budget bytes whose entries live at most
 // maxAge, or nil (no cache) when budget is 0.
@@ -108,12 +118,13 @@ func (c *replayCache) get(key dedup.Key) *cacheEntry {
 	return e
 }
 
-// put caches s, the settled answer of key for requests of fingerprint,
+// put caches s, the settled answer of key for requests of fingerprint, one
+// of which is of shape,
 // until expires (the record's expiry; the zero time if unknown, and then it
 // is not cached) or its max age, whichever is first. An answer over the
 // entry limit is not cached, and an older entry of key is dropped either
 // way. A nil cache keeps nothing.
-func (c *replayCache) put(key dedup.Key, fingerprint string, s *snapshot, expires time.Time) {
+func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape, s *snapshot, expires time.Time) {
 	if c == nil {
 		return
 	}
@@ -124,12 +135,14 @@ func (c *replayCache) put(key dedup.Key, fingerprint string, s *snapshot, expire
 	}
 	e := &cacheEntry{fingerprint: fingerprint, deadline: deadline}
 	if len(s.body)+len(s.text) < c.maxEntry { // cheap first test, before the copy
-		e.answer = s.answer()
-		// The key's ID may be cut from a longer header value; a
-		// tenant's scope is a string of its own, the plain scope the
-		// config's, shared.
-		e.key = dedup.Key{Scope: key.Scope, EventID: strings.Clone(key.EventID)}
-		e.size = entrySize(e.key, fingerprint, &e.answer)
+		e.answer = s.answerIn(e.ends[:0])
+		// The key's ID is cut from its header field's value, a string of
+		// its own at most a few bytes longer: kept, not copied.
+		e.key = key
+		if len(shape.body) <= maxShapeBody {
+			e.shape, e.shaped = *shape, true
+		}
+		e.size = entrySize(e.key, fingerprint, &e.shape, &e.answer)
 	}
 	keep := e.size > 0 && e.size <= c.maxEntry && !expires.IsZero() && now.Before(deadline)
 	c.mu.Lock()

@@ -30,16 +30,17 @@ func TestReplayCacheRecency(t *testing.T) {
 	clock := func() time.Time { return now }
 	key := func(id string) dedup.Key { return dedup.Key{Scope: "s", EventID: id} }
 	body := strings.Repeat("x", 1000)
-	one := entrySize(key("a"), "fp", &storedAnswer{text: "Content-Typetext/plain", ends: make([]int32, 2), body: []byte(body)})
+	shape := &requestShape{method: "POST", route: "/p", body: []byte("{}")}
+	one := entrySize(key("a"), "fp", shape, &storedAnswer{text: "Content-Typetext/plain", ends: make([]int32, 2), body: []byte(body)})
 	c := newReplayCache(2*one+one/2, time.Minute, clock) // room for two
 	c.maxEntry = one                                     // past the budget's eighth, for this test
 	later := now.Add(time.Hour)
-	c.put(key("a"), "fp", cacheSnapshot(t, body), later)
-	c.put(key("b"), "fp", cacheSnapshot(t, body), later)
+	c.put(key("a"), "fp", shape, cacheSnapshot(t, body), later)
+	c.put(key("b"), "fp", shape, cacheSnapshot(t, body), later)
 	if c.get(key("a")) == nil { // a is now the most recent
 		t.Fatal("a missing")
 	}
-	c.put(key("c"), "fp", cacheSnapshot(t, body), later)
+	c.put(key("c"), "fp", shape, cacheSnapshot(t, body), later)
 	if c.get(key("b")) != nil || c.get(key("a")) == nil || c.get(key("c")) == nil {
 		t.Error("b, the least recently used, should have gone, a and c stayed")
 	}
@@ -47,8 +48,8 @@ func TestReplayCacheRecency(t *testing.T) {
 		t.Errorf("%d entries in %d bytes, want 2 in %d", n, used, 2*one)
 	}
 
-	c.put(key("d"), "fp", cacheSnapshot(t, "short"), now.Add(10*time.Second))
-	c.put(key("e"), "fp", cacheSnapshot(t, "short"), time.Time{}) // expiry unknown: not cached
+	c.put(key("d"), "fp", shape, cacheSnapshot(t, "short"), now.Add(10*time.Second))
+	c.put(key("e"), "fp", shape, cacheSnapshot(t, "short"), time.Time{}) // expiry unknown: not cached
 	if c.get(key("e")) != nil {
 		t.Error("an entry of unknown expiry was cached")
 	}

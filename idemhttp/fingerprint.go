@@ -14,18 +14,18 @@ import (
 )
 
 // readBody reads the request body once, bounded by the configured limit, and
-// puts an identical reader back for the handler.
-func (c *config) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *keyProblem) {
+// puts an identical reader back for the handler: into, which the caller
+// keeps.
+func (c *config) readBody(r *http.Request, into *bodyCopy) ([]byte, *keyProblem) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	body, err := readAll(http.MaxBytesReader(w, r.Body, c.maxBody), min(r.ContentLength, c.maxBody, maxPresized))
+	body, err := readAll(r.Body, min(r.ContentLength, c.maxBody, maxPresized), c.maxBody)
 	if err != nil {
 		return nil, c.bodyProblem(err)
 	}
-	rb := &bodyCopy{}
-	rb.Reset(body)
-	r.Body, r.ContentLength = rb, int64(len(body))
+	into.Reset(body)
+	r.Body, r.ContentLength = into, int64(len(body))
 	return body, nil
 }
 
@@ -36,15 +36,24 @@ const maxPresized = 64 << 10
 
 // readAll reads r to its end, as io.ReadAll does, into a buffer sized for
 // the length the request declares, when it declares one: a body of that
-// length then costs one allocation of its size rather than 512 bytes.
-func readAll(r io.Reader, declared int64) ([]byte, error) {
+// length then costs one allocation of its size rather than 512 bytes. A
+// body over limit bytes is an *http.MaxBytesError, as http.MaxBytesReader
+// reports it, without a reader of its own to allocate.
+func readAll(r io.Reader, declared, limit int64) ([]byte, error) {
 	if declared <= 0 {
 		declared = 512 // unknown: io.ReadAll's first size
 	}
 	b := make([]byte, 0, declared+1) // +1: the read that finds the end needs room
 	for {
-		n, err := r.Read(b[len(b):cap(b)])
+		end := cap(b)
+		if int64(end) > limit {
+			end = int(limit) + 1 // one past the limit tells a body over it
+		}
+		n, err := r.Read(b[len(b):end])
 		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return b, &http.MaxBytesError{Limit: limit}
+		}
 		if err == io.EOF {
 			return b, nil
 		}
@@ -82,6 +91,41 @@ func isJSON(contentType string) bool {
 	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
 }
 
+// requestShape is what a request's fingerprint is made of, as sent: its
+// method, route, raw query, whether its body counts as JSON, and its body.
+// Two requests of one shape have one fingerprint, so a replay whose shape is
+// that of a request the cached answer is known to fit is answered without
+// fingerprinting it (the canonical JSON and two SHA-256 sums): a client's
+// retry resends its request byte for byte. A request of another shape may
+// still have the same fingerprint (keys in another order) and is
+// fingerprinted.
+type requestShape struct {
+	method, route, query string
+	json                 bool
+	body                 []byte
+}
+
+// shapeOf returns r's shape, with body, the body read from it.
+func (c *config) shapeOf(r *http.Request, body []byte) requestShape {
+	return requestShape{method: r.Method, route: c.route(r), query: r.URL.RawQuery,
+		json: isJSON(contentType(r.Header)), body: body}
+}
+
+// same reports whether s and o are one shape.
+func (s *requestShape) same(o *requestShape) bool {
+	return s.method == o.method && s.route == o.route && s.query == o.query && s.json == o.json &&
+		bytes.Equal(s.body, o.body)
+}
+
+// contentType returns h's Content-Type, as Header.Get does for a header set
+// under its canonical name, without canonicalizing the name each time.
+func contentType(h http.Header) string {
+	if v := h["Content-Type"]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // fingerprint returns the request's fingerprint: a hash of the policy
 // version, method, route, query and body. A JSON body counts by its
 // canonical form (dedup.JSONFingerprint), so key order and whitespace do not
@@ -91,7 +135,7 @@ func isJSON(contentType string) bool {
 // counted, so keys stored then still replay.
 func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem) {
 	kind, bodyFP := "raw", ""
-	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
+	if len(body) > 0 && isJSON(contentType(r.Header)) {
 		fp, err := c.jsonFP(body)
 		if err != nil {
 			return "", &keyProblem{ProblemInvalidJSON, strings.TrimPrefix(err.Error(), "dedup: ")}

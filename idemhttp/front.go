@@ -58,11 +58,14 @@ func newFront(opts []Opt) (front, error) {
 	return front{cfg: cfg, tel: tel, cache: newReplayCache(cfg.replayCache, cfg.replayCacheMaxAge, cfg.now), recorders: new(sync.Pool)}, nil
 }
 
-// prepared is a request ready to claim its key.
+// prepared is a request on its way to claim its key.
 type prepared struct {
 	key         dedup.Key
-	fingerprint string
+	shape       requestShape
+	fingerprint string    // set by ready
 	expires     time.Time // the expiry of the record its claim acquired, if it did
+	body        bodyCopy  // the body given back to the handler, kept here to cost no allocation of its own
+	x           exchange  // its attempt's, once acquired, kept here for the same reason
 }
 
 // prepare reads the key, the caller and the body of r. It answers w itself
@@ -92,22 +95,58 @@ func (f *front) prepare(w http.ResponseWriter, r *http.Request) (p *prepared, ok
 		}
 		scope = dedup.TenantScope(scope, tenant)
 	}
-	key := dedup.Key{Scope: scope, EventID: id}
-	if err := key.Validate(); err != nil { // the key itself is valid: the tenant is not
+	p = &prepared{key: dedup.Key{Scope: scope, EventID: id}}
+	// The ID is printable ASCII and the scope the config's, valid both; a
+	// tenant's name may not be.
+	if f.cfg.tenant != nil && p.key.Validate() != nil {
 		f.cfg.writeProblem(w, ProblemTenant, http.StatusForbidden, "the caller's name cannot scope a key", 0)
 		return nil, false
 	}
-	body, kp := f.cfg.readBody(w, r)
+	body, kp := f.cfg.readBody(r, &p.body)
 	if kp != nil {
 		f.refuse(w, kp)
 		return nil, false
 	}
-	fp, kp := f.cfg.fingerprint(r, body)
+	p.shape = f.cfg.shapeOf(r, body)
+	return p, true
+}
+
+// ready answers p from the replay cache when it holds p's key, and
+// otherwise fingerprints p for its claim. It reports whether p is ready to
+// claim: false when w was answered, from the cache or with a refusal.
+//
+// A request byte for byte like the one whose answer the cache holds (see
+// requestShape) is answered without a fingerprint; any other is answered
+// as a claim finding the key settled would be: by the stores' own rule
+// (deduptype.Classify), the stored response for the same request and the
+// conflict for another.
+func (f *front) ready(w http.ResponseWriter, r *http.Request, p *prepared) bool {
+	e := f.cache.get(p.key)
+	if e != nil && e.shaped && e.shape.same(&p.shape) {
+		e.answer.writeReplay(w)
+		return false
+	}
+	var kp *keyProblem
+	if e == nil {
+		kp = f.cfg.guessable(p.key.EventID)
+	}
+	if kp == nil {
+		p.fingerprint, kp = f.cfg.fingerprint(r, p.shape.body)
+	}
 	if kp != nil {
 		f.refuse(w, kp)
-		return nil, false
+		return false
 	}
-	return &prepared{key: key, fingerprint: fp}, true
+	if e == nil {
+		return true
+	}
+	settled := dedup.Record{Key: p.key, Status: dedup.StatusSucceeded, Fingerprint: e.fingerprint}
+	if status := deduptype.Classify(settled, p.fingerprint); status != dedup.ClaimDuplicate {
+		f.answerClaim(w, r, p, dedup.Claim{Status: status, Record: settled})
+		return false
+	}
+	e.answer.writeReplay(w)
+	return false
 }
 
 func (f *front) refuse(w http.ResponseWriter, kp *keyProblem) {
@@ -147,24 +186,6 @@ func (f *front) answerConflict(w http.ResponseWriter) {
 		"this key was used for a request with another method, route, query or body", 0)
 }
 
-// cached answers p from the replay cache when it holds p's key, as a
-// claim finding the key settled would: by the stores' own rule
-// (deduptype.Classify), the stored response for the same request and the
-// conflict for another. It reports whether it answered.
-func (f *front) cached(w http.ResponseWriter, r *http.Request, p *prepared) bool {
-	e := f.cache.get(p.key)
-	if e == nil {
-		return false
-	}
-	settled := dedup.Record{Key: p.key, Status: dedup.StatusSucceeded, Fingerprint: e.fingerprint}
-	if status := deduptype.Classify(settled, p.fingerprint); status != dedup.ClaimDuplicate {
-		f.answerClaim(w, r, p, dedup.Claim{Status: status, Record: settled})
-		return true
-	}
-	e.answer.writeReplay(w)
-	return true
-}
-
 // cacheSettled caches snap, the answer of p's key that the store has just
 // accepted, until the record's expiry: that of p's claim, which the
 // completion only pushes later, or the TTL from now if earlier (a store
@@ -181,7 +202,7 @@ func (f *front) cacheSettled(p *prepared, snap []byte) {
 	if !p.expires.IsZero() && p.expires.Before(expires) {
 		expires = p.expires
 	}
-	f.cache.put(p.key, p.fingerprint, &s, expires)
+	f.cache.put(p.key, p.fingerprint, &p.shape, &s, expires)
 }
 
 // replay answers with the stored response, marked as a replay, and keeps
@@ -195,7 +216,7 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 			"the stored answer for this key cannot be read", 0)
 		return
 	}
-	f.cache.put(p.key, rec.Fingerprint, &s, rec.ExpiresAt)
+	f.cache.put(p.key, rec.Fingerprint, &p.shape, &s, rec.ExpiresAt)
 	s.writeReplay(w)
 }
 

@@ -16,10 +16,12 @@ type keyProblem struct {
 	detail  string
 }
 
-// requestKey returns the request's idempotency key. present is false when
-// the header is absent; a non-nil *keyProblem refuses the request.
+// requestKey returns the request's idempotency key, printable ASCII. present
+// is false when the header is absent; a non-nil *keyProblem refuses the
+// request. Its entropy is checked later (guessable), once the replay cache
+// has not answered.
 func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyProblem) {
-	values := r.Header.Values(c.header)
+	values := r.Header[c.headerKey]
 	switch {
 	case len(values) == 0:
 		return "", false, nil
@@ -38,24 +40,43 @@ func (c *config) requestKey(r *http.Request) (key string, present bool, kp *keyP
 		return "", true, &keyProblem{ProblemKeyMalformed, "the key is empty"}
 	case len(key) > dedup.MaxIDLen:
 		return "", true, &keyProblem{ProblemKeyTooLong, fmt.Sprintf("the key is %d bytes; at most %d", len(key), dedup.MaxIDLen)}
-	case c.minKeyBits > 0 && entropyBits(key) < c.minKeyBits:
-		return "", true, &keyProblem{ProblemKeyLowEntropy, fmt.Sprintf("the key is too easy to guess or to repeat by accident (about %.0f bits estimated, at least %.0f required): "+
-			"send a random key per operation, such as a UUID: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", entropyBits(key), c.minKeyBits)}
 	}
 	return key, true, nil
+}
+
+// guessable refuses a key too easy to guess or to repeat by accident
+// (WithMinKeyEntropy). A key the replay cache holds passed it already.
+func (c *config) guessable(key string) *keyProblem {
+	if c.minKeyBits <= 0 {
+		return nil
+	}
+	if bits := entropyBits(key); bits < c.minKeyBits {
+		return &keyProblem{ProblemKeyLowEntropy, fmt.Sprintf("the key is too easy to guess or to repeat by accident (about %.0f bits estimated, at least %.0f required): "+
+			"send a random key per operation, such as a UUID: \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", bits, c.minKeyBits)}
+	}
+	return nil
 }
 
 // entropyBits estimates the entropy of key: its length times the Shannon
 // entropy of its character frequencies, n·log2(n) − Σ c·log2(c) over the
 // count c of each character.
 func entropyBits(key string) float64 {
-	var counts [128]uint16 // keys are printable ASCII once parsed
+	var (
+		counts [128]uint16 // keys are printable ASCII once parsed
+		seen   [128]byte   // the distinct characters, so that only they are summed
+		n      int
+	)
 	for i := 0; i < len(key); i++ {
-		counts[key[i]&0x7f]++
+		c := key[i] & 0x7f
+		if counts[c] == 0 {
+			seen[n] = c
+			n++
+		}
+		counts[c]++
 	}
 	bits := nLog2n(len(key))
-	for _, c := range counts {
-		bits -= nLog2n(int(c))
+	for _, c := range seen[:n] {
+		bits -= nLog2n(int(counts[c]))
 	}
 	return bits
 }

@@ -48,7 +48,7 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		case p == nil:
 			next.ServeHTTP(w, r)
 			return
-		case m.cached(w, r, p):
+		case !m.ready(w, r, p):
 			return
 		}
 		c, att, err := m.claim(r.Context(), p)
@@ -59,7 +59,8 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			m.answerClaim(w, r, p, c)
 		default:
 			p.expires = c.Record.ExpiresAt
-			x := &exchange{r: r, rec: newRecorder(m.recorders, w, m.cfg.maxSnapshot, true), next: next}
+			x := &p.x
+			*x = exchange{r: r, rec: newRecorder(m.recorders, w, m.cfg.maxSnapshot, true), next: next}
 			m.attempt(w, p, att, x)
 			x.rec.release(m.recorders)
 		}

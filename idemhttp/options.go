@@ -46,7 +46,17 @@ const (
 
 // defaultStoredHeaders are the response headers a snapshot keeps unless
 // WithStoredHeaders names others.
-var defaultStoredHeaders = []string{"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
+var defaultStoredHeaders = canonicalNames("Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified")
+
+// canonicalNames returns names in their canonical form ("ETag" is kept as
+// "Etag"), as a snapshot looks them up in a header map.
+func canonicalNames(names ...string) []string {
+	out := make([]string, len(names))
+	for i, name := range names {
+		out[i] = http.CanonicalHeaderKey(name)
+	}
+	return out
+}
 
 // defaultFinalStatuses are the 4xx answers stored and replayed like 2xx
 // ones unless WithFinalStatuses names others.
@@ -62,6 +72,7 @@ func (f optFunc) apply(c *config) { f(c) }
 type config struct {
 	scope          string
 	header         string
+	headerKey      string // header, canonical: set by validate
 	optional       bool
 	tenant         func(*http.Request) (string, error)
 	route          func(*http.Request) string
@@ -189,6 +200,7 @@ func (c *config) validate() error {
 			return fmt.Errorf("%w: idemhttp: WithStoredHeaders(%q): not a header name", dedup.ErrConfig, h)
 		}
 	}
+	c.headerKey = http.CanonicalHeaderKey(c.header)
 	return nil
 }
 
@@ -293,7 +305,7 @@ func WithConflictStatus(code int) Opt { return optFunc(func(c *config) { c.confl
 // ETag and Last-Modified). Leave out Set-Cookie and other headers made for
 // one caller or one moment.
 func WithStoredHeaders(names ...string) Opt {
-	names = append([]string(nil), names...)
+	names = canonicalNames(names...)
 	return optFunc(func(c *config) { c.storedHeaders = names })
 }
 

@@ -119,7 +119,7 @@ func (r *recorder) flushHeader(withLength bool) {
 		h[k] = v
 	}
 	if withLength && bodyAllowed(r.status) {
-		h.Set("Content-Length", strconv.Itoa(r.body.Len()))
+		h["Content-Length"] = []string{strconv.Itoa(r.body.Len())}
 	}
 	r.w.WriteHeader(r.status)
 }

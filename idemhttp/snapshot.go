@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -59,10 +58,10 @@ type storedAnswer struct {
 	body   []byte
 }
 
-// answer returns s as a storedAnswer of its own ends, sharing s's text and
-// body.
-func (s *snapshot) answer() storedAnswer {
-	return storedAnswer{status: s.status, text: s.text, ends: slices.Clone(s.ends[:2*s.n]), body: s.body}
+// answerIn returns s as a storedAnswer of its own ends, appended to ends,
+// sharing s's text and body.
+func (s *snapshot) answerIn(ends []int32) storedAnswer {
+	return storedAnswer{status: s.status, text: s.text, ends: append(ends, s.ends[:2*s.n]...), body: s.body}
 }
 
 // writeReplay answers w with a, marked as a replay, byte for byte as a
@@ -136,17 +135,17 @@ func seenBefore(text string, ends []int32, k int, name string) bool {
 	return false
 }
 
-// encodeSnapshot encodes the status, the headers of h named in names, and
-// body. It refuses what decodeSnapshot would refuse, so that no response is
+// encodeSnapshot encodes the status, the headers of h named in names
+// (canonical names, as WithStoredHeaders keeps them), and body. It refuses what decodeSnapshot would refuse, so that no response is
 // stored that cannot be replayed: more than maxSnapHeaders values, or a value
 // with a control character.
 func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]byte, error) {
 	size := 4 + len(body)
 	n := 0
 	for _, name := range names {
-		for _, v := range h.Values(name) {
+		for _, v := range h[name] {
 			if !validHeaderValue(v) {
-				return nil, fmt.Errorf("idemhttp: header %s has a control character in its value", http.CanonicalHeaderKey(name))
+				return nil, fmt.Errorf("idemhttp: header %s has a control character in its value", name)
 			}
 			size += 2*binary.MaxVarintLen16 + len(name) + len(v)
 			n++
@@ -160,10 +159,9 @@ func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]b
 	b = binary.BigEndian.AppendUint16(b, uint16(status))
 	b = binary.AppendUvarint(b, uint64(n))
 	for _, name := range names {
-		canon := http.CanonicalHeaderKey(name)
-		for _, v := range h.Values(name) {
-			b = binary.AppendUvarint(b, uint64(len(canon)))
-			b = append(b, canon...)
+		for _, v := range h[name] {
+			b = binary.AppendUvarint(b, uint64(len(name)))
+			b = append(b, name...)
 			b = binary.AppendUvarint(b, uint64(len(v)))
 			b = append(b, v...)
 		}

@@ -106,7 +106,7 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 			m.serveKeyless(w, r, h)
 			return
 		}
-		if m.cached(w, r, p) { // a replay begins no transaction
+		if !m.ready(w, r, p) { // a replay begins no transaction
 			return
 		}
 		c, att, err := m.core.Claim(r.Context(), p.key, p.fingerprint)
@@ -117,7 +117,8 @@ func (m *TxMiddleware) Wrap(h TxHandlerFunc) http.Handler {
 			m.answerClaim(w, r, p, c)
 		default:
 			p.expires = c.Record.ExpiresAt
-			x := &exchange{r: r, rec: newRecorder(m.recorders, w, m.cfg.maxSnapshot, false), txh: h}
+			x := &p.x
+			*x = exchange{r: r, rec: newRecorder(m.recorders, w, m.cfg.maxSnapshot, false), txh: h}
 			m.attempt(w, p, att, x)
 			x.rec.release(m.recorders)
 		}

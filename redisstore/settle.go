@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -12,23 +13,28 @@ import (
 )
 
 // Complete marks the record succeeded, keeping result, if owner still holds
-// it; otherwise it returns an error matching [dedup.ErrLeaseLost].
+// it; otherwise it returns an error matching [dedup.ErrLeaseLost]. On a
+// single node, completions made at the same time by concurrent callers
+// share one script call (see coalescer).
 func (s *Store) Complete(ctx context.Context, key dedup.Key, owner string, result []byte, ttl time.Duration) error {
-	errs, err := s.complete(ctx, "complete", []deduptype.Completion{{Key: key, Owner: owner, Result: result, TTL: ttl}})
-	if err != nil {
+	if err := key.Validate(); err != nil {
 		return err
 	}
-	return errs[0]
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: complete %s: %w", key, err)
+	}
+	c := deduptype.Completion{Key: key, Owner: owner, Result: result, TTL: ttl}
+	if s.sharded {
+		return s.completeEach(ctx, "complete", []deduptype.Completion{c})[0]
+	}
+	_, err := s.completions.do(ctx, c)
+	return err
 }
 
 // CompleteBatch does what Complete does for each completion, in one round
 // trip: one script call per 256 keys on a single node, one per key on a
 // sharded client.
 func (s *Store) CompleteBatch(ctx context.Context, cs []deduptype.Completion) ([]error, error) {
-	return s.complete(ctx, "complete batch", cs)
-}
-
-func (s *Store) complete(ctx context.Context, op string, cs []deduptype.Completion) ([]error, error) {
 	for i := range cs {
 		if err := cs[i].Key.Validate(); err != nil {
 			return nil, err
@@ -36,13 +42,27 @@ func (s *Store) complete(ctx context.Context, op string, cs []deduptype.Completi
 	}
 	if len(cs) == 0 {
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("redisstore: %s: %w", op, err)
+			return nil, fmt.Errorf("redisstore: complete batch: %w", err)
 		}
 		return []error{}, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("redisstore: %s %s: %w", op, cs[0].Key, err)
+		return nil, fmt.Errorf("redisstore: complete batch %s: %w", cs[0].Key, err)
 	}
+	errs := s.completeEach(ctx, "complete batch", cs)
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+			// Some calls may have landed: the caller must take none as done.
+			return nil, err
+		}
+	}
+	return errs, nil
+}
+
+// completeEach completes cs, valid keys, in order, in one round trip, and
+// answers each on its own: nil, an error matching [dedup.ErrLeaseLost], or
+// the error of the script call that carried it.
+func (s *Store) completeEach(ctx context.Context, op string, cs []deduptype.Completion) []error {
 	hasResult := func(c deduptype.Completion) string {
 		if c.Result != nil {
 			return "1"
@@ -62,16 +82,16 @@ func (s *Store) complete(ctx context.Context, op string, cs []deduptype.Completi
 		if err == nil && len(oks) != n {
 			err = fmt.Errorf("%w: %d replies for %d keys", dedup.ErrMalformedRecord, len(oks), n)
 		}
-		if err != nil {
-			// Some calls may have landed: the caller must take none as done.
-			return nil, fmt.Errorf("redisstore: %s %s: %w", op, cs[i].Key, err)
-		}
-		for j, ok := range oks {
-			errs[i+j] = refused("complete", cs[i+j].Key, ok, nil)
+		for j := range n {
+			if err != nil {
+				errs[i+j] = fmt.Errorf("redisstore: %s %s: %w", op, cs[i+j].Key, err)
+				continue
+			}
+			errs[i+j] = refused("complete", cs[i+j].Key, oks[j], nil)
 		}
 		i += n
 	}
-	return errs, nil
+	return errs
 }
 
 // Fail records a failed attempt if owner still holds the record; otherwise

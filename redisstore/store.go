@@ -7,6 +7,13 @@
 // expiry (PEXPIREAT, from the server's clock), so [Store.Purge] has nothing
 // to do.
 //
+// On a single node, the Claim and Complete calls that concurrent callers
+// make at the same moment share one script call and one round trip, as a
+// group commit does: a caller alone goes at once, and callers arriving
+// while calls are in flight go together in the next one. Each is answered
+// exactly as if it had been made alone (an HTTP middleware's requests, or a
+// consumer's concurrent handlers, are such callers).
+//
 // The store accepts any [redis.UniversalClient]: a single node or a Sentinel
 // failover client (*redis.Client), or Redis Cluster (*redis.ClusterClient).
 // Keys are laid out so that a record never spans hash slots; see
@@ -48,7 +55,17 @@ type Store struct {
 	// cluster is the client when it is a Redis Cluster client: it is told
 	// to reload the cluster's layout when a node is gone (see follow).
 	cluster *redis.ClusterClient
+	// claims and completions coalesce concurrent single calls on a
+	// single node; a sharded client's keys may live apart, and its calls
+	// go alone.
+	claims      *coalescer[dedup.ClaimRequest, dedup.Claim]
+	completions *coalescer[deduptype.Completion, struct{}]
 }
+
+// coalescedFlights is how many coalesced calls of one kind may be in
+// flight at once: more lets a few callers' claims overlap, fewer makes
+// the batches of many callers larger.
+const coalescedFlights = 2
 
 var (
 	_ dedup.Store              = (*Store)(nil)
@@ -95,7 +112,16 @@ func New(client redis.UniversalClient, opts ...Opt) (*Store, error) {
 	}
 	_, single := client.(*redis.Client)
 	cluster, _ := client.(*redis.ClusterClient)
-	return &Store{client: client, prefix: cfg.prefix, sharded: !single, cluster: cluster}, nil
+	s := &Store{client: client, prefix: cfg.prefix, sharded: !single, cluster: cluster}
+	s.claims = &coalescer[dedup.ClaimRequest, dedup.Claim]{max: coalescedFlights,
+		run: func(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, []error) {
+			return s.claimEach(ctx, "claim", reqs)
+		}}
+	s.completions = &coalescer[deduptype.Completion, struct{}]{max: coalescedFlights,
+		run: func(ctx context.Context, cs []deduptype.Completion) ([]struct{}, []error) {
+			return make([]struct{}, len(cs)), s.completeEach(ctx, "complete", cs)
+		}}
+	return s, nil
 }
 
 // maxScriptKeys bounds the keys one script call handles, so that a large
@@ -104,13 +130,21 @@ func New(client redis.UniversalClient, opts ...Opt) (*Store, error) {
 const maxScriptKeys = 256
 
 // Claim atomically creates or takes over the record for req.Key, or reports
-// why it cannot.
+// why it cannot. On a single node, claims made at the same time by
+// concurrent callers share one script call (see coalescer), answering
+// exactly as the same claims made one after another would.
 func (s *Store) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
-	claims, err := s.claim(ctx, "claim", []dedup.ClaimRequest{req})
-	if err != nil {
+	if err := req.Key.Validate(); err != nil {
 		return dedup.Claim{}, err
 	}
-	return claims[0], nil
+	if err := ctx.Err(); err != nil {
+		return dedup.Claim{}, fmt.Errorf("redisstore: claim %s: %w", req.Key, err)
+	}
+	if s.sharded {
+		claims, errs := s.claimEach(ctx, "claim", []dedup.ClaimRequest{req})
+		return claims[0], errs[0]
+	}
+	return s.claims.do(ctx, req)
 }
 
 // ClaimBatch claims several distinct keys in one round trip, answering
@@ -126,22 +160,33 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) ([]de
 		}
 		return []dedup.Claim{}, nil
 	}
-	return s.claim(ctx, "claim batch", reqs)
-}
-
-func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest) ([]dedup.Claim, error) {
 	if err := deduptype.ValidateBatch(reqs); err != nil {
 		if ke := (*dedup.KeyError)(nil); errors.As(err, &ke) {
 			return nil, err // it names its key and says dedup
 		}
-		return nil, fmt.Errorf("redisstore: %s: %w", op, err)
+		return nil, fmt.Errorf("redisstore: claim batch: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("redisstore: %s %s: %w", op, reqs[0].Key, err)
+		return nil, fmt.Errorf("redisstore: claim batch %s: %w", reqs[0].Key, err)
 	}
+	claims, errs := s.claimEach(ctx, "claim batch", reqs)
+	for _, err := range errs {
+		if err != nil {
+			s.giveBack(ctx, claims)
+			return nil, err
+		}
+	}
+	return claims, nil
+}
+
+// claimEach claims reqs, valid keys, in order, in one round trip, and
+// answers each on its own: a claim or an error. A key may be repeated: its
+// later claims see what the earlier ones did.
+func (s *Store) claimEach(ctx context.Context, op string, reqs []dedup.ClaimRequest) ([]dedup.Claim, []error) {
+	tokens := deduptype.NewOwnerTokens(len(reqs), ' ')
 	owners := make([]string, len(reqs))
 	for i := range owners {
-		owners[i] = deduptype.NewOwnerToken()
+		owners[i] = tokens.At(i)
 	}
 	calls := s.calls(claimScript, len(reqs), 4,
 		func(i int) string { return redisKey(s.prefix, reqs[i].Key) },
@@ -151,7 +196,7 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 	cmds := runAs(ctx, s, claimScript, redis.NewStringSliceCmd, calls)
 
 	claims := make([]dedup.Claim, len(reqs))
-	var firstErr error
+	errs := make([]error, len(reqs))
 	i := 0
 	for ci, cmd := range cmds {
 		n := calls[ci].n
@@ -162,20 +207,16 @@ func (s *Store) claim(ctx context.Context, op string, reqs []dedup.ClaimRequest)
 			// acquired.
 			c, err := r.next(reqs[i+j], owners[i+j])
 			claims[i+j] = c
-			if err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, err)
+			if err != nil {
+				errs[i+j] = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i+j].Key, err)
 			}
 		}
-		if err := r.end(); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i].Key, err)
+		if err := r.end(); err != nil && errs[i] == nil {
+			errs[i] = fmt.Errorf("redisstore: %s %s: %w", op, reqs[i].Key, err)
 		}
 		i += n
 	}
-	if firstErr != nil {
-		s.giveBack(ctx, claims)
-		return nil, firstErr
-	}
-	return claims, nil
+	return claims, errs
 }
 
 // giveBack releases the acquired claims of a batch that failed: the caller
