@@ -111,7 +111,7 @@ func streamShards(cfg config) [][]events.KinesisEventRecord {
 		shards[s] = append(shards[s], events.KinesisEventRecord{
 			EventID: fmt.Sprintf("shardId-%012d:%s", s, seq), EventSourceArn: "arn:aws:kinesis:us-east-1:123456789012:stream/dedupbench",
 			Kinesis: events.KinesisRecord{PartitionKey: id, SequenceNumber: seq,
-				Data: eventBody(i)},
+				Data: fmt.Appendf(nil, `{"event":%q,"customer":%d,"cents":%d}`, id, i%997, 100+i%9973)},
 		})
 	}
 	return shards

@@ -50,7 +50,8 @@ func TestSmoke(t *testing.T) {
 		},
 		n: 400, smallN: 50, dup: 0.2,
 		only: []string{"none", "batched", "redis-batched", "floor", "dynamodb", "dynamodb-floor", "sqs", "sqs-none",
-			"amqp-none", "amqp", "amqp-quorum-none", "amqp-quorum", "nats-none", "nats", "redisstreams-none", "redisstreams"},
+			"amqp-none", "amqp", "amqp-quorum-none", "amqp-quorum", "nats-none", "nats", "redisstreams-none", "redisstreams",
+			"lambdastream-none", "lambdastream", "pubsub-none", "pubsub"},
 	}
 	out := filepath.Join(t.TempDir(), "results.json")
 	if err := p.run(t.Context(), out, false); err != nil {
