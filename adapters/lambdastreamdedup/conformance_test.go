@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -121,4 +120,4 @@ func shardOf(key string, n int) int {
 
 // sequenceNumber returns the n-th sequence number of a stream, in order as
 // strings and as numbers.
-func sequenceNumber(n int) string { return fmt.Sprintf("%021s", strconv.Itoa(n)) }
+func sequenceNumber(n int) string { return fmt.Sprintf("%021d", n) }
