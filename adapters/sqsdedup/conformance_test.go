@@ -25,11 +25,13 @@ import (
 // middleware fault failing every call of the consumers' client as a broken
 // connection.
 func TestConformance(t *testing.T) {
-	adaptertest.Run(t, adaptertest.Features{
-		// The SDK's HTTP transport keeps idle connections, each with two
-		// goroutines, after a call.
-		IgnoreGoroutines: []string{"net/http.(*persistConn).readLoop", "net/http.(*persistConn).writeLoop"},
-	}, newSQSHarness)
+	adaptertest.Run(t, sqsFeatures, newSQSHarness(rawDelivery))
+}
+
+// sqsFeatures: the SDK's HTTP transport keeps idle connections, each with
+// two goroutines, after a call.
+var sqsFeatures = adaptertest.Features{
+	IgnoreGoroutines: []string{"net/http.(*persistConn).readLoop", "net/http.(*persistConn).writeLoop"},
 }
 
 // sqsHarness is the suite's view of one queue and its dead-letter queue.
@@ -39,6 +41,7 @@ type sqsHarness struct {
 	fault    *awsfault.Fault
 	url, dlq string
 	sink     *sqsdedup.Sink
+	delivery delivery
 
 	mu      sync.Mutex
 	seen    map[string]bool // dead letters read, by message ID
@@ -47,33 +50,32 @@ type sqsHarness struct {
 
 var errBroken = errors.New("connection broken by the test")
 
-func newSQSHarness(t *testing.T) adaptertest.Harness {
-	c := client(t)
-	fault := awsfault.Fail(errBroken)
-	h := &sqsHarness{
-		client:   c,
-		consumed: sqs.New(c.Options(), func(o *sqs.Options) { o.APIOptions = append(o.APIOptions, fault.APIOption) }),
-		fault:    fault, url: queue(t, c), dlq: queue(t, c), seen: map[string]bool{},
-	}
-	h.sink = newSink(t, c, h.dlq)
-	return h
+// delivery is how the suite's messages reach the harness's queue: sent
+// as they are, or wrapped in an envelope by SNS or EventBridge.
+type delivery struct {
+	// opts are the consumer's Messages options reading the envelope.
+	opts []sqsdedup.MessagesOpt
+	// body returns the body a message arrives with, and its message
+	// attributes.
+	body func(t *testing.T, m adaptertest.Message) (string, map[string]types.MessageAttributeValue)
+	// read returns the suite's message from one the handler gets.
+	read func(types.Message) adaptertest.Message
+	// payload returns the suite's payload from a letter's body, the body
+	// the original arrived with.
+	payload func(t *testing.T, body string) []byte
 }
 
-// Publish sends each message with its ID in the event-id attribute.
-func (h *sqsHarness) Publish(t *testing.T, msgs ...adaptertest.Message) {
-	t.Helper()
-	for _, m := range msgs {
-		extra := map[string]types.MessageAttributeValue{}
+// rawDelivery sends each message's payload as the body, with its ID in
+// the event-id attribute and its headers as attributes.
+var rawDelivery = delivery{
+	body: func(_ *testing.T, m adaptertest.Message) (string, map[string]types.MessageAttributeValue) {
+		attrs := map[string]types.MessageAttributeValue{sqsdedup.DefaultIDAttribute: stringAttr(m.ID)}
 		for k, v := range m.Headers {
-			extra[k] = stringAttr(v)
+			attrs[k] = stringAttr(v)
 		}
-		send(t, h.client, h.url, m.ID, string(m.Payload), extra)
-	}
-}
-
-func (h *sqsHarness) NewConsumer(t *testing.T, cfg adaptertest.Config) adaptertest.Consumer {
-	t.Helper()
-	w := adaptertest.Wrap(t, cfg, sqsdedup.Messages(h.url), h.sink, func(m types.Message) adaptertest.Message {
+		return string(m.Payload), attrs
+	},
+	read: func(m types.Message) adaptertest.Message {
 		msg := adaptertest.Message{ID: eventID(m), Payload: []byte(aws.ToString(m.Body)), Headers: map[string]string{}}
 		for k, v := range m.MessageAttributes {
 			if k != sqsdedup.DefaultIDAttribute {
@@ -81,7 +83,44 @@ func (h *sqsHarness) NewConsumer(t *testing.T, cfg adaptertest.Config) adapterte
 			}
 		}
 		return msg
-	})
+	},
+	payload: func(_ *testing.T, body string) []byte { return []byte(body) },
+}
+
+// newSQSHarness returns the constructor of harnesses whose messages arrive
+// by d.
+func newSQSHarness(d delivery) func(t *testing.T) adaptertest.Harness {
+	return func(t *testing.T) adaptertest.Harness {
+		c := client(t)
+		fault := awsfault.Fail(errBroken)
+		h := &sqsHarness{
+			client:   c,
+			consumed: sqs.New(c.Options(), func(o *sqs.Options) { o.APIOptions = append(o.APIOptions, fault.APIOption) }),
+			fault:    fault, url: queue(t, c), dlq: queue(t, c), seen: map[string]bool{}, delivery: d,
+		}
+		h.sink = newSink(t, c, h.dlq)
+		return h
+	}
+}
+
+// Publish sends each message as its delivery has it arrive.
+func (h *sqsHarness) Publish(t *testing.T, msgs ...adaptertest.Message) {
+	t.Helper()
+	for _, m := range msgs {
+		body, attrs := h.delivery.body(t, m)
+		in := &sqs.SendMessageInput{QueueUrl: aws.String(h.url), MessageBody: aws.String(body)}
+		if len(attrs) > 0 {
+			in.MessageAttributes = attrs
+		}
+		if _, err := h.client.SendMessage(context.Background(), in); err != nil {
+			t.Fatalf("send to %s: %v", h.url, err)
+		}
+	}
+}
+
+func (h *sqsHarness) NewConsumer(t *testing.T, cfg adaptertest.Config) adaptertest.Consumer {
+	t.Helper()
+	w := adaptertest.Wrap(t, cfg, sqsdedup.Messages(h.url, h.delivery.opts...), h.sink, h.delivery.read)
 	c, err := sqsdedup.NewConsumer(h.consumed, h.url, w, sqsdedup.WithWaitTime(time.Second),
 		sqsdedup.WithInFlightDelay(time.Second), sqsdedup.WithShutdownTimeout(cfg.ShutdownTimeout),
 		sqsdedup.WithLogger(adaptertest.Logger(t)))
@@ -109,7 +148,7 @@ func (h *sqsHarness) DeadLetters(t *testing.T) []adaptertest.Letter {
 		}
 		attempts, _ := strconv.Atoi(meta["dedup-attempts"])
 		h.letters = append(h.letters, adaptertest.Letter{EventID: meta["dedup-event-id"],
-			Reason: dedup.Reason(meta["dedup-reason"]), Attempts: attempts, Payload: []byte(aws.ToString(m.Body)), Metadata: meta})
+			Reason: dedup.Reason(meta["dedup-reason"]), Attempts: attempts, Payload: h.delivery.payload(t, aws.ToString(m.Body)), Metadata: meta})
 	}
 	return append([]adaptertest.Letter(nil), h.letters...)
 }

@@ -32,6 +32,11 @@ var emulatorGaps = map[string]map[string]string{
 		// The same, in the conformance suite: the count read beside the
 		// store's dead-letters the poison message after 2 handler calls.
 		"TestConformance/adaptertest/PoisonAfterMaxAttempts": "ChangeMessageVisibility increments ApproximateReceiveCount",
+
+		// The same, through the SNS and EventBridge envelopes.
+		"TestConformanceSNSEnvelope/adaptertest/PoisonAfterMaxAttempts":         "ChangeMessageVisibility increments ApproximateReceiveCount",
+		"TestConformanceEventBridgeEnvelope/adaptertest/PoisonAfterMaxAttempts": "ChangeMessageVisibility increments ApproximateReceiveCount",
+
 		// (1) Receive one message with visibility 60 s, then GetQueueAttributes:
 		// real SQS says ApproximateNumberOfMessages 0, NotVisible 1;
 		// local-aws-sqs says 1 and 1. (2) On a queue with a 1 s visibility
