@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 )
@@ -73,19 +74,43 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
 }
 
 // runBatch runs batch as one call, answers its waiters, and hands the
-// flight on to the queue, or ends it.
+// flight on to the queue, or ends it. If run panics, the other waiters are
+// answered with an error and the flight is handed on before the panic goes
+// on up the caller's stack: a panic must not leave callers waiting forever.
 func (c *coalescer[Req, Res]) runBatch(ctx context.Context, batch []*waiter[Req, Res]) {
 	reqs := make([]Req, len(batch))
 	for i, w := range batch {
 		reqs[i] = w.req
 	}
+	answered := false
+	defer func() {
+		if answered {
+			return
+		}
+		v := recover()
+		for _, w := range batch[1:] {
+			w.err = fmt.Errorf("redisstore: the call this one shared panicked: %v", v)
+			w.done <- struct{}{}
+		}
+		c.handOn()
+		if v != nil { // nil: the goroutine is exiting (runtime.Goexit), not panicking
+			panic(v)
+		}
+	}()
 	res, errs := c.run(context.WithoutCancel(ctx), reqs)
+	answered = true
 	for i, w := range batch {
 		w.res, w.err = res[i], errs[i]
 		if w.done != nil && i > 0 {
 			w.done <- struct{}{}
 		}
 	}
+	c.handOn()
+}
+
+// handOn gives the flight that ended to the queue's first waiter, with the
+// queue as its batch, or ends it when nobody waits.
+func (c *coalescer[Req, Res]) handOn() {
 	c.mu.Lock()
 	if len(c.queue) == 0 {
 		c.flights--

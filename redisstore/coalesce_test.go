@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,4 +186,55 @@ func eventually(t *testing.T, cond func() bool, what string) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestCoalescerPanicFreesItsWaiters checks that a call panicking in a batch
+// answers the other callers it carried with an error and hands the flight
+// on, while the panic goes on up the stack of the caller that ran it.
+func TestCoalescerPanicFreesItsWaiters(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var batches [][]int
+	c := &coalescer[int, int]{max: 1, run: func(_ context.Context, reqs []int) ([]int, []error) {
+		mu.Lock()
+		batches = append(batches, slices.Clone(reqs))
+		mu.Unlock()
+		switch reqs[0] {
+		case 1:
+			<-release
+		case 2:
+			panic("boom")
+		}
+		return reqs, make([]error, len(reqs))
+	}}
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.do(context.Background(), 1) // runs alone, until released
+		first <- err
+	}()
+	eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(batches) == 1 }, "the first call to run")
+
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		_, _ = c.do(context.Background(), 2) // leads the next batch, which panics
+	}()
+	eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return len(c.queue) == 1 }, "the second call to queue")
+	carried := make(chan error, 1)
+	go func() {
+		_, err := c.do(context.Background(), 3) // carried by 2's batch
+		carried <- err
+	}()
+	eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return len(c.queue) == 2 }, "the third call to queue")
+
+	close(release)
+	require.NoError(t, <-first)
+	require.Equal(t, "boom", <-panicked)
+	err := <-carried
+	require.ErrorContains(t, err, "panicked: boom")
+	got, err := c.do(context.Background(), 4) // the flight was handed on
+	require.NoError(t, err)
+	require.Equal(t, 4, got)
+	require.Zero(t, c.flights)
+	require.Equal(t, [][]int{{1}, {2, 3}, {4}}, batches)
 }
