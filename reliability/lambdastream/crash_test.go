@@ -258,7 +258,7 @@ func readLetters(t *testing.T, client *sqs.Client, url string) map[string]int {
 			id := meta["dedup-event-id"]
 			letters[id]++
 			shard, seq := attr(m, lambdastreamdedup.HeaderShard), attr(m, lambdastreamdedup.HeaderSequence)
-			if meta["dedup-reason"] != string(dedup.ReasonHandlerError) || meta["dedup-origin-stream"] != streamARN ||
+			if !crashtest.PoisonReason(meta["dedup-reason"]) || meta["dedup-origin-stream"] != streamARN ||
 				!strings.HasPrefix(shard, "shardId-") || len(seq) != 56 || !strings.Contains(aws.ToString(m.Body), id) ||
 				attr(m, lambdastreamdedup.HeaderPartitionKey) != id {
 				t.Errorf("letter %s: metadata %v, shard %q, sequence %q, body %q", id, meta, shard, seq, aws.ToString(m.Body))
