@@ -123,12 +123,13 @@ type holder struct {
 	outside *pgxpool.Pool // when set, queried outside the transaction too
 	entered chan string
 	release chan struct{}
+	left    chan struct{} // a released handler is out: its in no longer counts
 	in      atomic.Int32
 	most    atomic.Int32
 }
 
 func newHolder(ledger string, events int) *holder {
-	return &holder{ledger: ledger, entered: make(chan string, events), release: make(chan struct{})}
+	return &holder{ledger: ledger, entered: make(chan string, events), release: make(chan struct{}), left: make(chan struct{}, events)}
 }
 
 func (h *holder) handle(ctx context.Context, tx pgx.Tx, e event) error {
@@ -142,14 +143,16 @@ func (h *holder) handle(ctx context.Context, tx pgx.Tx, e event) error {
 		}
 	}
 	n := h.in.Add(1)
-	defer h.in.Add(-1)
 	for most := h.most.Load(); n > most && !h.most.CompareAndSwap(most, n); most = h.most.Load() {
 	}
 	h.entered <- e.ID
 	select {
 	case <-h.release:
+		h.in.Add(-1)
+		h.left <- struct{}{}
 		return nil
 	case <-ctx.Done():
+		h.in.Add(-1)
 		return ctx.Err()
 	}
 }
@@ -166,10 +169,12 @@ func (h *holder) fill(t *testing.T, round, n int) {
 	}
 }
 
-// letGo lets n handlers return.
+// letGo lets n handlers return, and waits until they no longer count as
+// holding their transactions: the next round counts only its own.
 func (h *holder) letGo(n int) {
 	for range n {
 		h.release <- struct{}{}
+		<-h.left
 	}
 }
 
