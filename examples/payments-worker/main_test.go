@@ -15,15 +15,16 @@ import (
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
-// TestDemo runs the -demo session against the machine's PostgreSQL,
+// TestDemo runs the -demo session against the machine's PostgreSQL (in a
+// schema of its own, so that a second run beside it keeps its tables),
 // RabbitMQ and NATS, under names of its own; the demo's own checks (each
 // payment, refund and event once, the poison message dead-lettered,
 // /readyz ready) decide the result.
 func TestDemo(t *testing.T) {
-	testenv.Postgres(t) // each reports its service missing: under CI=true, a failure
+	_, dsn := testenv.PostgresInSchema(t) // each reports its service missing: under CI=true, a failure
 	name := fmt.Sprintf("example-worker-%d-%d", os.Getpid(), time.Now().UnixNano())
 	cfg := config{
-		postgres: testenv.Env("DEDUP_POSTGRES_DSN", testenv.DefaultPostgresDSN),
+		postgres: dsn,
 		rabbitmq: testenv.RabbitMQURL(t),
 		nats:     testenv.NATSURL(t),
 		queue:    name,
