@@ -2,12 +2,10 @@ package reliability_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -65,24 +63,16 @@ const crasherLine = "worker: a crasher kills this worker:"
 // whose handler writes one row per effect to PostgreSQL. It runs until
 // SIGTERM (a graceful stop) or SIGKILL (a crash) and returns the exit code.
 func workerMain(raw string) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var cfg workerConfig
-	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		log.Error("worker: bad configuration", slog.Any("error", err))
-		return 2
-	}
-	log = log.With(slog.String("worker", cfg.Name))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	crashtest.Ready()
-	if err := runWorker(ctx, cfg, log); err != nil {
-		log.Error("worker failed", slog.Any("error", err))
-		if errors.Is(err, errRun) {
-			return crashtest.ExitRunError
+	return crashtest.WorkerMain(raw, func(ctx context.Context, cfg workerConfig, log *slog.Logger) int {
+		if err := runWorker(ctx, cfg, log); err != nil {
+			log.Error("worker failed", slog.Any("error", err))
+			if errors.Is(err, errRun) {
+				return crashtest.ExitRunError
+			}
+			return 1
 		}
-		return 1
-	}
-	return 0
+		return 0
+	})
 }
 
 // errRun marks an error returned by Consumer.Run, as opposed to one that

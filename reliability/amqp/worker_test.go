@@ -2,13 +2,9 @@ package amqpreliability_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,55 +39,33 @@ var errPoison = errors.New("poison: this event can never succeed")
 // over the transactional inbox (dedup.WrapTx), whose handler writes its
 // effect in the record's transaction. It runs until SIGTERM (a graceful
 // stop) or SIGKILL (a crash) and returns the exit code.
-func workerMain(raw string) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var cfg workerConfig
-	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		log.Error("worker: bad configuration", slog.Any("error", err))
-		return 2
-	}
-	log = log.With(slog.String("worker", cfg.Name))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	crashtest.Ready()
+func workerMain(raw string) int { return crashtest.ConsumerMain(raw, newConsumer) }
+
+func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*amqpdedup.Consumer, func(), error) {
 	// The records' transactions and the start rows written beside them
 	// have a pool each: a handler waiting for a connection that its own
 	// batch's transactions hold would wait forever.
 	pool, err := pgxpool.New(ctx, cfg.DSN)
 	if err != nil {
-		log.Error("worker: setup failed", slog.Any("error", err))
-		return 1
+		return nil, nil, err
 	}
-	defer pool.Close()
 	starts, err := pgxpool.New(ctx, cfg.DSN)
 	if err != nil {
-		log.Error("worker: setup failed", slog.Any("error", err))
-		return 1
+		pool.Close()
+		return nil, nil, err
 	}
-	defer starts.Close()
-	consumer, closeSink, err := newConsumer(pool, starts, cfg, log)
-	if err != nil && ctx.Err() != nil {
-		return 0 // stopped (SIGTERM) while it was setting up
+	closePools := func() {
+		starts.Close()
+		pool.Close()
 	}
-	if err != nil {
-		log.Error("worker: setup failed", slog.Any("error", err))
-		return 1
-	}
-	defer closeSink()
-	if err := consumer.Run(ctx); err != nil {
-		log.Error("worker: Run failed", slog.Any("error", err))
-		return crashtest.ExitRunError
-	}
-	return 0
-}
-
-func newConsumer(pool, starts *pgxpool.Pool, cfg workerConfig, log *slog.Logger) (*amqpdedup.Consumer, func(), error) {
 	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(cfg.Table))
 	if err != nil {
+		closePools()
 		return nil, nil, err
 	}
 	sink, err := amqpdedup.NewSink(cfg.URL)
 	if err != nil {
+		closePools()
 		return nil, nil, err
 	}
 	w, err := dedup.WrapTx(store, amqpdedup.Messages(cfg.Queue), effectHandler(starts, cfg.EffectsTable, cfg.Name),
@@ -108,10 +82,14 @@ func newConsumer(pool, starts *pgxpool.Pool, cfg workerConfig, log *slog.Logger)
 			amqpdedup.WithShutdownTimeout(5*time.Second),
 			amqpdedup.WithLogger(log))
 		if err == nil {
-			return c, func() { sink.Close() }, nil
+			return c, func() {
+				sink.Close()
+				closePools()
+			}, nil
 		}
 	}
 	sink.Close()
+	closePools()
 	return nil, nil, err
 }
 

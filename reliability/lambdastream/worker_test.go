@@ -6,9 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -53,17 +51,9 @@ var errPoison = errors.New("poison: this event can never succeed")
 // lambda.Start as in a real function, whose handler writes its effect in the
 // record's transaction. It runs until SIGTERM (a graceful stop) or SIGKILL
 // (a crash) and returns the exit code.
-func workerMain(raw string) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var cfg workerConfig
-	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		log.Error("worker: bad configuration", slog.Any("error", err))
-		return 2
-	}
-	log = log.With(slog.String("worker", cfg.Name))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	crashtest.Ready()
+func workerMain(raw string) int { return crashtest.WorkerMain(raw, runWorker) }
+
+func runWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) int {
 	pool, err := pgxpool.New(ctx, cfg.DSN)
 	if err != nil {
 		log.Error("worker: setup failed", slog.Any("error", err))

@@ -2,13 +2,9 @@ package redisstreamsreliability_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,32 +40,7 @@ var errPoison = errors.New("poison: this event can never succeed")
 // whose handler writes its effect in the record's transaction. It runs
 // until SIGTERM (a graceful stop) or SIGKILL (a crash) and returns the exit
 // code.
-func workerMain(raw string) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var cfg workerConfig
-	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		log.Error("worker: bad configuration", slog.Any("error", err))
-		return 2
-	}
-	log = log.With(slog.String("worker", cfg.Name))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	crashtest.Ready()
-	consumer, closeAll, err := newConsumer(ctx, cfg, log)
-	if err != nil && ctx.Err() != nil {
-		return 0 // stopped (SIGTERM) while it was setting up
-	}
-	if err != nil {
-		log.Error("worker: setup failed", slog.Any("error", err))
-		return 1
-	}
-	defer closeAll()
-	if err := consumer.Run(ctx); err != nil {
-		log.Error("worker: Run failed", slog.Any("error", err))
-		return crashtest.ExitRunError
-	}
-	return 0
-}
+func workerMain(raw string) int { return crashtest.ConsumerMain(raw, newConsumer) }
 
 func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*redisstreamdedup.Consumer, func(), error) {
 	// The records' transactions and the start rows written beside them

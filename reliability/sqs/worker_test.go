@@ -2,15 +2,12 @@ package sqsreliability_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -50,29 +47,7 @@ var errPoison = errors.New("poison: this event can never succeed")
 // sqsdedup.Consumer over a DynamoDBStore whose handler writes its starts and
 // effects to PostgreSQL. It runs until SIGTERM (a graceful stop) or SIGKILL
 // (a crash) and returns the exit code.
-func workerMain(raw string) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	var cfg workerConfig
-	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		log.Error("worker: bad configuration", slog.Any("error", err))
-		return 2
-	}
-	log = log.With(slog.String("worker", cfg.Name))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	crashtest.Ready()
-	consumer, closeAll, err := newWorker(ctx, cfg, log)
-	if err != nil {
-		log.Error("worker: setup failed", slog.Any("error", err))
-		return 1
-	}
-	defer closeAll()
-	if err := consumer.Run(ctx); err != nil {
-		log.Error("worker: Run failed", slog.Any("error", err))
-		return crashtest.ExitRunError
-	}
-	return 0
-}
+func workerMain(raw string) int { return crashtest.ConsumerMain(raw, newWorker) }
 
 func newWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) (*sqsdedup.Consumer, func(), error) {
 	pool, err := pgxpool.New(ctx, cfg.DSN)
