@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dedupkit/dedup/internal/testenv"
 )
 
 // Event is one logical event of the campaign.
@@ -29,6 +32,29 @@ func Plan(n int, rng *rand.Rand) (events, messages []Event) {
 	}
 	rng.Shuffle(len(messages), func(i, j int) { messages[i], messages[j] = messages[j], messages[i] })
 	return events, messages
+}
+
+// Seeded returns the campaign's random source, seeded from DEDUP_SEED when
+// set and from the clock otherwise, and logs the seed.
+func Seeded(t *testing.T) *rand.Rand {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := testenv.Env("DEDUP_SEED", ""); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (DEDUP_SEED=%d replays the plan and the kill schedule, not the timing)", seed, seed)
+	return rand.New(rand.NewPCG(seed, seed))
+}
+
+// Poison returns how many of events are poison.
+func Poison(events []Event) int {
+	n := 0
+	for _, e := range events {
+		if e.Poison {
+			n++
+		}
+	}
+	return n
 }
 
 // EffectsTable creates the table of handler starts and effects named

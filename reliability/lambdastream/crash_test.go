@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"math/rand/v2"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,12 +58,7 @@ const (
 // record to retry, the even slots' report it at once.
 func TestLambdaStreamCrashCampaign(t *testing.T) {
 	size := crashSizing()
-	seed := uint64(time.Now().UnixNano())
-	if s := testenv.Env("DEDUP_SEED", ""); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (DEDUP_SEED=%d replays the plan and the kill schedule, not the timing)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, seed))
+	rng := crashtest.Seeded(t)
 
 	pool := testenv.Postgres(t)
 	client := testenv.SQS(t)
@@ -91,13 +84,8 @@ func TestLambdaStreamCrashCampaign(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
 
 	events, messages := crashtest.Plan(size.events, rng)
-	poison := map[string]bool{}
-	for _, e := range events {
-		if e.Poison {
-			poison[e.ID] = true
-		}
-	}
-	good := len(events) - len(poison)
+	poison := crashtest.Poison(events)
+	good := len(events) - poison
 	shards := kinesisShards(messages, size.shards)
 
 	var f *crashtest.Fleet
@@ -131,80 +119,32 @@ func TestLambdaStreamCrashCampaign(t *testing.T) {
 	applied := func() int { return crashtest.Count(t, pool, cfg.EffectsTable, "effect") }
 	done := func() bool { return svc.remaining() == 0 }
 
-	// Chaos: kill a random worker every 0.3 to 1.2 s, start it again 0 to
-	// 0.5 s later, until every checkpoint is at its shard's end or the
-	// chaos time is up.
-	lastReport := time.Now()
-	for !done() && time.Since(start) < size.chaos {
-		time.Sleep(300*time.Millisecond + time.Duration(rng.Int64N(int64(900*time.Millisecond))))
-		i := rng.IntN(size.procs)
-		f.Kill(i)
-		time.Sleep(time.Duration(rng.Int64N(int64(500 * time.Millisecond))))
-		f.Start(i)
-		if time.Since(lastReport) > 10*time.Second {
-			lastReport = time.Now()
-			t.Logf("%v: kills=%d effects=%d/%d records left=%d", time.Since(start).Round(time.Second), f.Kills(), applied(), good, svc.remaining())
-		}
-	}
+	// Chaos until every checkpoint is at its shard's end or the chaos time
+	// is up.
+	f.Chaos(rng, start, size.chaos, done, func() {
+		t.Logf("%v: kills=%d effects=%d/%d records left=%d", time.Since(start).Round(time.Second), f.Kills(), applied(), good, svc.remaining())
+	})
 	// Settling is bounded by its progress (crashtest.Stall), not by a fixed
 	// time: a loaded machine makes it slower, not wrong.
 	crashtest.Await(t, "every shard read to its end after the chaos", done,
 		func() int { return len(messages) - svc.remaining() }, func() string {
 			return fmt.Sprintf("effects %d/%d, records left %d", applied(), good, svc.remaining())
 		})
-	for _, name := range f.Stop() {
-		t.Errorf("worker %s: exited with a run error (see its log)", name)
-	}
+	f.Finish()
 	close(watching)
 	<-watched
-	for _, c := range f.Crashed() {
-		t.Errorf("worker exited without being killed or stopped: %s", c)
-	}
-	f.CheckLogs()
 	stats, protocol := svc.snapshot()
 	for _, e := range protocol {
 		t.Errorf("Lambda would reject a response: %s", e)
 	}
 
-	effects := crashtest.PerEvent(t, pool, cfg.EffectsTable, "effect")
-	starts := crashtest.PerEvent(t, pool, cfg.EffectsTable, "start")
-	var lost, twice, poisonApplied []string
-	reruns := 0 // runs of a good event's handler after its first: each one a kill's doing
-	for _, e := range events {
-		if !e.Poison {
-			reruns += max(0, starts[e.ID]-1)
-		}
-		switch n := effects[e.ID]; {
-		case e.Poison && n > 0:
-			poisonApplied = append(poisonApplied, e.ID)
-		case !e.Poison && n == 0:
-			lost = append(lost, e.ID)
-		case n > 1:
-			twice = append(twice, fmt.Sprintf("%s×%d", e.ID, n))
-		}
-	}
 	letters := readLetters(t, client, dlq)
-	var goodParked []string
-	for id := range letters {
-		if !poison[id] {
-			goodParked = append(goodParked, id)
-		}
-	}
-	t.Logf("Lambda stream crash campaign: %d events (%d records, %d poison, %d shards) in %v; kills %d, restarts %d; "+
-		"invocations %d, function errors %d (bisected %d), item failures reported %d; good events' handlers run again %d times; "+
-		"lost %d, applied twice %d, poison applied %d, good dead-lettered %d, letters %d for %d poison events",
-		len(events), len(messages), len(poison), size.shards, time.Since(start).Round(time.Second), f.Kills(), f.Restarts(),
-		stats.invocations, stats.functionErrors, stats.bisections, stats.itemFailures, reruns,
-		len(lost), len(twice), len(poisonApplied), len(goodParked), crashtest.Sum(letters), len(letters))
-	if len(lost) > 0 || len(twice) > 0 || len(poisonApplied) > 0 || len(goodParked) > 0 {
-		t.Errorf("lost %v; applied twice %v; poison applied %v; good dead-lettered %v", lost, twice, poisonApplied, goodParked)
-	}
-	if len(letters) != len(poison) {
-		t.Errorf("%d poison events have letters, want %d", len(letters), len(poison))
-	}
-	if f.Kills() == 0 || reruns == 0 || stats.functionErrors == 0 {
-		t.Errorf("no kill landed mid-invocation (kills %d, function errors %d, reruns %d): the campaign proved nothing",
-			f.Kills(), stats.functionErrors, reruns)
+	crashtest.Verdict(t, "Lambda stream", pool, cfg.EffectsTable, events, len(messages), letters, f, time.Since(start))
+	t.Logf("Lambda service: %d shards; invocations %d, function errors %d (bisected %d), item failures reported %d",
+		size.shards, stats.invocations, stats.functionErrors, stats.bisections, stats.itemFailures)
+	if stats.functionErrors == 0 {
+		t.Errorf("no kill landed mid-invocation (kills %d, function errors %d): the campaign proved nothing",
+			f.Kills(), stats.functionErrors)
 	}
 	if stats.itemFailures == 0 {
 		t.Error("no batch item failure reported: the retry from a reported sequence number went untested")

@@ -3,8 +3,6 @@ package natsreliability_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,12 +48,7 @@ const (
 // metadata and has no effect, and the consumer has nothing pending.
 func TestNATSCrashCampaign(t *testing.T) {
 	size := crashSizing()
-	seed := uint64(time.Now().UnixNano())
-	if s := testenv.Env("DEDUP_SEED", ""); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (DEDUP_SEED=%d replays the plan and the kill schedule, not the timing)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, seed))
+	rng := crashtest.Seeded(t)
 
 	url := testenv.NATSURL(t)
 	_, js := testenv.NATS(t)
@@ -99,13 +92,8 @@ func TestNATSCrashCampaign(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
 
 	events, messages := crashtest.Plan(size.events, rng)
-	poison := map[string]bool{}
-	for _, e := range events {
-		if e.Poison {
-			poison[e.ID] = true
-		}
-	}
-	good := len(events) - len(poison)
+	poison := crashtest.Poison(events)
+	good := len(events) - poison
 
 	start := time.Now()
 	f := crashtest.NewFleet(t, workerEnv, size.procs, func(_ int, name string) any {
@@ -145,57 +133,23 @@ func TestNATSCrashCampaign(t *testing.T) {
 				return false
 			}
 		}
-		return pending() == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= len(poison)
+		return pending() == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= poison
 	}
 
-	// Chaos: kill a random worker every 0.3 to 1.2 s, start it again 0 to
-	// 0.5 s later, until everything settled or the chaos time is up.
-	lastReport := time.Now()
-	for !done() && time.Since(start) < size.chaos {
-		time.Sleep(300*time.Millisecond + time.Duration(rng.Int64N(int64(900*time.Millisecond))))
-		i := rng.IntN(size.procs)
-		f.Kill(i)
-		time.Sleep(time.Duration(rng.Int64N(int64(500 * time.Millisecond))))
-		f.Start(i)
-		if time.Since(lastReport) > 10*time.Second {
-			lastReport = time.Now()
-			t.Logf("%v: kills=%d effects=%d/%d pending=%d", time.Since(start).Round(time.Second), f.Kills(),
-				crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, pending())
-		}
-	}
+	f.Chaos(rng, start, size.chaos, done, func() {
+		t.Logf("%v: kills=%d effects=%d/%d pending=%d", time.Since(start).Round(time.Second), f.Kills(),
+			crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, pending())
+	})
 	// Settling is bounded by its progress (crashtest.Stall), not by a fixed
 	// time: a loaded machine makes it slower, not wrong.
 	applied := func() int { return crashtest.Count(t, pool, cfg.EffectsTable, "effect") }
 	crashtest.Await(t, "every event settled after the chaos", done,
 		func() int { return applied() + letterCount() - pending() }, func() string {
 			return fmt.Sprintf("effects %d/%d, pending %d, letters %d/%d",
-				applied(), good, pending(), letterCount(), len(poison))
+				applied(), good, pending(), letterCount(), poison)
 		})
-	for _, name := range f.Stop() {
-		t.Errorf("worker %s: Consumer.Run returned an error (see its log)", name)
-	}
-	for _, c := range f.Crashed() {
-		t.Errorf("worker exited without being killed or stopped: %s", c)
-	}
-	f.CheckLogs()
+	f.Finish()
 
-	effects := crashtest.PerEvent(t, pool, cfg.EffectsTable, "effect")
-	starts := crashtest.PerEvent(t, pool, cfg.EffectsTable, "start")
-	var lost, twice, poisonApplied []string
-	reruns := 0 // runs of a good event's handler after its first: each one a kill's doing
-	for _, e := range events {
-		if !e.Poison {
-			reruns += max(0, starts[e.ID]-1)
-		}
-		switch n := effects[e.ID]; {
-		case e.Poison && n > 0:
-			poisonApplied = append(poisonApplied, e.ID)
-		case !e.Poison && n == 0:
-			lost = append(lost, e.ID)
-		case n > 1:
-			twice = append(twice, fmt.Sprintf("%s×%d", e.ID, n))
-		}
-	}
 	letters := map[string]int{}
 	info, err := dlq.Info(ctx)
 	if err != nil {
@@ -212,25 +166,7 @@ func TestNATSCrashCampaign(t *testing.T) {
 			t.Errorf("letter %s: reason %q, origin stream %q", id, m.Header.Get("dedup-reason"), m.Header.Get("dedup-origin-stream"))
 		}
 	}
-	var goodParked []string
-	for id := range letters {
-		if !poison[id] {
-			goodParked = append(goodParked, id)
-		}
-	}
-	t.Logf("NATS crash campaign: %d events (%d messages, %d poison) in %v; kills %d, restarts %d; good events' handlers run again %d times; "+
-		"lost %d, applied twice %d, poison applied %d, good dead-lettered %d, letters %d for %d poison events",
-		len(events), len(messages), len(poison), time.Since(start).Round(time.Second), f.Kills(), f.Restarts(), reruns,
-		len(lost), len(twice), len(poisonApplied), len(goodParked), crashtest.Sum(letters), len(letters))
-	if len(lost) > 0 || len(twice) > 0 || len(poisonApplied) > 0 || len(goodParked) > 0 {
-		t.Errorf("lost %v; applied twice %v; poison applied %v; good dead-lettered %v", lost, twice, poisonApplied, goodParked)
-	}
-	if len(letters) != len(poison) {
-		t.Errorf("%d poison events have letters, want %d", len(letters), len(poison))
-	}
-	if f.Kills() == 0 || reruns == 0 {
-		t.Errorf("no kill landed mid-handler (kills %d): the campaign proved nothing", f.Kills())
-	}
+	crashtest.Verdict(t, "NATS", pool, cfg.EffectsTable, events, len(messages), letters, f, time.Since(start))
 }
 
 // publishOver publishes messages evenly over d, each acknowledged by the

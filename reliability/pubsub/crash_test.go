@@ -3,8 +3,6 @@ package pubsubreliability_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,12 +54,7 @@ const (
 // effect, and every message is acknowledged.
 func TestPubSubCrashCampaign(t *testing.T) {
 	size := crashSizing()
-	seed := uint64(time.Now().UnixNano())
-	if s := testenv.Env("DEDUP_SEED", ""); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (DEDUP_SEED=%d replays the plan and the kill schedule, not the timing)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, seed))
+	rng := crashtest.Seeded(t)
 
 	pool := testenv.Postgres(t)
 	run := crashtest.RunID()
@@ -98,13 +91,8 @@ func TestPubSubCrashCampaign(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
 
 	events, messages := crashtest.Plan(size.events, rng)
-	poison := map[string]bool{}
-	for _, e := range events {
-		if e.Poison {
-			poison[e.ID] = true
-		}
-	}
-	good := len(events) - len(poison)
+	poison := crashtest.Poison(events)
+	good := len(events) - poison
 
 	start := time.Now()
 	f := crashtest.NewFleet(t, workerEnv, size.procs, func(_ int, name string) any {
@@ -139,7 +127,7 @@ func TestPubSubCrashCampaign(t *testing.T) {
 				return false
 			}
 		}
-		return pending() == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= len(poison)
+		return pending() == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= poison
 	}
 
 	f.Chaos(rng, start, size.chaos, done, func() {
@@ -152,7 +140,7 @@ func TestPubSubCrashCampaign(t *testing.T) {
 	crashtest.Await(t, "every event settled after the chaos", done,
 		func() int { return applied() + letterCount() - pending() }, func() string {
 			return fmt.Sprintf("effects %d/%d, pending %d, letters %d/%d",
-				applied(), good, pending(), letterCount(), len(poison))
+				applied(), good, pending(), letterCount(), poison)
 		})
 	f.Finish()
 

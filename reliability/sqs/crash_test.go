@@ -3,7 +3,6 @@ package sqsreliability_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,12 +54,7 @@ const (
 // its effect and its Complete.
 func TestSQSCrashCampaign(t *testing.T) {
 	size := crashSizing()
-	seed := uint64(time.Now().UnixNano())
-	if s := testenv.Env("DEDUP_SEED", ""); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (DEDUP_SEED=%d replays the plan and the kill schedule, not the timing)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, seed))
+	rng := crashtest.Seeded(t)
 
 	c := testenv.SQS(t)
 	ddb := testenv.DynamoDB(t)
@@ -108,21 +102,10 @@ func TestSQSCrashCampaign(t *testing.T) {
 			queueTotal(t, c, dlq) >= p.poison
 	}
 
-	// Chaos: kill a random worker every 0.3 to 1.2 s, start it again 0 to
-	// 0.5 s later, until everything settled or the chaos time is up.
-	lastReport := time.Now()
-	for !done() && time.Since(start) < size.chaos {
-		time.Sleep(300*time.Millisecond + randDuration(rng, 900*time.Millisecond))
-		i := rng.IntN(size.procs)
-		f.Kill(i)
-		time.Sleep(randDuration(rng, 500*time.Millisecond))
-		f.Start(i)
-		if time.Since(lastReport) > 10*time.Second {
-			lastReport = time.Now()
-			t.Logf("%v: kills=%d effects=%d/%d queue=%d", time.Since(start).Round(time.Second), f.Kills(),
-				countEffects(t, pool, cfg.EffectsTable), p.good(), queueTotal(t, c, url))
-		}
-	}
+	f.Chaos(rng, start, size.chaos, done, func() {
+		t.Logf("%v: kills=%d effects=%d/%d queue=%d", time.Since(start).Round(time.Second), f.Kills(),
+			countEffects(t, pool, cfg.EffectsTable), p.good(), queueTotal(t, c, url))
+	})
 	chaosEnded := time.Since(start)
 	// Settling is bounded by its progress, not by a fixed time: at a load
 	// average of 10 a run was still settling 25 events a second when a
@@ -131,14 +114,8 @@ func TestSQSCrashCampaign(t *testing.T) {
 	crashtest.Await(t, "every event settled after the chaos", done, settled, func() string {
 		return fmt.Sprintf("effects %d/%d, queue %d", countEffects(t, pool, cfg.EffectsTable), p.good(), queueTotal(t, c, url))
 	})
-	for _, name := range f.Stop() {
-		t.Errorf("worker %s: Consumer.Run returned an error (see its log)", name)
-	}
+	f.Finish()
 	elapsed := time.Since(start)
-	for _, c := range f.Crashed() {
-		t.Errorf("worker exited without being killed or stopped: %s", c)
-	}
-	f.CheckLogs()
 
 	fig := crashFigures(p, f, cfg.Scope, readRows(t, pool, cfg.EffectsTable), letters(t, drainDLQ(t, c, dlq)))
 	fig.elapsed, fig.chaos = elapsed, chaosEnded
@@ -173,10 +150,6 @@ func TestSQSCrashCampaign(t *testing.T) {
 	if n := queueTotal(t, c, url); n != 0 {
 		t.Errorf("queue still holds %d messages", n)
 	}
-}
-
-func randDuration(rng *rand.Rand, max time.Duration) time.Duration {
-	return time.Duration(rng.Int64N(int64(max)))
 }
 
 // crashCounts are what the crash campaign counts at its end.
