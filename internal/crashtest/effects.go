@@ -122,3 +122,19 @@ func Pause(ctx context.Context, max time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// Size is the size of a campaign whose events are sent over a while.
+type Size struct {
+	Events  int
+	Procs   int           // worker processes at once
+	Produce time.Duration // the events are sent over this long
+	Chaos   time.Duration // kills stop after this long
+}
+
+// Sized returns soak when the long campaigns run (Soak) and short otherwise.
+func Sized(short, soak Size) Size {
+	if Soak() {
+		return soak
+	}
+	return short
+}

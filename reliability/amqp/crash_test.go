@@ -13,20 +13,11 @@ import (
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
-// crashSize sizes the campaign: about two minutes with -race on a busy
+// crashSizing sizes the campaign: about two minutes with -race on a busy
 // two-core machine; DEDUP_SOAK=1 runs a long one.
-type crashSize struct {
-	events  int
-	procs   int
-	produce time.Duration // the events are published over this long
-	chaos   time.Duration // kills stop after this long
-}
-
-func crashSizing() crashSize {
-	if crashtest.Soak() {
-		return crashSize{events: 30000, procs: 4, produce: 5 * time.Minute, chaos: 8 * time.Minute}
-	}
-	return crashSize{events: 2000, procs: 3, produce: 20 * time.Second, chaos: 50 * time.Second}
+func crashSizing() crashtest.Size {
+	return crashtest.Sized(crashtest.Size{Events: 2000, Procs: 3, Produce: 20 * time.Second, Chaos: 50 * time.Second},
+		crashtest.Size{Events: 30000, Procs: 4, Produce: 5 * time.Minute, Chaos: 8 * time.Minute})
 }
 
 const crashMaxAttempts = 4
@@ -87,18 +78,18 @@ func TestAMQPCrashCampaign(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
 
-	events, messages := crashtest.Plan(size.events, rng)
+	events, messages := crashtest.Plan(size.Events, rng)
 	poison := crashtest.Poison(events)
 	good := len(events) - poison
 
 	start := time.Now()
-	f := crashtest.NewFleet(t, workerEnv, size.procs, func(_ int, name string) any {
+	f := crashtest.NewFleet(t, workerEnv, size.Procs, func(_ int, name string) any {
 		c := cfg
 		c.Name = name
 		return c
 	})
 	produced := make(chan error, 1)
-	go func() { produced <- publishOver(pub, queue, messages, size.produce) }()
+	go func() { produced <- publishOver(pub, queue, messages, size.Produce) }()
 	producing := true
 	depth := func(q string) int {
 		st, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
@@ -122,7 +113,7 @@ func TestAMQPCrashCampaign(t *testing.T) {
 		return depth(queue) == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && depth(queue+".dlq") >= poison
 	}
 
-	f.Chaos(rng, start, size.chaos, done, func() {
+	f.Chaos(rng, start, size.Chaos, done, func() {
 		t.Logf("%v: kills=%d effects=%d/%d queue=%d", time.Since(start).Round(time.Second), f.Kills(),
 			crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, depth(queue))
 	})

@@ -17,20 +17,11 @@ import (
 	"github.com/dedupkit/dedup/internal/testenv"
 )
 
-// crashSize sizes the campaign: about a minute with -race on a busy
+// crashSizing sizes the campaign: about a minute with -race on a busy
 // two-core machine; DEDUP_SOAK=1 runs a long one.
-type crashSize struct {
-	events  int
-	procs   int
-	produce time.Duration // the events are published over this long
-	chaos   time.Duration // kills stop after this long
-}
-
-func crashSizing() crashSize {
-	if crashtest.Soak() {
-		return crashSize{events: 20000, procs: 4, produce: 5 * time.Minute, chaos: 8 * time.Minute}
-	}
-	return crashSize{events: 1000, procs: 3, produce: 10 * time.Second, chaos: 25 * time.Second}
+func crashSizing() crashtest.Size {
+	return crashtest.Sized(crashtest.Size{Events: 1000, Procs: 3, Produce: 10 * time.Second, Chaos: 25 * time.Second},
+		crashtest.Size{Events: 20000, Procs: 4, Produce: 5 * time.Minute, Chaos: 8 * time.Minute})
 }
 
 const (
@@ -90,12 +81,12 @@ func TestPubSubCrashCampaign(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+cfg.Table) })
 
-	events, messages := crashtest.Plan(size.events, rng)
+	events, messages := crashtest.Plan(size.Events, rng)
 	poison := crashtest.Poison(events)
 	good := len(events) - poison
 
 	start := time.Now()
-	f := crashtest.NewFleet(t, workerEnv, size.procs, func(_ int, name string) any {
+	f := crashtest.NewFleet(t, workerEnv, size.Procs, func(_ int, name string) any {
 		c := cfg
 		c.Name = name
 		return c
@@ -103,7 +94,7 @@ func TestPubSubCrashCampaign(t *testing.T) {
 	produced := make(chan struct{})
 	go func() {
 		defer close(produced)
-		publishOver(srv, topic, messages, size.produce)
+		publishOver(srv, topic, messages, size.Produce)
 	}()
 	producing := true
 	// pending is what the consumers have not settled: messages never
@@ -130,7 +121,7 @@ func TestPubSubCrashCampaign(t *testing.T) {
 		return pending() == 0 && crashtest.Count(t, pool, cfg.EffectsTable, "effect") == good && letterCount() >= poison
 	}
 
-	f.Chaos(rng, start, size.chaos, done, func() {
+	f.Chaos(rng, start, size.Chaos, done, func() {
 		t.Logf("%v: kills=%d effects=%d/%d pending=%d", time.Since(start).Round(time.Second), f.Kills(),
 			crashtest.Count(t, pool, cfg.EffectsTable, "effect"), good, pending())
 	})
