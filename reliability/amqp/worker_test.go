@@ -2,13 +2,9 @@ package amqpreliability_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dedupkit/dedup"
@@ -33,8 +29,6 @@ type workerConfig struct {
 	Prefetch     int
 }
 
-var errPoison = errors.New("poison: this event can never succeed")
-
 // workerMain is a consumer process of the campaign: an amqpdedup.Consumer
 // over the transactional inbox (dedup.WrapTx), whose handler writes its
 // effect in the record's transaction. It runs until SIGTERM (a graceful
@@ -42,21 +36,9 @@ var errPoison = errors.New("poison: this event can never succeed")
 func workerMain(raw string) int { return crashtest.ConsumerMain(raw, newConsumer) }
 
 func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*amqpdedup.Consumer, func(), error) {
-	// The records' transactions and the start rows written beside them
-	// have a pool each: a handler waiting for a connection that its own
-	// batch's transactions hold would wait forever.
-	pool, err := pgxpool.New(ctx, cfg.DSN)
+	pool, starts, closePools, err := crashtest.InboxPools(ctx, cfg.DSN)
 	if err != nil {
 		return nil, nil, err
-	}
-	starts, err := pgxpool.New(ctx, cfg.DSN)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	closePools := func() {
-		starts.Close()
-		pool.Close()
 	}
 	store, err := dedup.NewPostgresStore(pool, dedup.WithTable(cfg.Table))
 	if err != nil {
@@ -68,7 +50,7 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*amqp
 		closePools()
 		return nil, nil, err
 	}
-	w, err := dedup.WrapTx(store, amqpdedup.Messages(cfg.Queue), effectHandler(starts, cfg.EffectsTable, cfg.Name),
+	w, err := dedup.WrapTx(store, amqpdedup.Messages(cfg.Queue), crashtest.InboxHandler(starts, cfg.EffectsTable, cfg.Name, eventOf),
 		dedup.WithScope(cfg.Scope),
 		dedup.WithSink(sink),
 		dedup.WithMaxAttempts(cfg.MaxAttempts),
@@ -93,25 +75,5 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*amqp
 	return nil, nil, err
 }
 
-// effectHandler records a start row outside the transaction, works a
-// little, then (unless the event is poison) writes the effect in the
-// record's transaction and works a little more, so that a kill lands
-// before the effect, between effect and commit, or elsewhere.
-func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[amqp.Delivery] {
-	insert := `INSERT INTO ` + table + ` (event_id, worker, kind) VALUES ($1, $2, $3)`
-	return func(ctx context.Context, tx pgx.Tx, d amqp.Delivery) error {
-		if _, err := pool.Exec(ctx, insert, d.MessageId, worker, "start"); err != nil {
-			return err
-		}
-		if err := crashtest.Pause(ctx, 20*time.Millisecond); err != nil {
-			return err
-		}
-		if strings.Contains(string(d.Body), `"poison":true`) {
-			return errPoison
-		}
-		if _, err := tx.Exec(ctx, insert, d.MessageId, worker, "effect"); err != nil {
-			return err
-		}
-		return crashtest.Pause(ctx, 10*time.Millisecond)
-	}
-}
+// eventOf returns the event ID and payload of a message.
+func eventOf(d amqp.Delivery) (string, []byte, error) { return d.MessageId, d.Body, nil }

@@ -3,10 +3,8 @@ package lambdastreamreliability_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -14,7 +12,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedup"
@@ -44,8 +41,6 @@ type workerConfig struct {
 	ReportAtOnce bool
 }
 
-var errPoison = errors.New("poison: this event can never succeed")
-
 // workerMain is a Lambda function process of the campaign: the Kinesis
 // handler over the transactional inbox (dedup.WrapTx), started by
 // lambda.Start as in a real function, whose handler writes its effect in the
@@ -54,18 +49,12 @@ var errPoison = errors.New("poison: this event can never succeed")
 func workerMain(raw string) int { return crashtest.WorkerMain(raw, runWorker) }
 
 func runWorker(ctx context.Context, cfg workerConfig, log *slog.Logger) int {
-	pool, err := pgxpool.New(ctx, cfg.DSN)
+	pool, starts, closePools, err := crashtest.InboxPools(ctx, cfg.DSN)
 	if err != nil {
 		log.Error("worker: setup failed", slog.Any("error", err))
 		return 1
 	}
-	defer pool.Close()
-	starts, err := pgxpool.New(ctx, cfg.DSN)
-	if err != nil {
-		log.Error("worker: setup failed", slog.Any("error", err))
-		return 1
-	}
-	defer starts.Close()
+	defer closePools()
 	handler, err := newHandler(cfg, pool, starts, log)
 	if err != nil {
 		log.Error("worker: setup failed", slog.Any("error", err))
@@ -97,7 +86,7 @@ func newHandler(cfg workerConfig, pool, starts *pgxpool.Pool, log *slog.Logger) 
 		return nil, err
 	}
 	w, err := dedup.WrapTx(store, lambdastreamdedup.KinesisMessages(lambdastreamdedup.WithIDField("event")),
-		effectHandler(starts, cfg.EffectsTable, cfg.Name),
+		crashtest.InboxHandler(starts, cfg.EffectsTable, cfg.Name, eventOf),
 		dedup.WithScope(cfg.Scope),
 		dedup.WithSink(sink),
 		dedup.WithMaxAttempts(cfg.MaxAttempts),
@@ -117,29 +106,11 @@ func newHandler(cfg workerConfig, pool, starts *pgxpool.Pool, log *slog.Logger) 
 	return h, nil
 }
 
-// effectHandler records a start row outside the transaction, works a
-// little, then (unless the event is poison) writes the effect in the
-// record's transaction and works a little more, so that a kill lands
-// before the effect, between effect and commit, or elsewhere.
-func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[events.KinesisEventRecord] {
-	insert := `INSERT INTO ` + table + ` (event_id, worker, kind) VALUES ($1, $2, $3)`
-	return func(ctx context.Context, tx pgx.Tx, r events.KinesisEventRecord) error {
-		var data struct{ Event string }
-		if err := json.Unmarshal(r.Kinesis.Data, &data); err != nil {
-			return dedup.Permanent(err)
-		}
-		if _, err := pool.Exec(ctx, insert, data.Event, worker, "start"); err != nil {
-			return err
-		}
-		if err := crashtest.Pause(ctx, 20*time.Millisecond); err != nil {
-			return err
-		}
-		if strings.Contains(string(r.Kinesis.Data), `"poison":true`) {
-			return errPoison
-		}
-		if _, err := tx.Exec(ctx, insert, data.Event, worker, "effect"); err != nil {
-			return err
-		}
-		return crashtest.Pause(ctx, 10*time.Millisecond)
+// eventOf returns the event ID and payload of a message.
+func eventOf(r events.KinesisEventRecord) (string, []byte, error) {
+	var data struct{ Event string }
+	if err := json.Unmarshal(r.Kinesis.Data, &data); err != nil {
+		return "", nil, dedup.Permanent(err)
 	}
+	return data.Event, r.Kinesis.Data, nil
 }

@@ -2,13 +2,9 @@ package natsreliability_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -38,8 +34,6 @@ type workerConfig struct {
 	MaxAttempts  int
 }
 
-var errPoison = errors.New("poison: this event can never succeed")
-
 // workerMain is a consumer process of the campaign: a natsdedup.Consumer
 // over the transactional inbox (dedup.WrapTx), whose handler writes its
 // effect in the record's transaction. It runs until SIGTERM (a graceful
@@ -47,27 +41,18 @@ var errPoison = errors.New("poison: this event can never succeed")
 func workerMain(raw string) int { return crashtest.ConsumerMain(raw, newConsumer) }
 
 func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*natsdedup.Consumer, func(), error) {
-	// The records' transactions and the start rows written beside them
-	// have a pool each (see dedup.WrapTx).
-	pool, err := pgxpool.New(ctx, cfg.DSN)
+	pool, starts, closePools, err := crashtest.InboxPools(ctx, cfg.DSN)
 	if err != nil {
-		return nil, nil, err
-	}
-	starts, err := pgxpool.New(ctx, cfg.DSN)
-	if err != nil {
-		pool.Close()
 		return nil, nil, err
 	}
 	nc, err := nats.Connect(cfg.URL)
 	if err != nil {
-		pool.Close()
-		starts.Close()
+		closePools()
 		return nil, nil, err
 	}
 	closeAll := func() {
 		nc.Close()
-		starts.Close()
-		pool.Close()
+		closePools()
 	}
 	c, err := func() (*natsdedup.Consumer, error) {
 		js, err := jetstream.New(nc)
@@ -87,7 +72,7 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*nats
 			return nil, err
 		}
 		w, err := dedup.WrapTx(store, natsdedup.Messages(natsdedup.WithIDHeader(idHeader)),
-			effectHandler(starts, cfg.EffectsTable, cfg.Name),
+			crashtest.InboxHandler(starts, cfg.EffectsTable, cfg.Name, eventOf),
 			dedup.WithScope(cfg.Scope),
 			dedup.WithSink(sink),
 			dedup.WithMaxAttempts(cfg.MaxAttempts),
@@ -110,26 +95,7 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*nats
 	return c, closeAll, nil
 }
 
-// effectHandler records a start row outside the transaction, works a
-// little, then (unless the event is poison) writes the effect in the
-// record's transaction and works a little more, so that a kill lands
-// before the effect, between effect and commit, or elsewhere.
-func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[jetstream.Msg] {
-	insert := `INSERT INTO ` + table + ` (event_id, worker, kind) VALUES ($1, $2, $3)`
-	return func(ctx context.Context, tx pgx.Tx, m jetstream.Msg) error {
-		id := m.Headers().Get(idHeader)
-		if _, err := pool.Exec(ctx, insert, id, worker, "start"); err != nil {
-			return err
-		}
-		if err := crashtest.Pause(ctx, 20*time.Millisecond); err != nil {
-			return err
-		}
-		if strings.Contains(string(m.Data()), `"poison":true`) {
-			return errPoison
-		}
-		if _, err := tx.Exec(ctx, insert, id, worker, "effect"); err != nil {
-			return err
-		}
-		return crashtest.Pause(ctx, 10*time.Millisecond)
-	}
+// eventOf returns the event ID and payload of a message.
+func eventOf(m jetstream.Msg) (string, []byte, error) {
+	return m.Headers().Get(idHeader), m.Data(), nil
 }

@@ -2,14 +2,10 @@ package pubsubreliability_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/adapters/pubsubdedup"
@@ -40,8 +36,6 @@ type workerConfig struct {
 	MaxAttempts  int
 }
 
-var errPoison = errors.New("poison: this event can never succeed")
-
 // workerMain is a consumer process of the campaign: a pubsubdedup.Consumer
 // over the transactional inbox (dedup.WrapTx), whose handler writes its
 // effect in the record's transaction. It runs until SIGTERM (a graceful
@@ -49,21 +43,13 @@ var errPoison = errors.New("poison: this event can never succeed")
 func workerMain(raw string) int { return crashtest.ConsumerMain(raw, newConsumer) }
 
 func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*pubsubdedup.Consumer, func(), error) {
-	// The records' transactions and the start rows written beside them
-	// have a pool each (see dedup.WrapTx).
-	pool, err := pgxpool.New(ctx, cfg.DSN)
+	pool, starts, closePools, err := crashtest.InboxPools(ctx, cfg.DSN)
 	if err != nil {
-		return nil, nil, err
-	}
-	starts, err := pgxpool.New(ctx, cfg.DSN)
-	if err != nil {
-		pool.Close()
 		return nil, nil, err
 	}
 	client, closeClient, err := pubsubenv.Dial(ctx, cfg.Addr, cfg.Project)
 	if err != nil {
-		pool.Close()
-		starts.Close()
+		closePools()
 		return nil, nil, err
 	}
 	var sink *pubsubdedup.Sink
@@ -72,8 +58,7 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*pubs
 			sink.Stop()
 		}
 		closeClient()
-		starts.Close()
-		pool.Close()
+		closePools()
 	}
 	c, err := func() (*pubsubdedup.Consumer, error) {
 		store, err := dedup.NewPostgresStore(pool, dedup.WithTable(cfg.Table))
@@ -84,7 +69,7 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*pubs
 			return nil, err
 		}
 		w, err := dedup.WrapTx(store, pubsubdedup.Messages(pubsubdedup.WithIDAttribute(idAttribute)),
-			effectHandler(starts, cfg.EffectsTable, cfg.Name),
+			crashtest.InboxHandler(starts, cfg.EffectsTable, cfg.Name, eventOf),
 			dedup.WithScope(cfg.Scope),
 			dedup.WithSink(sink),
 			dedup.WithMaxAttempts(cfg.MaxAttempts),
@@ -106,26 +91,7 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*pubs
 	return c, closeAll, nil
 }
 
-// effectHandler records a start row outside the transaction, works a
-// little, then (unless the event is poison) writes the effect in the
-// record's transaction and works a little more, so that a kill lands
-// before the effect, between effect and commit, or elsewhere.
-func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[*pubsub.Message] {
-	insert := `INSERT INTO ` + table + ` (event_id, worker, kind) VALUES ($1, $2, $3)`
-	return func(ctx context.Context, tx pgx.Tx, m *pubsub.Message) error {
-		id := m.Attributes[idAttribute]
-		if _, err := pool.Exec(ctx, insert, id, worker, "start"); err != nil {
-			return err
-		}
-		if err := crashtest.Pause(ctx, 20*time.Millisecond); err != nil {
-			return err
-		}
-		if strings.Contains(string(m.Data), `"poison":true`) {
-			return errPoison
-		}
-		if _, err := tx.Exec(ctx, insert, id, worker, "effect"); err != nil {
-			return err
-		}
-		return crashtest.Pause(ctx, 10*time.Millisecond)
-	}
+// eventOf returns the event ID and payload of a message.
+func eventOf(m *pubsub.Message) (string, []byte, error) {
+	return m.Attributes[idAttribute], m.Data, nil
 }

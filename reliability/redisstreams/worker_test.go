@@ -2,13 +2,9 @@ package redisstreamsreliability_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dedupkit/dedup"
@@ -33,8 +29,6 @@ type workerConfig struct {
 	MaxAttempts  int
 }
 
-var errPoison = errors.New("poison: this event can never succeed")
-
 // workerMain is a consumer process of the campaign: a
 // redisstreamdedup.Consumer over the transactional inbox (dedup.WrapTx),
 // whose handler writes its effect in the record's transaction. It runs
@@ -43,22 +37,14 @@ var errPoison = errors.New("poison: this event can never succeed")
 func workerMain(raw string) int { return crashtest.ConsumerMain(raw, newConsumer) }
 
 func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*redisstreamdedup.Consumer, func(), error) {
-	// The records' transactions and the start rows written beside them
-	// have a pool each (see dedup.WrapTx).
-	pool, err := pgxpool.New(ctx, cfg.DSN)
+	pool, starts, closePools, err := crashtest.InboxPools(ctx, cfg.DSN)
 	if err != nil {
-		return nil, nil, err
-	}
-	starts, err := pgxpool.New(ctx, cfg.DSN)
-	if err != nil {
-		pool.Close()
 		return nil, nil, err
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr})
 	closeAll := func() {
 		rdb.Close()
-		starts.Close()
-		pool.Close()
+		closePools()
 	}
 	c, err := func() (*redisstreamdedup.Consumer, error) {
 		store, err := dedup.NewPostgresStore(pool, dedup.WithTable(cfg.Table))
@@ -70,7 +56,7 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*redi
 			return nil, err
 		}
 		w, err := dedup.WrapTx(store, redisstreamdedup.Messages(),
-			effectHandler(starts, cfg.EffectsTable, cfg.Name),
+			crashtest.InboxHandler(starts, cfg.EffectsTable, cfg.Name, eventOf),
 			dedup.WithScope(cfg.Scope),
 			dedup.WithSink(sink),
 			dedup.WithMaxAttempts(cfg.MaxAttempts),
@@ -95,27 +81,9 @@ func newConsumer(ctx context.Context, cfg workerConfig, log *slog.Logger) (*redi
 	return c, closeAll, nil
 }
 
-// effectHandler records a start row outside the transaction, works a
-// little, then (unless the event is poison) writes the effect in the
-// record's transaction and works a little more, so that a kill lands
-// before the effect, between effect and commit, or elsewhere.
-func effectHandler(pool *pgxpool.Pool, table, worker string) dedup.TxHandler[*redisstreamdedup.Message] {
-	insert := `INSERT INTO ` + table + ` (event_id, worker, kind) VALUES ($1, $2, $3)`
-	return func(ctx context.Context, tx pgx.Tx, m *redisstreamdedup.Message) error {
-		id, _ := m.Field(redisstreamdedup.DefaultIDField)
-		payload, _ := m.Field(redisstreamdedup.DefaultPayloadField)
-		if _, err := pool.Exec(ctx, insert, id, worker, "start"); err != nil {
-			return err
-		}
-		if err := crashtest.Pause(ctx, 20*time.Millisecond); err != nil {
-			return err
-		}
-		if strings.Contains(payload, `"poison":true`) {
-			return errPoison
-		}
-		if _, err := tx.Exec(ctx, insert, id, worker, "effect"); err != nil {
-			return err
-		}
-		return crashtest.Pause(ctx, 10*time.Millisecond)
-	}
+// eventOf returns the event ID and payload of a message.
+func eventOf(m *redisstreamdedup.Message) (string, []byte, error) {
+	id, _ := m.Field(redisstreamdedup.DefaultIDField)
+	payload, _ := m.Field(redisstreamdedup.DefaultPayloadField)
+	return id, []byte(payload), nil
 }
