@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"testing"
 )
 
 // WorkerMain is a worker process's main: it decodes raw, the JSON of the
@@ -55,4 +56,14 @@ func ConsumerMain[C any, R Consumer](raw string, setup func(ctx context.Context,
 		}
 		return 0
 	})
+}
+
+// Main is a campaign package's TestMain: it runs the test binary as a
+// worker process (worker, given the configuration) when env is set, and
+// as the test suite otherwise.
+func Main(m *testing.M, env string, worker func(raw string) int) {
+	if cfg := os.Getenv(env); cfg != "" {
+		os.Exit(worker(cfg))
+	}
+	os.Exit(m.Run())
 }

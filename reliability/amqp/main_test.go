@@ -6,16 +6,12 @@
 package amqpreliability_test
 
 import (
-	"os"
 	"testing"
+
+	"github.com/dedupkit/dedup/internal/crashtest"
 )
 
 // TestMain runs the test binary as a campaign worker process when the
 // worker environment variable is set (see worker_test.go), and as the test
 // suite otherwise.
-func TestMain(m *testing.M) {
-	if cfg := os.Getenv(workerEnv); cfg != "" {
-		os.Exit(workerMain(cfg))
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { crashtest.Main(m, workerEnv, workerMain) }
