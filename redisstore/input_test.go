@@ -125,6 +125,21 @@ func TestMalformedRecord(t *testing.T) {
 				return client.HSet(ctx, key, "st", "DONE", "fp", "fp", "at", 1, "ow", "o", "lu", 1, "ca", 1, "ua", 1, "ea", 1<<50).Err()
 			},
 			"no expiry": func(key string) error { return client.HSet(ctx, key, "fp", "fp").Err() },
+			// A record kept as a string is a MessagePack array (packed.go).
+			"not packed": func(key string) error { return client.Set(ctx, key, "x", time.Hour).Err() },
+			"cut short":  func(key string) error { return client.Set(ctx, key, "\x9d\xa9SUCCEEDED", time.Hour).Err() },
+			"few values": func(key string) error {
+				return client.Set(ctx, key, string(appendStr([]byte{0x92}, "SUCCEEDED"))+"\x01", time.Hour).Err()
+			},
+			"packed status": func(key string) error {
+				b := appendStr([]byte{0x9d}, "DONE")
+				b = appendStr(b, "fp")
+				b = append(b, 1)
+				b = appendStr(b, "o")
+				b = append(b, 1, 1, 1, 0xcf, 0, 0, 0x10, 0, 0, 0, 0, 0) // lu ca ua, ea 2^44
+				b = append(b, mpFalse, mpFalse, mpFalse, mpFalse, mpFalse)
+				return client.Set(ctx, key, string(b), time.Hour).Err()
+			},
 		}
 		for name, write := range bad {
 			k := dedup.Key{Scope: scope, EventID: name}
@@ -146,9 +161,9 @@ func TestMalformedRecord(t *testing.T) {
 		}
 
 		// Another type under the key: the server's own error, typed.
-		k := dedup.Key{Scope: scope, EventID: "string"}
-		require.NoError(t, client.Set(ctx, redisKey(s.prefix, k), "x", time.Hour).Err())
-		_, err := s.Claim(ctx, request(scope, "string"))
+		k := dedup.Key{Scope: scope, EventID: "list"}
+		require.NoError(t, client.RPush(ctx, redisKey(s.prefix, k), "x").Err())
+		_, err := s.Claim(ctx, request(scope, "list"))
 		require.True(t, redis.HasErrorPrefix(err, "WRONGTYPE"), "%v", err)
 		_, err = s.Get(ctx, k)
 		require.True(t, redis.HasErrorPrefix(err, "WRONGTYPE"), "%v", err)
@@ -180,9 +195,11 @@ func TestScriptRunTwice(t *testing.T) {
 	ok2, err := failScript.Run(ctx, client, []string{key}, owner, "n3", "FAILED_FINAL", "x", 3600000).Int64()
 	require.NoError(t, err)
 	require.Zero(t, ok2)
-	st, err := client.HGet(ctx, key, "st").Result()
+	v, err := client.Get(ctx, key).Result()
 	require.NoError(t, err)
-	require.Equal(t, "SUCCEEDED", st)
+	rec, err := parsePacked(dedup.Key{Scope: "s", EventID: "e"}, v)
+	require.NoError(t, err)
+	require.Equal(t, dedup.StatusSucceeded, rec.Status)
 }
 
 // A claim's answer carries every field of the record it found as it is
@@ -238,4 +255,70 @@ func TestClaimAnswerFields(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A record settled by a version before settled records became one string
+// is a hash: claims and Get still read it, result and all, until it
+// expires.
+func TestSettledHashOfEarlierVersion(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	s, err := New(client)
+	require.NoError(t, err)
+	scope := "redisstore-earlier-" + deduptype.NewOwnerToken()
+	req := request(scope, "e")
+	now := time.Now().UnixMilli()
+	key := redisKey(s.prefix, req.Key)
+	require.NoError(t, client.HSet(ctx, key, "st", "SUCCEEDED", "fp", req.Fingerprint, "at", 2, "ow", "o",
+		"lu", now, "ca", now-1000, "ua", now, "ea", now+3600000, "le", "boom", "ff", now-900, "lf", now-800,
+		"sn", "n", "rs", "answer").Err())
+	require.NoError(t, client.PExpireAt(ctx, key, time.UnixMilli(now+3600000)).Err())
+
+	c, err := s.Claim(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, dedup.ClaimDuplicate, c.Status)
+	require.Equal(t, "answer", string(c.Record.Result))
+	require.Equal(t, 2, c.Record.Attempts)
+	require.Equal(t, "boom", c.Record.LastError)
+	got, err := s.Get(ctx, req.Key)
+	require.NoError(t, err)
+	require.Equal(t, c.Record, got)
+
+	other := req
+	other.Fingerprint = "another"
+	c, err = s.Claim(ctx, other)
+	require.NoError(t, err)
+	require.Equal(t, dedup.ClaimConflict, c.Status)
+}
+
+// A claim's SET NX GET sent twice (go-redis sends a pipeline again when its
+// connection breaks before the answer) finds the record its first run
+// created: the script recognises the owner's own claim and resolves the
+// record's relative times from the key's expiry, as Get does.
+func TestSetNXRunTwice(t *testing.T) {
+	client := testenv.Redis(t)
+	ctx := context.Background()
+	s, err := New(client)
+	require.NoError(t, err)
+	req := request("redisstore-setnx-twice-"+deduptype.NewOwnerToken(), "e")
+	key := redisKey(s.prefix, req.Key)
+	owner := deduptype.NewOwnerToken()
+	ok, err := client.SetNX(ctx, key, packNew(req, owner), req.TTL).Result()
+	require.NoError(t, err)
+	require.True(t, ok)
+	ea, err := client.PExpireTime(ctx, key).Result()
+	require.NoError(t, err)
+
+	reply, err := claimScript.Run(ctx, client, []string{key}, req.Fingerprint, req.Lease.Milliseconds(), req.TTL.Milliseconds(), owner).Slice()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), reply[0], "held already by this very claim")
+	want := created(req, owner, ea.Milliseconds()).Record
+	got, err := s.Get(ctx, req.Key)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+
+	c, err := s.Claim(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, dedup.ClaimInFlight, c.Status, "another claim finds it held")
+	require.Equal(t, want, c.Record)
 }

@@ -38,6 +38,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -60,6 +61,9 @@ type Store struct {
 	// go alone.
 	claims      *coalescer[dedup.ClaimRequest, dedup.Claim]
 	completions *coalescer[deduptype.Completion, struct{}]
+	// noSetGet is set once the server refuses SET NX GET (before Redis
+	// 7.0): claims then go by script alone.
+	noSetGet atomic.Bool
 }
 
 // coalescedFlights is how many coalesced calls of one kind may be in
@@ -115,7 +119,7 @@ func New(client redis.UniversalClient, opts ...Opt) (*Store, error) {
 	s := &Store{client: client, prefix: cfg.prefix, sharded: !single, cluster: cluster}
 	s.claims = &coalescer[dedup.ClaimRequest, dedup.Claim]{max: coalescedFlights,
 		run: func(ctx context.Context, reqs []dedup.ClaimRequest) ([]dedup.Claim, []error) {
-			return s.claimEach(ctx, "claim", reqs)
+			return s.claimFast(ctx, "claim", reqs)
 		}}
 	s.completions = &coalescer[deduptype.Completion, struct{}]{max: coalescedFlights,
 		run: func(ctx context.Context, cs []deduptype.Completion) ([]struct{}, []error) {
@@ -141,7 +145,7 @@ func (s *Store) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim,
 		return dedup.Claim{}, fmt.Errorf("redisstore: claim %s: %w", req.Key, err)
 	}
 	if s.sharded {
-		claims, errs := s.claimEach(ctx, "claim", []dedup.ClaimRequest{req})
+		claims, errs := s.claimFast(ctx, "claim", []dedup.ClaimRequest{req})
 		return claims[0], errs[0]
 	}
 	return s.claims.do(ctx, req)
@@ -328,7 +332,7 @@ func noScript(err error) bool {
 
 // Get returns the live record for key, or an error matching
 // [dedup.ErrNotFound]. Redis key expiry removes expired records, so an
-// expired record is absent. Get is one HMGET, which a replica may serve.
+// expired record is absent. Get is one script call that only reads.
 func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	if err := key.Validate(); err != nil {
 		return dedup.Record{}, err
@@ -336,13 +340,17 @@ func (s *Store) Get(ctx context.Context, key dedup.Key) (dedup.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
 	}
-	vals, err := s.client.HMGet(ctx, redisKey(s.prefix, key), recordFields...).Result()
-	s.follow(err)
+	cmds := s.run(ctx, getScript, []call{{n: 1, cmd: []any{"evalsha", getScript.hash, 1, redisKey(s.prefix, key)}}})
+	vals, err := cmds[0].Slice()
 	if err != nil {
 		return dedup.Record{}, fmt.Errorf("redisstore: get %s: %w", key, err)
 	}
-	if vals[0] == nil && vals[1] == nil {
-		return dedup.Record{}, fmt.Errorf("%w: redisstore get %s", dedup.ErrNotFound, key)
+	if len(vals) == len(recordFields) {
+		_, hasStatus := text(vals[0])
+		_, hasFingerprint := text(vals[1])
+		if !hasStatus && !hasFingerprint {
+			return dedup.Record{}, fmt.Errorf("%w: redisstore get %s", dedup.ErrNotFound, key)
+		}
 	}
 	rec, err := recordOf(key, vals)
 	if err != nil {
