@@ -1,6 +1,7 @@
 // Package adapterkit is what the transport adapters (amqpdedup, natsdedup,
-// sqsdedup, kafkadedup) share of a Consumer: the one mapping of the
-// wrapper's answer for a delivery to a broker action ([Batch.Decide]), the
+// sqsdedup, kafkadedup, pubsubdedup, redisstreamdedup, lambdastreamdedup)
+// share of a Consumer: the one mapping of the wrapper's answer for a
+// delivery to a broker action ([Batch.Decide]), the
 // one count of failures in a row and check of an outage ([Policy],
 // [Outage.Failed]), the handling of a batch whose claim failed or that
 // Run will not run ([Concurrent], [InOrder]), the give-up on an outage
@@ -117,7 +118,10 @@ type Policy struct {
 	// batches in a row with one; nil: Lapse, the broker's timeout is the
 	// delay.
 	Backoff func(failures int) time.Duration
-	// Outage is told of each batch with a delivery not settled.
+	// Outage is told of each batch with a delivery not settled; nil for a
+	// handler that runs under no Run (a Lambda invocation: the wrapper's
+	// own tracker still logs the outage), whose failures are logged at
+	// WARN and never give up.
 	Outage *Outage
 
 	failures atomic.Int64 // batches in a row with a delivery not settled
@@ -199,7 +203,10 @@ func (b *Batch) failed(err error) Decision {
 	if !b.counted {
 		b.counted = true
 		b.n = int(b.p.failures.Add(1))
-		b.level = b.p.Outage.Failed()
+		b.level = slog.LevelWarn
+		if b.p.Outage != nil {
+			b.level = b.p.Outage.Failed()
+		}
 	}
 	d := Decision{Action: Lapse, Err: err, Level: b.level, Failures: b.n}
 	if b.p.Backoff != nil {
