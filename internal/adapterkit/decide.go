@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup/deduptype"
+	"github.com/dedupkit/dedup/internal/backoff"
 	"github.com/dedupkit/dedup/internal/logattr"
 )
 
@@ -102,6 +103,21 @@ func (d Decision) LogFailure(ctx context.Context, log *slog.Logger, msg string, 
 // Unbounded is an InFlightDelay that does not shorten the wrapper's
 // RetryAfter (Kafka waits it out in place).
 const Unbounded = time.Duration(math.MaxInt64)
+
+// MaxFailureDelay bounds [FailureBackoff].
+const MaxFailureDelay = 15 * time.Second
+
+// failureBackoff is FailureBackoff's one backoff, safe for concurrent use.
+var failureBackoff = backoff.Exponential(time.Second, MaxFailureDelay)
+
+// FailureBackoff is the Policy Backoff of an adapter whose broker takes a
+// delivery back after a delay the adapter chooses (NATS's Nak with delay,
+// Pub/Sub's hold before the nack, a Redis entry's idle time) and that
+// offers no option for it: a delivery not settled because the store or the
+// sink failed comes back after 1 s, doubling with each batch in a row that
+// failed up to [MaxFailureDelay], jittered, so that a failing store is not
+// hammered and one back is tried again within MaxFailureDelay.
+func FailureBackoff(failures int) time.Duration { return failureBackoff(failures) }
 
 // errUnknownOutcome is the failure of a result with no outcome the mapping
 // knows: never acknowledged.

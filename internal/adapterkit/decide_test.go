@@ -148,3 +148,16 @@ func TestLogFailureRetryIn(t *testing.T) {
 		}
 	}
 }
+
+// FailureBackoff starts at about a second and is bounded by
+// MaxFailureDelay.
+func TestFailureBackoffBounds(t *testing.T) {
+	for range 50 {
+		if d := FailureBackoff(1); d < time.Second/2 || d >= time.Second {
+			t.Fatalf("first failure: %v, want in [0.5s, 1s)", d)
+		}
+		if d := FailureBackoff(1000); d < MaxFailureDelay/2 || d >= MaxFailureDelay {
+			t.Fatalf("1000th failure: %v, want in [%v, %v)", d, MaxFailureDelay/2, MaxFailureDelay)
+		}
+	}
+}
