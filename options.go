@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dedupkit/dedup/deduptype"
+	"github.com/dedupkit/dedup/internal/backoff"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
@@ -381,15 +381,5 @@ type Backoff func(attempt int) time.Duration
 // max, and picks uniformly in the upper half of that so that consumers
 // retrying together spread out.
 func ExponentialBackoff(base, max time.Duration) Backoff {
-	return func(attempt int) time.Duration {
-		d := base
-		for i := 1; i < attempt && d < max; i++ {
-			d *= 2
-		}
-		d = min(d, max)
-		if d <= 1 {
-			return d
-		}
-		return d/2 + rand.N(d/2)
-	}
+	return backoff.Exponential(base, max)
 }

@@ -56,13 +56,14 @@ func marshal(v any) []byte {
 // failure reported. A DynamoDB Streams batch comes from one shard, which the
 // records do not name: the stream ARN stands for it.
 func DynamoDBHandler(w *dedup.Wrapper[events.DynamoDBEventRecord]) func(context.Context, events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
+	p := newPolicy()
 	return func(ctx context.Context, ev events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
 		if w == nil {
 			return events.DynamoDBEventResponse{}, nilWrapper("DynamoDBHandler")
 		}
 		var resp events.DynamoDBEventResponse
 		shard := func(r events.DynamoDBEventRecord) string { return r.EventSourceArn }
-		for _, seq := range run(ctx, w, ev.Records, shard, func(r events.DynamoDBEventRecord) string { return r.Change.SequenceNumber }) {
+		for _, seq := range run(ctx, w, p, ev.Records, shard, func(r events.DynamoDBEventRecord) string { return r.Change.SequenceNumber }) {
 			resp.BatchItemFailures = append(resp.BatchItemFailures, events.DynamoDBBatchItemFailure{ItemIdentifier: seq})
 		}
 		return resp, nil

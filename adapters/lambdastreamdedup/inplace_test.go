@@ -69,3 +69,26 @@ func TestKinesisHeldEventWaitedInPlace(t *testing.T) {
 	}
 	h.rec.AssertOnce(t, []string{"o-0", "o-1", "o-2"})
 }
+
+// A record that could not be made durable (the store down) is not waited
+// for in place, however much time the invocation has: it is reported at
+// once, nothing runs, and Lambda's retry of the batch is its redelivery.
+func TestKinesisStoreDownNotWaitedInPlace(t *testing.T) {
+	store := adaptertest.NewFaultyStore(dedup.NewMemoryStore())
+	store.SetDown(true)
+	h := &testHandler{rec: adaptertest.NewEffects()}
+	recs := kinesisRecords(t, "o", 3)
+	handler := lambdastreamdedup.KinesisHandler(wrapKinesis(t, store, h, dedup.NewMemorySink(),
+		dedup.WithBackoff(func(int) time.Duration { return 10 * time.Millisecond })))
+	start := time.Now()
+	resp, err := handler(invocation(t, 5*time.Minute), events.KinesisEvent{Records: recs})
+	if err != nil || len(resp.BatchItemFailures) != 1 || resp.BatchItemFailures[0].ItemIdentifier != recs[0].Kinesis.SequenceNumber {
+		t.Fatalf("response %+v, %v; want the first record reported", resp, err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("invocation took %v; want the failure reported, not waited for", took)
+	}
+	if n := h.rec.CallCount(); n != 0 {
+		t.Errorf("%d handler calls with the store down, want none", n)
+	}
+}

@@ -141,12 +141,13 @@ func headers(pairs ...string) []dedup.Header {
 // context's deadline) unless dedup.WithLease is set. A nil w makes every
 // invocation fail with dedup.ErrConfig.
 func KinesisHandler(w *dedup.Wrapper[events.KinesisEventRecord]) func(context.Context, events.KinesisEvent) (events.KinesisEventResponse, error) {
+	p := newPolicy()
 	return func(ctx context.Context, ev events.KinesisEvent) (events.KinesisEventResponse, error) {
 		if w == nil {
 			return events.KinesisEventResponse{}, nilWrapper("KinesisHandler")
 		}
 		var resp events.KinesisEventResponse
-		for _, seq := range run(ctx, w, ev.Records, kinesisShard, func(r events.KinesisEventRecord) string { return r.Kinesis.SequenceNumber }) {
+		for _, seq := range run(ctx, w, p, ev.Records, kinesisShard, func(r events.KinesisEventRecord) string { return r.Kinesis.SequenceNumber }) {
 			resp.BatchItemFailures = append(resp.BatchItemFailures, events.KinesisBatchItemFailure{ItemIdentifier: seq})
 		}
 		return resp, nil

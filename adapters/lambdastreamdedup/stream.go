@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/adapterkit"
 	"github.com/dedupkit/dedup/internal/group"
 )
 
@@ -16,12 +17,24 @@ import (
 // RetryAfter plus this left before its deadline.
 const InPlaceReserve = time.Second
 
+// newPolicy returns the policy deciding the records' actions
+// (adapterkit's one mapping of the wrapper's answers): a record answered
+// OutcomeRetry or OutcomeInFlight is redelivered after the wrapper's
+// RetryAfter, unbounded, which is waited in place; one that could not be
+// made durable (the store or the sink failing) lapses, with no backoff of
+// the adapter's own: it is reported, and Lambda's retry of the batch
+// from it is its redelivery. No Run gives up on an outage: Lambda's
+// invocations are what the function's own retries bound.
+func newPolicy() *adapterkit.Policy {
+	return &adapterkit.Policy{InFlightDelay: adapterkit.Unbounded}
+}
+
 // run processes recs through w with stream semantics and returns the
 // sequence number of each shard's first record that did not settle.
-func run[M any](ctx context.Context, w *dedup.Wrapper[M], recs []M, shard, sequence func(M) string) []string {
+func run[M any](ctx context.Context, w *dedup.Wrapper[M], p *adapterkit.Policy, recs []M, shard, sequence func(M) string) []string {
 	var failed []string
 	for _, g := range group.By(recs, shard) {
-		if i := runShard(ctx, w, g); i < len(g) {
+		if i := runShard(ctx, w, p, g); i < len(g) {
 			failed = append(failed, sequence(g[i]))
 		}
 	}
@@ -29,29 +42,28 @@ func run[M any](ctx context.Context, w *dedup.Wrapper[M], recs []M, shard, seque
 }
 
 // runShard runs the records of one shard in order and returns the index of
-// the first that did not settle, len(g) when all did. A record that will be
-// retried, or is held elsewhere, is waited for in place (as a Kafka
-// partition waits) while the invocation's deadline allows, so that Lambda's
-// retries, which come at once and are counted by the event source mapping,
-// are spent only when the invocation runs out of time; the records after
-// it never run before it settles.
-func runShard[M any](ctx context.Context, w *dedup.Wrapper[M], g []M) int {
+// the first that did not settle, len(g) when all did. A record p decides
+// to redeliver (one that will be retried, or is held elsewhere) is waited
+// for in place (as a Kafka partition waits) while the invocation's
+// deadline allows, so that Lambda's retries, which come at once and are
+// counted by the event source mapping, are spent only when the invocation
+// runs out of time; the records after it never run before it settles.
+func runShard[M any](ctx context.Context, w *dedup.Wrapper[M], p *adapterkit.Policy, g []M) int {
 	for from := 0; ; {
-		next, stopped, retryAfter, waitable := from, false, time.Duration(0), false
-		// An error here (the batch claim failed) ran nothing: next stays from.
-		_ = w.HandleBatch(ctx, g[from:], func(i int, res dedup.Result, err error) bool {
-			if stopped {
-				return false
+		next, held := from, false
+		var d adapterkit.Decision
+		adapterkit.InOrder(p.Batch(nil), g[from:], func(ms []M, yield func(int, dedup.Result, error) bool) error {
+			return w.HandleBatch(ctx, ms, yield)
+		}, func(i int, _ dedup.Result, rd adapterkit.Decision) {
+			switch {
+			case held: // behind the first not settled: not run
+			case !rd.Settled():
+				held, d = true, rd
+			default:
+				next = from + i + 1
 			}
-			if err != nil || !res.Settled() {
-				next, stopped = from+i, true
-				retryAfter, waitable = res.RetryAfter, err == nil
-				return false
-			}
-			next = from + i + 1
-			return true
 		})
-		if next == len(g) || !waitable || !waitInPlace(ctx, retryAfter) {
+		if next == len(g) || d.Action != adapterkit.Redeliver || !waitInPlace(ctx, d.Delay) {
 			return next
 		}
 		from = next

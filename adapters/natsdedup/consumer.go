@@ -123,7 +123,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	r.Run = adapterkit.Start(ctx, c.w, adapterkit.Config{
 		Name: "natsdedup", Log: c.log,
 		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage,
-		InFlightDelay: c.cfg.InFlightDelay, Backoff: dedup.ExponentialBackoff(time.Second, maxFailureDelay),
+		InFlightDelay: c.cfg.InFlightDelay, Backoff: adapterkit.FailureBackoff,
 	})
 	r.Serve(r.hb.Run)
 	if c.cfg.js != nil {
@@ -135,10 +135,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	return r.Stop(nil)
 }
-
-// maxFailureDelay bounds the nak delay of deliveries not settled while the
-// store or the sink fails.
-const maxFailureDelay = 15 * time.Second
 
 // runner is the state of one Run.
 type runner struct {

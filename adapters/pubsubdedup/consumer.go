@@ -110,7 +110,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	r.Run = adapterkit.Start(ctx, c.w, adapterkit.Config{
 		Name: "pubsubdedup", Log: c.log,
 		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage,
-		InFlightDelay: c.cfg.InFlightDelay, Backoff: dedup.ExponentialBackoff(time.Second, maxFailureDelay),
+		InFlightDelay: c.cfg.InFlightDelay, Backoff: adapterkit.FailureBackoff,
 	})
 	sub := c.client.Subscriber(c.sub)
 	sub.ReceiveSettings = r.settings()
@@ -148,10 +148,6 @@ func (r *runner) awaitReceive(received <-chan error) {
 		r.log.Error("pubsubdedup: Receive has not returned; a handler still runs, ignoring its cancelled context")
 	}
 }
-
-// maxFailureDelay bounds the hold of messages not settled while the store
-// or the sink fails.
-const maxFailureDelay = 15 * time.Second
 
 // runner is the state of one Run.
 type runner struct {

@@ -118,17 +118,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	r.Run = adapterkit.Start(ctx, c.w, adapterkit.Config{
 		Name: "redisstreamdedup", Log: c.log,
 		ShutdownTimeout: c.cfg.ShutdownTimeout, MaxOutage: c.cfg.MaxOutage,
-		InFlightDelay: c.cfg.InFlightDelay, Backoff: dedup.ExponentialBackoff(time.Second, maxFailureDelay),
+		InFlightDelay: c.cfg.InFlightDelay, Backoff: adapterkit.FailureBackoff,
 	})
 	defer c.lost.Store(nil) // Health speaks of a running consumer only
 	r.Serve(r.hb.Run)
 	r.poll(r.Ctx)
 	return r.Stop(func() { r.ack(nil) })
 }
-
-// maxFailureDelay bounds the delay of entries not settled while the store
-// or the sink fails.
-const maxFailureDelay = 15 * time.Second
 
 // runner is the state of one Run.
 type runner struct {

@@ -1,6 +1,7 @@
 // Package adapterkit is what the transport adapters (amqpdedup, natsdedup,
-// sqsdedup, kafkadedup) share of a Consumer: the one mapping of the
-// wrapper's answer for a delivery to a broker action ([Batch.Decide]), the
+// sqsdedup, kafkadedup, pubsubdedup, redisstreamdedup, lambdastreamdedup)
+// share of a Consumer: the one mapping of the wrapper's answer for a
+// delivery to a broker action ([Batch.Decide]), the
 // one count of failures in a row and check of an outage ([Policy],
 // [Outage.Failed]), the handling of a batch whose claim failed or that
 // Run will not run ([Concurrent], [InOrder]), the give-up on an outage
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup/deduptype"
+	"github.com/dedupkit/dedup/internal/backoff"
 	"github.com/dedupkit/dedup/internal/logattr"
 )
 
@@ -102,6 +104,21 @@ func (d Decision) LogFailure(ctx context.Context, log *slog.Logger, msg string, 
 // RetryAfter (Kafka waits it out in place).
 const Unbounded = time.Duration(math.MaxInt64)
 
+// MaxFailureDelay bounds [FailureBackoff].
+const MaxFailureDelay = 15 * time.Second
+
+// failureBackoff is FailureBackoff's one backoff, safe for concurrent use.
+var failureBackoff = backoff.Exponential(time.Second, MaxFailureDelay)
+
+// FailureBackoff is the Policy Backoff of an adapter whose broker takes a
+// delivery back after a delay the adapter chooses (NATS's Nak with delay,
+// Pub/Sub's hold before the nack, a Redis entry's idle time) and that
+// offers no option for it: a delivery not settled because the store or the
+// sink failed comes back after 1 s, doubling with each batch in a row that
+// failed up to [MaxFailureDelay], jittered, so that a failing store is not
+// hammered and one back is tried again within MaxFailureDelay.
+func FailureBackoff(failures int) time.Duration { return failureBackoff(failures) }
+
 // errUnknownOutcome is the failure of a result with no outcome the mapping
 // knows: never acknowledged.
 var errUnknownOutcome = errors.New("adapterkit: result with no known outcome")
@@ -117,7 +134,10 @@ type Policy struct {
 	// batches in a row with one; nil: Lapse, the broker's timeout is the
 	// delay.
 	Backoff func(failures int) time.Duration
-	// Outage is told of each batch with a delivery not settled.
+	// Outage is told of each batch with a delivery not settled; nil for a
+	// handler that runs under no Run (a Lambda invocation: the wrapper's
+	// own tracker still logs the outage), whose failures are logged at
+	// WARN and never give up.
 	Outage *Outage
 
 	failures atomic.Int64 // batches in a row with a delivery not settled
@@ -199,7 +219,10 @@ func (b *Batch) failed(err error) Decision {
 	if !b.counted {
 		b.counted = true
 		b.n = int(b.p.failures.Add(1))
-		b.level = b.p.Outage.Failed()
+		b.level = slog.LevelWarn
+		if b.p.Outage != nil {
+			b.level = b.p.Outage.Failed()
+		}
 	}
 	d := Decision{Action: Lapse, Err: err, Level: b.level, Failures: b.n}
 	if b.p.Backoff != nil {

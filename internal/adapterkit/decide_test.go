@@ -116,6 +116,22 @@ func TestFailureDuringAnOutage(t *testing.T) {
 	}
 }
 
+// A Policy with no Outage (a Lambda handler, under no Run) decides a
+// failure at WARN, counted, and never gives up; without a backoff it lapses.
+func TestFailureWithNoOutage(t *testing.T) {
+	p := &Policy{InFlightDelay: Unbounded}
+	for n := 1; n <= 2; n++ {
+		d := p.Batch(nil).Decide(deduptype.Result{}, errStore)
+		if want := (Decision{Action: Lapse, Err: errStore, Level: slog.LevelWarn, Failures: n}); d != want {
+			t.Errorf("failure %d: %+v, want %+v", n, d, want)
+		}
+	}
+	// Unbounded leaves the wrapper's RetryAfter as it is.
+	if d := p.Batch(nil).Decide(deduptype.Result{Outcome: deduptype.OutcomeInFlight, RetryAfter: time.Hour}, nil); d.Action != Redeliver || d.Delay != time.Hour {
+		t.Errorf("in flight: %+v, want Redeliver after the wrapper's hour", d)
+	}
+}
+
 // A delivery not settled is logged with the wait before it comes back as a
 // Go duration string, and its error.
 func TestLogFailureRetryIn(t *testing.T) {
@@ -129,6 +145,19 @@ func TestLogFailureRetryIn(t *testing.T) {
 	for key, want := range map[string]string{"level": "WARN", "retry_in": "1.5s", "error": "store down", "message_id": "m1"} {
 		if got := lines[0][key]; got != want {
 			t.Errorf("%s = %#v, want %q", key, got, want)
+		}
+	}
+}
+
+// FailureBackoff starts at about a second and is bounded by
+// MaxFailureDelay.
+func TestFailureBackoffBounds(t *testing.T) {
+	for range 50 {
+		if d := FailureBackoff(1); d < time.Second/2 || d >= time.Second {
+			t.Fatalf("first failure: %v, want in [0.5s, 1s)", d)
+		}
+		if d := FailureBackoff(1000); d < MaxFailureDelay/2 || d >= MaxFailureDelay {
+			t.Fatalf("1000th failure: %v, want in [%v, %v)", d, MaxFailureDelay/2, MaxFailureDelay)
 		}
 	}
 }
