@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -126,5 +127,30 @@ func BenchmarkRedisClaimReplay(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkRedisClaimNew claims a new key and completes it with a 300-byte
+// result, one caller at a time: a new key's two round trips.
+func BenchmarkRedisClaimNew(b *testing.B) {
+	s, err := New(testenv.Redis(b), WithKeyPrefix("bench:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	scope := "bench-new-" + deduptype.NewOwnerToken()[:8]
+	result := make([]byte, 300)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		k := dedup.Key{Scope: scope, EventID: strconv.Itoa(i)}
+		c, err := s.Claim(ctx, dedup.ClaimRequest{Key: k, Fingerprint: "fp", Lease: time.Minute, TTL: time.Minute})
+		if err != nil || c.Status != dedup.ClaimAcquired {
+			b.Fatal(c.Status, err)
+		}
+		if err := s.Complete(ctx, k, c.Record.Owner, result, time.Minute); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -24,31 +24,40 @@ func (s *Store) claimFast(ctx context.Context, op string, reqs []dedup.ClaimRequ
 		return s.claimEach(ctx, op, reqs)
 	}
 	tokens := deduptype.NewOwnerTokens(len(reqs), ' ')
-	cmds := make([]*redis.StringCmd, len(reqs))
+	// sets[i] and expiries[i] are key i's SET NX GET and PEXPIRETIME.
+	sets := make([]*redis.StringCmd, len(reqs))
 	expiries := make([]*redis.IntCmd, len(reqs))
-	pipe := s.client.Pipeline()
+	cmds := make([]redis.Cmder, 0, 1+2*len(reqs))
 	for i, req := range reqs {
 		if req.TTL < time.Millisecond {
 			continue // a TTL of zero deletes the record at once: the script's case
 		}
-		key := redisKey(s.prefix, req.Key)
-		cmds[i] = redis.NewStringCmd(ctx, "set", key, packNew(req, tokens.At(i)), "px", req.TTL.Milliseconds(), "nx", "get")
-		_ = pipe.Process(ctx, cmds[i])
+		key := any(redisKey(s.prefix, req.Key))
+		if len(cmds) == 0 {
+			// go-redis takes the first command's error for the pipeline's
+			// and weighs it for a retry, which allocates a score of
+			// times: SET NX GET's answer for a new key (redis.Nil) would
+			// be that error. PEXPIRETIME answers without one.
+			cmds = append(cmds, redis.NewIntCmd(ctx, "pexpiretime", key))
+		}
+		sets[i] = redis.NewStringCmd(ctx, "set", key, packNew(req, tokens.At(i)), "px", req.TTL.Milliseconds(), "nx", "get")
 		expiries[i] = redis.NewIntCmd(ctx, "pexpiretime", key)
-		_ = pipe.Process(ctx, expiries[i])
+		cmds = append(cmds, sets[i], expiries[i])
 	}
+	pipe := s.client.Pipeline()
+	_ = pipe.BatchProcess(ctx, cmds...)
 	if _, err := pipe.Exec(ctx); err != nil {
 		s.follow(err)
 	}
 	claims := make([]dedup.Claim, len(reqs))
 	errs := make([]error, len(reqs))
 	var rest []int
-	for i, cmd := range cmds {
-		if cmd == nil {
+	for i, set := range sets {
+		if set == nil {
 			rest = append(rest, i)
 			continue
 		}
-		v, err := cmd.Result()
+		v, err := set.Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			if ea, err := expiries[i].Result(); err == nil && ea > 0 {

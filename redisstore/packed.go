@@ -23,18 +23,25 @@ const packedLen = 13
 // packNew returns the record SET NX creates for req under owner: created,
 // updated, lease end and expiry are the key's, which the server sets from
 // its own clock (see the record's layout).
-func packNew(req dedup.ClaimRequest, owner string) string {
+func packNew(req dedup.ClaimRequest, owner string) []byte {
 	b := make([]byte, 0, 64+len(req.Fingerprint)+len(owner))
 	b = append(b, 0x90|packedLen)
 	b = appendStr(b, string(dedup.StatusProcessing))
 	b = appendStr(b, req.Fingerprint)
 	b = append(b, 1) // attempts, a positive fixint
 	b = appendStr(b, owner)
-	b = appendStr(b, "+"+strconv.FormatInt(req.Lease.Milliseconds(), 10))
+	b = appendRelative(b, req.Lease)
 	b = append(b, mpFalse, mpFalse) // ca, ua
-	b = appendStr(b, "+"+strconv.FormatInt(req.TTL.Milliseconds(), 10))
-	b = append(b, mpFalse, mpFalse, mpFalse, mpFalse, mpFalse) // le ff lf rs sn
-	return string(b)
+	b = appendRelative(b, req.TTL)
+	return append(b, mpFalse, mpFalse, mpFalse, mpFalse, mpFalse) // le ff lf rs sn
+}
+
+// appendRelative appends d from the record's creation, "+<ms>", as a str.
+func appendRelative(b []byte, d time.Duration) []byte {
+	var digits [24]byte
+	v := strconv.AppendInt(append(digits[:0], '+'), d.Milliseconds(), 10)
+	b = append(b, 0xa0|byte(len(v)))
+	return append(b, v...)
 }
 
 const (

@@ -125,7 +125,7 @@ for i, k in ipairs(KEYS) do
     elseif st == 'FAILED_RETRYABLE' or lu <= now then
       code, aux = 1, st
       r[1], r[3], r[4], r[5], r[7], r[8] = 'PROCESSING', at + 1, owner, now + lease, now, now + ttl
-      put(k, r, str)
+      put(k, r, str, now)
     end
   end
   if code == 2 then
@@ -168,8 +168,10 @@ var claimScript = newScript(claimSource)
 // (false for an absent field) and whether it is a string; a string that is
 // no record loads as status "?". pack returns the record r (as load
 // answers it) as one string: a MessagePack array of its 13 values, the
-// times and attempts as integers (see packedRecord). put writes r back in
-// the form it was loaded in, expiring at r[8].
+// times and attempts as integers (see packed.go). setUntil sets k to v
+// until ea (SET PX, not PXAT, which Redis before 6.2 lacks), or deletes it
+// when ea has passed. put writes r back in the form it was loaded in,
+// expiring at r[8].
 const luaRecord = `local function load(k)
   if redis.call('TYPE', k)['ok'] ~= 'string' then
     return redis.call('HMGET', k, 'st', 'fp', 'at', 'ow', 'lu', 'ca', 'ua', 'ea', 'le', 'ff', 'lf', 'rs', 'sn'), false
@@ -191,9 +193,16 @@ local function pack(r)
   end
   return cmsgpack.pack(r)
 end
-local function put(k, r, str)
+local function setUntil(k, v, ea, now)
+  if ea > now then
+    redis.call('SET', k, v, 'PX', ea - now)
+  else
+    redis.call('DEL', k)
+  end
+end
+local function put(k, r, str, now)
   if str then
-    redis.call('SET', k, pack(r), 'PXAT', r[8])
+    setUntil(k, pack(r), tonumber(r[8]), now)
     return
   end
   redis.call('HSET', k, 'st', r[1], 'at', r[3], 'ow', r[4], 'lu', r[5], 'ua', r[7], 'ea', r[8], 'sn', r[13] or '')
@@ -226,7 +235,7 @@ for i, k in ipairs(KEYS) do
     -- Only a SUCCEEDED record has a result, so a held one has none.
     r[1], r[7], r[8], r[13] = 'SUCCEEDED', now, now + ttl, nonce
     r[12] = ARGV[a + 4] == '1' and ARGV[a + 5]
-    redis.call('SET', k, pack(r), 'PXAT', now + ttl)
+    setUntil(k, pack(r), now + ttl, now)
     out[i] = 1
   end
 end
@@ -243,11 +252,11 @@ if again then return 1 end
 if not held then return 0 end
 r[1], r[7], r[8], r[9], r[10], r[11], r[13] = ARGV[3], now, now + ttl, ARGV[4], r[10] or now, now, nonce
 if ARGV[3] == 'FAILED_FINAL' then
-  redis.call('SET', k, pack(r), 'PXAT', now + ttl)
+  setUntil(k, pack(r), now + ttl, now)
   return 1
 end
 if str then
-  put(k, r, str)
+  put(k, r, str, now)
   return 1
 end
 redis.call('HSET', k, 'st', ARGV[3], 'le', ARGV[4], 'lf', now, 'ua', now, 'ea', now + ttl, 'sn', nonce)
@@ -264,7 +273,7 @@ local k, owner, nonce = KEYS[1], ARGV[1], ARGV[2]
 if again then return 1 end
 if not held then return 0 end
 r[1], r[3], r[5], r[7], r[13] = 'FAILED_RETRYABLE', tonumber(r[3]) - 1, now, now, nonce
-put(k, r, str)
+put(k, r, str, now)
 return 1
 `)
 
@@ -275,7 +284,7 @@ local k, owner = KEYS[1], ARGV[1]
 local r, str = load(k)
 if r[1] ~= 'PROCESSING' or r[4] ~= owner then return 0 end
 r[5], r[7] = now + tonumber(ARGV[2]), now
-put(k, r, str)
+put(k, r, str, now)
 return 1
 `)
 

@@ -36,7 +36,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -370,9 +369,10 @@ func (s *Store) Purge(ctx context.Context) (int, error) {
 }
 
 // newNonce returns a token for one settling write; it only has to differ
-// from the other settling writes of the same owner.
-func newNonce() string {
-	return strconv.FormatUint(rand.Uint64(), 36)
+// from the other settling writes of the same owner. The server compares it
+// as the decimal text go-redis sends.
+func newNonce() uint64 {
+	return rand.Uint64()
 }
 
 // refused turns a script's 0 into ErrLeaseLost.
