@@ -19,18 +19,18 @@ import (
 // changed the record, which lets a write the client sent twice (go-redis
 // retries a command whose connection broke) recognise its own first run.
 //
-// As a string, the same fields packed in one value (see luaRecord and
-// parsePacked), so that one native command reads or creates it: a Claim
-// creates a record by SET NX GET, which answers a record already there,
-// and a settled record (SUCCEEDED, FAILED_FINAL), which never changes
-// again, is always a string, so that a replay costs the server one GET's
-// work and no script. A record SET NX created does not know the server's
-// time: its lease end and expiry are stored relative ("+" and
-// milliseconds) to the key's own expiry, which the server set from its
-// clock, and the reader resolves them with PEXPIRETIME. The scripts read both
-// forms and write each record in the form it has, so that every write is
-// one command; a claim the script creates (ClaimBatch, a takeover) is a
-// hash, and records of earlier versions, all hashes, keep being read.
+// As a string, the same fields and sn packed in one value (packed.go), so
+// that one native command reads or creates it: a Claim creates a record by
+// SET NX GET, which answers the record already there instead, and a
+// settled record (SUCCEEDED, FAILED_FINAL), which never changes again, is
+// always a string, so that a replay costs the server a GET's work and no
+// script. A record SET NX created stores its lease end and expiry relative
+// ("+<ms>") to its creation, which the key's expiry, set by the server from
+// its clock, fixes: readers resolve them with PEXPIRETIME. The scripts
+// read both forms; each write keeps the record's form, but a settling
+// write, which makes it a string. A record a script creates (ClaimBatch)
+// is a hash, and the records of earlier versions, all hashes, keep being
+// read.
 //
 // Times are Unix milliseconds from the server's TIME, read inside every
 // script that writes or decides a lease, so a worker's clock never decides
