@@ -50,7 +50,9 @@ func hexSHA256(b []byte) string {
 func JSONFingerprint(version string, fields ...string) FingerprintFunc {
 	fields = append([]string(nil), fields...)
 	return func(payload []byte) (string, error) {
-		buf := make([]byte, 0, len(version)+1+len(payload))
+		// Room for the canonical form twice: an object is written after
+		// its members' values, then moved over them (canonParser.object).
+		buf := make([]byte, 0, len(version)+1+2*len(payload)+16)
 		buf = append(append(buf, version...), 0)
 		out, err := appendCanonicalJSON(buf, payload, fields)
 		if err != nil {

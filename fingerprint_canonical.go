@@ -115,12 +115,14 @@ func (p *canonParser) object(dst []byte, depth int, fields []string) ([]byte, er
 		return nil, errNotCanonicalized
 	}
 	p.pos++ // '{'
-	// Most objects are small: their members and values stay on the stack.
-	var (
-		membersBuf [8]member
-		valsBuf    [256]byte
-	)
-	members, vals := membersBuf[:0], valsBuf[:0]
+	// The members' canonical values are written past the end of dst, then
+	// the object after them, which is moved down over them: dst's own
+	// buffer is the scratch space (a buffer of the object's own would
+	// escape, the parser being recursive). Most objects have few members,
+	// which stay on the stack.
+	var membersBuf [8]member
+	members, vals := membersBuf[:0], dst
+	base := len(dst)
 	p.space()
 	if p.pos < len(p.data) && p.data[p.pos] == '}' {
 		p.pos++
@@ -168,7 +170,8 @@ func (p *canonParser) object(dst []byte, depth int, fields []string) ([]byte, er
 		p.pos++
 	}
 	slices.SortStableFunc(members, func(a, b member) int { return bytes.Compare(a.key, b.key) })
-	dst = append(dst, '{')
+	dst = append(vals, '{')
+	obj := len(vals)
 	first := true
 	for i, m := range members {
 		if i+1 < len(members) && bytes.Equal(members[i+1].key, m.key) {
@@ -183,9 +186,10 @@ func (p *canonParser) object(dst []byte, depth int, fields []string) ([]byte, er
 		} else {
 			dst = append(appendString(dst, string(m.key)), ':')
 		}
-		dst = append(dst, vals[m.start:m.end]...)
+		dst = append(dst, dst[m.start:m.end]...)
 	}
-	return append(dst, '}'), nil
+	dst = append(dst, '}')
+	return dst[:base+copy(dst[base:], dst[obj:])], nil
 }
 
 func (p *canonParser) array(dst []byte, depth int) ([]byte, error) {

@@ -93,6 +93,7 @@ type Attempt[M any] struct {
 	w      *Wrapper[M]
 	d      delivery[M]
 	result frontResult
+	bound  boundedContext // the context of complete's write
 }
 
 // frontResult is what a front end's success stores: data, and whether it
@@ -145,7 +146,11 @@ func (a *Attempt[M]) Refuse(ctx context.Context, result []byte) error {
 func (a *Attempt[M]) complete(ctx context.Context, result []byte, standalone bool) error {
 	a.result = frontResult{data: result, standalone: standalone}
 	a.d.result = &a.result
-	sctx := withBound(ctx, outcomeLeases*a.d.leaseTime) // a front end's attempt is detached: see settleCtx
+	sctx := &a.bound
+	if sctx.Context != nil { // a second completion: the first one's context may still be held
+		sctx = new(boundedContext)
+	}
+	sctx.bind(ctx, outcomeLeases*a.d.leaseTime) // a front end's attempt is detached: see settleCtx
 	defer sctx.release()
 	return a.observed(a.w.complete(sctx, &a.d))
 }

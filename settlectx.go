@@ -26,7 +26,14 @@ type boundedContext struct {
 // withBound returns ctx's values without its cancellation, done once bound
 // has passed or its release is called.
 func withBound(ctx context.Context, bound time.Duration) *boundedContext {
-	return &boundedContext{Context: context.WithoutCancel(ctx), deadline: time.Now().Add(bound)}
+	return new(boundedContext).bind(ctx, bound)
+}
+
+// bind makes c, unused until now, what withBound returns: a caller that
+// holds a boundedContext in a struct of its own saves its allocation.
+func (c *boundedContext) bind(ctx context.Context, bound time.Duration) *boundedContext {
+	c.Context, c.deadline = context.WithoutCancel(ctx), time.Now().Add(bound)
+	return c
 }
 
 func (c *boundedContext) Deadline() (time.Time, bool) { return c.deadline, true }

@@ -85,6 +85,9 @@ func (k Key) Validate() error {
 }
 
 func checkID(s string) string {
+	if len(s) <= MaxIDLen && printableASCII(s) {
+		return "" // the usual ID, without decoding runes
+	}
 	switch {
 	case s == "":
 		return "is empty"
@@ -99,4 +102,15 @@ func checkID(s string) string {
 		}
 	}
 	return ""
+}
+
+// printableASCII reports whether s is non-empty and all printable ASCII:
+// valid UTF-8 without control characters.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f {
+			return false
+		}
+	}
+	return s != ""
 }

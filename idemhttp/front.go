@@ -195,7 +195,7 @@ func (f *front) cacheSettled(p *prepared, snap []byte) {
 		return
 	}
 	var s snapshot
-	if decodeSnapshot(snap, &s) != nil { // encodeSnapshot refuses what decoding would
+	if splitSnapshot(snap, &s) != nil { // encodeSnapshot refused what decodeSnapshot would
 		return
 	}
 	expires := f.cfg.now().Add(f.cfg.ttl)

@@ -140,6 +140,9 @@ func parseBareKey(v string) (string, error) {
 // parseString parses the sf-string at the start of v and returns its value
 // and what follows it.
 func parseString(v string) (value, rest string, err error) {
+	if end := strings.IndexByte(v[1:], '"') + 1; end > 0 && plainString(v[1:end]) {
+		return v[1:end], v[end+1:], nil // the usual key: nothing escaped
+	}
 	var b strings.Builder
 	escaped := false // the value differs from v[1:i]; b holds it
 	for i := 1; i < len(v); i++ {
@@ -166,6 +169,17 @@ func parseString(v string) (value, rest string, err error) {
 		}
 	}
 	return "", "", errors.New("the string has no closing quote")
+}
+
+// plainString reports whether s is printable ASCII without a backslash: an
+// sf-string's content as it is written.
+func plainString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // parseParams checks that rest is a list of RFC 8941 parameters.

@@ -140,10 +140,17 @@ func seenBefore(text string, ends []int32, k int, name string) bool {
 // stored that cannot be replayed: more than maxSnapHeaders values, or a value
 // with a control character.
 func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]byte, error) {
+	// Each name is looked up once, its values kept for the second pass.
+	var stack [16][]string
+	values := stack[:0]
+	if len(names) > len(stack) {
+		values = make([][]string, 0, len(names))
+	}
 	size := 4 + len(body)
 	n := 0
 	for _, name := range names {
-		for _, v := range h[name] {
+		values = append(values, h[name])
+		for _, v := range values[len(values)-1] {
 			if !validHeaderValue(v) {
 				return nil, fmt.Errorf("idemhttp: header %s has a control character in its value", name)
 			}
@@ -158,8 +165,8 @@ func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]b
 	b = append(b, snapshotMagic, snapshotVersion)
 	b = binary.BigEndian.AppendUint16(b, uint16(status))
 	b = binary.AppendUvarint(b, uint64(n))
-	for _, name := range names {
-		for _, v := range h[name] {
+	for i, name := range names {
+		for _, v := range values[i] {
 			b = binary.AppendUvarint(b, uint64(len(name)))
 			b = append(b, name...)
 			b = binary.AppendUvarint(b, uint64(len(v)))
@@ -172,6 +179,25 @@ func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]b
 // decodeSnapshot decodes b into s, refusing anything encodeSnapshot cannot
 // have written.
 func decodeSnapshot(b []byte, s *snapshot) error {
+	if err := splitSnapshot(b, s); err != nil {
+		return err
+	}
+	for k := 0; k < s.n; k++ {
+		name, value := field(s.text, s.ends[:], 2*k), field(s.text, s.ends[:], 2*k+1)
+		if !validToken(name) || http.CanonicalHeaderKey(name) != name {
+			return fmt.Errorf("%w: header %d name %q", errSnapshot, k, name)
+		}
+		if !validHeaderValue(value) {
+			return fmt.Errorf("%w: header %s value", errSnapshot, name)
+		}
+	}
+	return nil
+}
+
+// splitSnapshot decodes b into s, checking its lengths but not its header
+// names and values: enough for a snapshot encodeSnapshot has just made,
+// which refused what decodeSnapshot would.
+func splitSnapshot(b []byte, s *snapshot) error {
 	if len(b) < 5 || b[0] != snapshotMagic {
 		return fmt.Errorf("%w: no snapshot header", errSnapshot)
 	}
@@ -208,15 +234,6 @@ func decodeSnapshot(b []byte, s *snapshot) error {
 		s.ends[i] = int32(buf.Len())
 	}
 	s.n, s.text, s.body = n, buf.String(), rest
-	for k := 0; k < n; k++ {
-		name, value := field(s.text, s.ends[:], 2*k), field(s.text, s.ends[:], 2*k+1)
-		if !validToken(name) || http.CanonicalHeaderKey(name) != name {
-			return fmt.Errorf("%w: header %d name %q", errSnapshot, k, name)
-		}
-		if !validHeaderValue(value) {
-			return fmt.Errorf("%w: header %s value", errSnapshot, name)
-		}
-	}
 	return nil
 }
 
