@@ -67,8 +67,10 @@ type Store struct {
 
 // coalescedFlights is how many coalesced calls of one kind may be in
 // flight at once: more lets a few callers' claims overlap, fewer makes
-// the batches of many callers larger.
-const coalescedFlights = 2
+// the batches of many callers larger. Since a claim is native commands,
+// one is faster (BENCHMARKS.md: a replay missing the cache 0.63x of a bare
+// handler against 0.60x with two, a new key level).
+const coalescedFlights = 1
 
 var (
 	_ dedup.Store              = (*Store)(nil)
