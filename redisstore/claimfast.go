@@ -93,9 +93,9 @@ func (s *Store) claimFast(ctx context.Context, op string, reqs []dedup.ClaimRequ
 	return claims, errs
 }
 
-// created returns the claim of req that SET NX created under owner, whose
-// key the server set to expire at ea (Unix ms): the record's times follow
-// from it as the scripts resolve them.
+// created returns the claim of req created under owner, whose key the
+// server set to expire at ea (Unix ms): the record's times follow from it,
+// as the scripts resolve those of a record SET NX created.
 func created(req dedup.ClaimRequest, owner string, ea int64) dedup.Claim {
 	now := time.UnixMilli(ea - req.TTL.Milliseconds())
 	return dedup.Claim{Status: dedup.ClaimAcquired, Record: dedup.Record{

@@ -37,12 +37,7 @@ func (r *claimReply) next(req dedup.ClaimRequest, owner string) (dedup.Claim, er
 			break
 		}
 		r.vals = r.vals[2:]
-		now := time.UnixMilli(ms)
-		return dedup.Claim{Status: dedup.ClaimAcquired, Record: dedup.Record{
-			Key: req.Key, Status: dedup.StatusProcessing, Fingerprint: req.Fingerprint, Attempts: 1, Owner: owner,
-			LeaseUntil: time.UnixMilli(ms + req.Lease.Milliseconds()), CreatedAt: now, UpdatedAt: now,
-			ExpiresAt: time.UnixMilli(ms + req.TTL.Milliseconds()),
-		}}, nil
+		return created(req, owner, ms+req.TTL.Milliseconds()), nil
 	case "-1":
 		r.vals = r.vals[1:]
 		return dedup.Claim{}, fmt.Errorf("%w: stored attempts, lease or expiry is not a number", dedup.ErrMalformedRecord)

@@ -148,11 +148,7 @@ for i, k in ipairs(KEYS) do
     end
     out[n + 1], out[n + 2] = code, aux
     for j = 1, 12 do
-      local v = r[j]
-      if type(v) == 'number' then
-        v = string.format('%.0f', v)
-      end
-      out[n + 2 + j] = v or ''
+      out[n + 2 + j] = text(r[j]) or ''
     end
     n = n + 14
   end
@@ -171,7 +167,8 @@ var claimScript = newScript(claimSource)
 // times and attempts as integers (see packed.go). setUntil sets k to v
 // until ea (SET PX, not PXAT, which Redis before 6.2 lacks), or deletes it
 // when ea has passed. put writes r back in the form it was loaded in,
-// expiring at r[8].
+// expiring at r[8]. text returns a field as a reply gives it: a number as
+// its integer text.
 const luaRecord = `local function load(k)
   if redis.call('TYPE', k)['ok'] ~= 'string' then
     return redis.call('HMGET', k, 'st', 'fp', 'at', 'ow', 'lu', 'ca', 'ua', 'ea', 'le', 'ff', 'lf', 'rs', 'sn'), false
@@ -186,6 +183,12 @@ const luaRecord = `local function load(k)
     r[6], r[7], r[8] = ca, ca, ca + tonumber(string.sub(r[8], 2))
   end
   return r, true
+end
+local function text(v)
+  if type(v) == 'number' then
+    return string.format('%.0f', v)
+  end
+  return v
 end
 local function pack(r)
   for _, j in ipairs({3, 5, 6, 7, 8, 10, 11}) do
@@ -294,11 +297,7 @@ var getScript = newScript(luaRecord + `
 local r = load(KEYS[1])
 local out = {}
 for j = 1, 12 do
-  local v = r[j]
-  if type(v) == 'number' then
-    v = string.format('%.0f', v)
-  end
-  out[j] = v
+  out[j] = text(r[j])
 end
 return out
 `)
