@@ -1,6 +1,10 @@
 package idemhttp
 
 import (
+	"bytes"
+	"encoding/binary"
+	"hash/maphash"
+	"net/http"
 	"sync"
 	"time"
 	"unsafe"
@@ -23,53 +27,115 @@ import (
 // Every operation takes one mutex for O(1) work: a map lookup and a move in
 // a doubly linked list of recency. It runs no goroutine; an expired entry
 // is dropped when it is next looked up or when it reaches the list's tail.
+//
+// The garbage collector follows one pointer per entry and none in the
+// index: an entry's parts are cut from one byte slice, the entries sit in
+// one slice of slots linked by number, and the index maps a hash of the key
+// to a slot number. A cache of strings and structs per entry made every
+// collection of a server holding it walk thousands of objects, and cost a
+// new key more than everything else the middleware does (BENCHMARKS.md).
 type replayCache struct {
 	budget   int // bytes the entries may hold together
 	maxEntry int // bytes one entry may hold: larger answers are not cached
 	maxAge   time.Duration
 	now      func() time.Time
+	seed     maphash.Seed
 
-	mu      sync.Mutex
-	entries map[dedup.Key]*cacheEntry
-	lru     cacheEntry // the list's sentinel: lru.next most recently used, lru.prev least
-	used    int        // bytes held, as entrySize counts them
+	mu    sync.Mutex
+	index map[uint64]int32 // the hash of an entry's key (hash) to its slot
+	// slots holds the entries; slots[0] is the recency list's sentinel:
+	// its next is the most recently used entry, its prev the least.
+	slots []cacheSlot
+	free  []int32 // slots of dropped entries, for the next ones
+	used  int     // bytes held, as cacheSlot.size counts them
 }
 
-// cacheEntry is one settled answer. Its key, fingerprint, answer and
-// deadline never change once it is in the cache, so they are read outside
-// the lock; prev and next belong to the lock.
-type cacheEntry struct {
-	key         dedup.Key
-	fingerprint string
-	// shape is that of a request the answer is known to fit, when its body
-	// is small enough to keep (shaped).
-	shape      requestShape
-	shaped     bool
-	answer     storedAnswer
-	ends       [4]int32  // answer's ends, for two headers or fewer: no allocation of their own
-	deadline   time.Time // on the cache's clock
+// cacheSlot is an entry in its place in the cache.
+type cacheSlot struct {
+	entry      cached
+	hash       uint64
+	deadline   int64 // Unix nanoseconds, on the cache's clock
 	size       int
-	prev, next *cacheEntry
+	prev, next int32
 }
 
-// entryOverhead approximates what an entry costs beyond its strings and
-// slices: the entry itself, its share of the map (a slot holds the key's
-// two string headers and a pointer, and a growing map has room to spare)
-// and the rounding of its allocations up to the allocator's size classes.
-// With it, the count is within about a tenth under what the heap holds for
-// the entries (measured with bodies of 50 B to 4 KiB).
-const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 128
-
-// entrySize approximates the bytes an entry holds: its key's strings, its
-// fingerprint, its header names and values with their ends, its body, and
-// entryOverhead. A body shares the buffer the store returned or the
-// snapshot encoded, which is that body plus the encoded headers: close
-// enough.
-func entrySize(key dedup.Key, fingerprint string, shape *requestShape, a *storedAnswer) int {
-	return len(key.Scope) + len(key.EventID) + len(fingerprint) +
-		len(shape.route) + len(shape.query) + cap(shape.body) +
-		len(a.text) + 4*len(a.ends) + len(a.body) + entryOverhead
+// cached is one settled answer and what it is known to answer: its key,
+// the record's fingerprint, the shape of a request it fits and the answer.
+// Each part is cut from data, which never changes once the entry is made,
+// so that a copy is read outside the lock.
+type cached struct {
+	data   []byte
+	ends   [cachedParts]int32 // where each part ends in data
+	status int32
+	fields int32 // the answer's header names and values; data begins with where each ends in the text part, 4 bytes each
+	json   bool  // the shape's
+	shaped bool  // the shape is kept: its body was small enough
 }
+
+// The parts of a cached entry, in data's order.
+const (
+	partScope = iota
+	partID
+	partFingerprint
+	partMethod
+	partRoute
+	partQuery
+	partRequest // the body of the request of the shape
+	partText    // the answer's header names and values
+	partBody    // the answer's body
+	cachedParts
+)
+
+// part returns the i-th part of e.
+func (e *cached) part(i int) []byte {
+	from := 4 * e.fields
+	if i > 0 {
+		from = e.ends[i-1]
+	}
+	return e.data[from:e.ends[i]:e.ends[i]]
+}
+
+// str returns the i-th part of e as a string sharing its bytes, which never
+// change.
+func (e *cached) str(i int) string {
+	b := e.part(i)
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+// fingerprint returns the fingerprint of the record e was filled from.
+func (e *cached) fingerprint() string { return e.str(partFingerprint) }
+
+// holds reports whether e is key's entry, not another key's of the same
+// hash.
+func (e *cached) holds(key dedup.Key) bool {
+	return string(e.part(partScope)) == key.Scope && string(e.part(partID)) == key.EventID
+}
+
+// fits reports whether e's answer is known to fit requests of shape s,
+// byte for byte like one it answered.
+func (e *cached) fits(s *requestShape) bool {
+	return e.shaped && e.json == s.json && string(e.part(partMethod)) == s.method &&
+		string(e.part(partRoute)) == s.route && string(e.part(partQuery)) == s.query &&
+		bytes.Equal(e.part(partRequest), s.body)
+}
+
+// writeReplay answers w with e's answer, marked as a replay, byte for byte
+// as a replay of the snapshot it came from.
+func (e *cached) writeReplay(w http.ResponseWriter) {
+	var ends [2 * maxSnapHeaders]int32
+	for i := range e.fields {
+		ends[i] = int32(binary.LittleEndian.Uint32(e.data[4*i:]))
+	}
+	writeReplay(w, int(e.status), e.str(partText), ends[:e.fields], e.part(partBody))
+}
+
+// slotOverhead approximates what an entry costs beyond its data: its slot,
+// its share of the index (a hash and a slot number, with the spare room of
+// a growing map) and of the free list.
+const slotOverhead = int(unsafe.Sizeof(cacheSlot{})) + 32
 
 // maxShapeBody is the largest request body an entry keeps to answer a
 // request of the same shape without a fingerprint: a larger one is
@@ -83,8 +149,7 @@ func newReplayCache(budget int, maxAge time.Duration, now func() time.Time) *rep
 		return nil
 	}
 	c := &replayCache{budget: budget, maxEntry: budget / replayCacheEntryShare, maxAge: maxAge, now: now,
-		entries: make(map[dedup.Key]*cacheEntry)}
-	c.lru.next, c.lru.prev = &c.lru, &c.lru
+		seed: maphash.MakeSeed(), index: make(map[uint64]int32), slots: make([]cacheSlot, 1)}
 	return c
 }
 
@@ -93,38 +158,49 @@ func newReplayCache(budget int, maxAge time.Duration, now func() time.Time) *rep
 // others.
 const replayCacheEntryShare = 8
 
-// get returns key's entry, most recently used now, or nil when there is
-// none or its deadline has passed (it is then dropped). A nil cache has no
-// entries.
-func (c *replayCache) get(key dedup.Key) *cacheEntry {
-	if c == nil {
-		return nil
-	}
-	now := c.now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e := c.entries[key]
-	switch {
-	case e == nil:
-		return nil
-	case !now.Before(e.deadline):
-		c.remove(e)
-		return nil
-	}
-	if c.lru.next != e {
-		e.unlink()
-		c.pushFront(e)
-	}
-	return e
+// hash returns the index's hash of key.
+func (c *replayCache) hash(key dedup.Key) uint64 {
+	var h maphash.Hash
+	h.SetSeed(c.seed)
+	h.WriteString(key.Scope)
+	h.WriteByte(0)
+	h.WriteString(key.EventID)
+	return h.Sum64()
 }
 
-// put caches s, the settled answer of key for requests of fingerprint, one
-// of which is of shape,
-// until expires (the record's expiry; the zero time if unknown, and then it
-// is not cached) or its max age, whichever is first. An answer over the
-// entry limit is not cached, and an older entry of key is dropped either
-// way. A nil cache keeps nothing.
-func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape, s *snapshot, expires time.Time) {
+// get returns key's entry, most recently used now, and false when there is
+// none or its deadline has passed (it is then dropped). A nil cache has no
+// entries.
+func (c *replayCache) get(key dedup.Key) (cached, bool) {
+	if c == nil {
+		return cached{}, false
+	}
+	h := c.hash(key)
+	now := c.now().UnixNano()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i, ok := c.index[h]
+	switch {
+	case !ok || !c.slots[i].entry.holds(key):
+		return cached{}, false
+	case now >= c.slots[i].deadline:
+		c.drop(i)
+		return cached{}, false
+	}
+	if c.slots[0].next != i {
+		c.unlink(i)
+		c.pushFront(i)
+	}
+	return c.slots[i].entry, true
+}
+
+// put caches snap, the encoded settled answer of key for requests of
+// fingerprint, one of which is of shape, until expires (the record's
+// expiry; the zero time if unknown, and then it is not cached) or its max
+// age, whichever is first. An answer over the entry limit is not cached,
+// and an older entry of key is dropped either way. A nil cache keeps
+// nothing.
+func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape, snap []byte, expires time.Time) {
 	if c == nil {
 		return
 	}
@@ -133,35 +209,78 @@ func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape
 	if !expires.IsZero() && expires.Before(deadline) {
 		deadline = expires
 	}
-	e := &cacheEntry{fingerprint: fingerprint, deadline: deadline}
-	if len(s.body)+len(s.text) < c.maxEntry { // cheap first test, before the copy
-		e.answer = s.answerIn(e.ends[:0])
-		// The key's ID is cut from its header field's value, a string of
-		// its own at most a few bytes longer: kept, not copied.
-		e.key = key
-		if len(shape.body) <= maxShapeBody {
-			e.shape, e.shaped = *shape, true
-		}
-		e.size = entrySize(e.key, fingerprint, &e.shape, &e.answer)
+	h := c.hash(key)
+	var slot cacheSlot
+	if !expires.IsZero() && now.Before(deadline) {
+		slot = cacheSlot{hash: h, deadline: deadline.UnixNano()}
+		slot.entry, slot.size = c.entry(key, fingerprint, shape, snap)
 	}
-	keep := e.size > 0 && e.size <= c.maxEntry && !expires.IsZero() && now.Before(deadline)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old := c.entries[key]; old != nil {
-		c.remove(old)
+	if old, ok := c.index[h]; ok {
+		c.drop(old)
 	}
-	if !keep {
+	if slot.size == 0 {
 		return
 	}
-	c.entries[e.key] = e
-	c.pushFront(e)
-	c.used += e.size
+	i := c.take()
+	c.slots[i] = slot
+	c.index[h] = i
+	c.pushFront(i)
+	c.used += slot.size
 	for c.used > c.budget {
-		c.remove(c.lru.prev)
+		c.drop(c.slots[0].prev)
 	}
 }
 
-// stats returns the bytes the entries hold, as entrySize counts them, and
+// entry makes the entry of snap and returns it with its size, or a size of
+// 0 when it is over the entry limit or snap is not a snapshot.
+func (c *replayCache) entry(key dedup.Key, fingerprint string, shape *requestShape, snap []byte) (cached, int) {
+	var p snapshotParts
+	if p.parse(snap) != nil { // a snapshot stored or encoded is one: never here
+		return cached{}, 0
+	}
+	e := cached{status: int32(p.status), fields: int32(2 * p.n), json: shape.json, shaped: len(shape.body) <= maxShapeBody}
+	n := 4*int(e.fields) + len(key.Scope) + len(key.EventID) + len(fingerprint) + p.text + len(p.body)
+	if e.shaped {
+		n += len(shape.method) + len(shape.route) + len(shape.query) + len(shape.body)
+	}
+	if n+slotOverhead > c.maxEntry {
+		return cached{}, 0
+	}
+	b := make([]byte, 4*e.fields, n)
+	text := 0
+	for i := range 2 * p.n {
+		text += len(p.field(i))
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(text))
+	}
+	add := func(i int, part []byte) {
+		b = append(b, part...)
+		e.ends[i] = int32(len(b))
+	}
+	add(partScope, []byte(key.Scope))
+	add(partID, []byte(key.EventID))
+	add(partFingerprint, []byte(fingerprint))
+	if e.shaped {
+		add(partMethod, []byte(shape.method))
+		add(partRoute, []byte(shape.route))
+		add(partQuery, []byte(shape.query))
+		add(partRequest, shape.body)
+	} else {
+		for i := partMethod; i <= partRequest; i++ {
+			add(i, nil)
+		}
+	}
+	for i := range 2 * p.n {
+		b = append(b, p.field(i)...)
+	}
+	e.ends[partText] = int32(len(b))
+	add(partBody, p.body)
+	e.data = b
+	return e, n + slotOverhead
+}
+
+// stats returns the bytes the entries hold, as their sizes count them, and
 // their number.
 func (c *replayCache) stats() (used, entries int) {
 	if c == nil {
@@ -169,25 +288,40 @@ func (c *replayCache) stats() (used, entries int) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.used, len(c.entries)
+	return c.used, len(c.index)
 }
 
-// remove drops e. c.mu must be held.
-func (c *replayCache) remove(e *cacheEntry) {
-	e.unlink()
-	delete(c.entries, e.key)
-	c.used -= e.size
+// take returns a free slot. c.mu must be held.
+func (c *replayCache) take() int32 {
+	if n := len(c.free); n > 0 {
+		i := c.free[n-1]
+		c.free = c.free[:n-1]
+		return i
+	}
+	c.slots = append(c.slots, cacheSlot{})
+	return int32(len(c.slots) - 1)
 }
 
-// pushFront makes e the most recently used. c.mu must be held.
-func (c *replayCache) pushFront(e *cacheEntry) {
-	e.prev, e.next = &c.lru, c.lru.next
-	c.lru.next.prev = e
-	c.lru.next = e
+// drop removes the entry in slot i. c.mu must be held.
+func (c *replayCache) drop(i int32) {
+	c.unlink(i)
+	delete(c.index, c.slots[i].hash)
+	c.used -= c.slots[i].size
+	c.slots[i] = cacheSlot{} // its data goes
+	c.free = append(c.free, i)
 }
 
-// unlink takes e out of the recency list.
-func (e *cacheEntry) unlink() {
-	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next = nil, nil
+// pushFront makes slot i the most recently used. c.mu must be held.
+func (c *replayCache) pushFront(i int32) {
+	s, head := &c.slots[i], c.slots[0].next
+	s.prev, s.next = 0, head
+	c.slots[head].prev = i
+	c.slots[0].next = i
+}
+
+// unlink takes slot i out of the recency list. c.mu must be held.
+func (c *replayCache) unlink(i int32) {
+	s := &c.slots[i]
+	c.slots[s.prev].next, c.slots[s.next].prev = s.next, s.prev
+	s.prev, s.next = 0, 0
 }

@@ -111,12 +111,6 @@ func (c *config) shapeOf(r *http.Request, body []byte) requestShape {
 		json: isJSON(contentType(r.Header)), body: body}
 }
 
-// same reports whether s and o are one shape.
-func (s *requestShape) same(o *requestShape) bool {
-	return s.method == o.method && s.route == o.route && s.query == o.query && s.json == o.json &&
-		bytes.Equal(s.body, o.body)
-}
-
 // contentType returns h's Content-Type, as Header.Get does for a header set
 // under its canonical name, without canonicalizing the name each time.
 func contentType(h http.Header) string {

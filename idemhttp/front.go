@@ -121,13 +121,13 @@ func (f *front) prepare(w http.ResponseWriter, r *http.Request) (p *prepared, ok
 // (deduptype.Classify), the stored response for the same request and the
 // conflict for another.
 func (f *front) ready(w http.ResponseWriter, r *http.Request, p *prepared) bool {
-	e := f.cache.get(p.key)
-	if e != nil && e.shaped && e.shape.same(&p.shape) {
-		e.answer.writeReplay(w)
+	e, cached := f.cache.get(p.key)
+	if cached && e.fits(&p.shape) {
+		e.writeReplay(w)
 		return false
 	}
 	var kp *keyProblem
-	if e == nil {
+	if !cached {
 		kp = f.cfg.guessable(p.key.EventID)
 	}
 	if kp == nil {
@@ -137,15 +137,15 @@ func (f *front) ready(w http.ResponseWriter, r *http.Request, p *prepared) bool 
 		f.refuse(w, kp)
 		return false
 	}
-	if e == nil {
+	if !cached {
 		return true
 	}
-	settled := dedup.Record{Key: p.key, Status: dedup.StatusSucceeded, Fingerprint: e.fingerprint}
+	settled := dedup.Record{Key: p.key, Status: dedup.StatusSucceeded, Fingerprint: e.fingerprint()}
 	if status := deduptype.Classify(settled, p.fingerprint); status != dedup.ClaimDuplicate {
 		f.answerClaim(w, r, p, dedup.Claim{Status: status, Record: settled})
 		return false
 	}
-	e.answer.writeReplay(w)
+	e.writeReplay(w)
 	return false
 }
 
@@ -194,15 +194,11 @@ func (f *front) cacheSettled(p *prepared, snap []byte) {
 	if f.cache == nil {
 		return
 	}
-	var s snapshot
-	if splitSnapshot(snap, &s) != nil { // encodeSnapshot refused what decodeSnapshot would
-		return
-	}
 	expires := f.cfg.now().Add(f.cfg.ttl)
 	if !p.expires.IsZero() && p.expires.Before(expires) {
 		expires = p.expires
 	}
-	f.cache.put(p.key, p.fingerprint, &p.shape, &s, expires)
+	f.cache.put(p.key, p.fingerprint, &p.shape, snap, expires)
 }
 
 // replay answers with the stored response, marked as a replay, and keeps
@@ -216,7 +212,7 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 			"the stored answer for this key cannot be read", 0)
 		return
 	}
-	f.cache.put(p.key, rec.Fingerprint, &p.shape, &s, rec.ExpiresAt)
+	f.cache.put(p.key, rec.Fingerprint, &p.shape, rec.Result, rec.ExpiresAt)
 	s.writeReplay(w)
 }
 

@@ -48,28 +48,6 @@ func (s *snapshot) writeHeader(h http.Header, extra int) []string {
 	return writeHeaderFields(h, s.text, s.ends[:2*s.n], extra)
 }
 
-// storedAnswer is a stored response as the replay cache keeps it: a
-// snapshot without its fixed array of ends, so that it costs what its
-// headers and body hold.
-type storedAnswer struct {
-	status int
-	text   string
-	ends   []int32
-	body   []byte
-}
-
-// answerIn returns s as a storedAnswer of its own ends, appended to ends,
-// sharing s's text and body.
-func (s *snapshot) answerIn(ends []int32) storedAnswer {
-	return storedAnswer{status: s.status, text: s.text, ends: append(ends, s.ends[:2*s.n]...), body: s.body}
-}
-
-// writeReplay answers w with a, marked as a replay, byte for byte as a
-// replay of the snapshot it came from.
-func (a *storedAnswer) writeReplay(w http.ResponseWriter) {
-	writeReplay(w, a.status, a.text, a.ends, a.body)
-}
-
 // A stored response's header names and values are cut from one string,
 // text: field i (2k for the k-th name, 2k+1 for its value) ends at ends[i].
 // The functions below take text and ends apart, not in a struct, so that a
@@ -198,42 +176,65 @@ func decodeSnapshot(b []byte, s *snapshot) error {
 // names and values: enough for a snapshot encodeSnapshot has just made,
 // which refused what decodeSnapshot would.
 func splitSnapshot(b []byte, s *snapshot) error {
+	var p snapshotParts
+	if err := p.parse(b); err != nil {
+		return err
+	}
+	var buf strings.Builder
+	buf.Grow(p.text)
+	for i := 0; i < 2*p.n; i++ {
+		buf.Write(p.field(i))
+		s.ends[i] = int32(buf.Len())
+	}
+	s.status, s.n, s.text, s.body = p.status, p.n, buf.String(), p.body
+	return nil
+}
+
+// snapshotParts is an encoded snapshot taken apart without a copy: its
+// status, where each header name and value lies in it, and its body. Its
+// lengths are checked, its names and values not (see splitSnapshot).
+type snapshotParts struct {
+	status int
+	n      int                                        // header values
+	spans  [2 * maxSnapHeaders]struct{ from, to int } // in enc, each name and value
+	text   int                                        // the names' and values' length together
+	enc    []byte
+	body   []byte
+}
+
+// field returns the i-th name or value (2k for the k-th name, 2k+1 for its
+// value).
+func (p *snapshotParts) field(i int) []byte { return p.enc[p.spans[i].from:p.spans[i].to] }
+
+// parse takes b apart into p.
+func (p *snapshotParts) parse(b []byte) error {
 	if len(b) < 5 || b[0] != snapshotMagic {
 		return fmt.Errorf("%w: no snapshot header", errSnapshot)
 	}
 	if b[1] != snapshotVersion {
 		return fmt.Errorf("%w: unknown version %d", errSnapshot, b[1])
 	}
-	s.status = int(binary.BigEndian.Uint16(b[2:4]))
-	if s.status < 200 || s.status > 499 {
-		return fmt.Errorf("%w: status %d", errSnapshot, s.status)
+	p.status = int(binary.BigEndian.Uint16(b[2:4]))
+	if p.status < 200 || p.status > 499 {
+		return fmt.Errorf("%w: status %d", errSnapshot, p.status)
 	}
-	b = b[4:]
-	n, err := uvarint(&b, maxSnapHeaders)
+	rest := b[4:]
+	n, err := uvarint(&rest, maxSnapHeaders)
 	if err != nil {
 		return fmt.Errorf("%w: header count: %v", errSnapshot, err)
 	}
-	// First the lengths, then one copy of the names and values.
-	type span struct{ from, to int }
-	var spans [2 * maxSnapHeaders]span
-	rest, text := b, 0
+	p.n, p.text, p.enc = n, 0, b
 	for i := 0; i < 2*n; i++ {
 		l, err := uvarint(&rest, -1)
 		if err != nil {
 			return fmt.Errorf("%w: header %d: %v", errSnapshot, i/2, err)
 		}
 		from := len(b) - len(rest)
-		spans[i] = span{from, from + l}
-		text += l
+		p.spans[i].from, p.spans[i].to = from, from+l
+		p.text += l
 		rest = rest[l:]
 	}
-	var buf strings.Builder
-	buf.Grow(text)
-	for i := 0; i < 2*n; i++ {
-		buf.Write(b[spans[i].from:spans[i].to])
-		s.ends[i] = int32(buf.Len())
-	}
-	s.n, s.text, s.body = n, buf.String(), rest
+	p.body = rest
 	return nil
 }
 
