@@ -21,7 +21,8 @@ func (s *MemoryStore) Summary(ctx context.Context, q SummaryQuery) (Summary, err
 	failures := map[ReasonCount]int64{}
 	written := map[time.Time]int64{}
 	s.mu.Lock()
-	for key, m := range s.records {
+	for key, i := range s.records.all() {
+		m := &s.records.slots[i]
 		rec := m.record(key)
 		if q.Scope != "" && key.Scope != q.Scope || !rec.ExpiresAt.After(now) {
 			continue
@@ -89,7 +90,8 @@ func (s *MemoryStore) Browse(ctx context.Context, q BrowseQuery) ([]Record, erro
 	now := time.Now()
 	var out []Record
 	s.mu.Lock()
-	for key, m := range s.records {
+	for key, i := range s.records.all() {
+		m := &s.records.slots[i]
 		rec := m.record(key)
 		if rec.ExpiresAt.After(now) && q.matches(&rec, now) && q.After.after(&rec) {
 			out = append(out, m.detached(key))

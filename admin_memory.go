@@ -16,7 +16,8 @@ func (s *MemoryStore) Stuck(ctx context.Context, scope string, olderThan time.Du
 	defer s.mu.Unlock()
 	now := time.Now()
 	var out []Record
-	for key, rec := range s.records {
+	for key, i := range s.records.all() {
+		rec := &s.records.slots[i]
 		if r := rec.record(key); (scope == "" || key.Scope == scope) && r.ExpiresAt.After(now) && isStuck(&r, olderThan, now) {
 			out = append(out, rec.detached(key))
 		}
@@ -35,10 +36,10 @@ func (s *MemoryStore) Forget(ctx context.Context, key Key, owner string) (bool, 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[key]
-	if !ok || rec.owner != owner || rec.status == StatusSucceeded {
+	i := s.records.find(key)
+	if i == 0 || s.records.slots[i].owner() != owner || s.records.slots[i].status == StatusSucceeded {
 		return false, nil
 	}
-	delete(s.records, key)
+	s.records.remove(i, key)
 	return true, nil
 }

@@ -14,23 +14,18 @@ import (
 // MemoryStore is a [Store] held in process memory, for tests and the
 // quickstart. Records live until [MemoryStore.Purge] removes expired ones.
 type MemoryStore struct {
-	mu sync.Mutex
-	// Records are held by pointer: a memRecord is larger than the 128 bytes
-	// a Go map stores inline, so by-value storage would allocate per insert
-	// anyway, and a pointer lets updates happen in place with one lookup.
-	records map[Key]*memRecord
+	mu      sync.Mutex
+	records memTable
 }
 
-// memRecord is a Record as the store holds it: the key is the map's and the
-// times are Unix nanoseconds (0: unset), which halves what a record costs to
-// allocate and leaves the garbage collector five pointers to follow, not
-// thirteen.
+// memRecord is a Record as the store holds it: its key, fingerprint,
+// owner, last error and result cut from one byte slice (see memTable), its
+// times in Unix nanoseconds (0: unset).
 type memRecord struct {
+	data         []byte
+	ends         [memParts]int // where each part ends in data
+	next         int32         // the slot of the next record of the same hash, 0 for none
 	status       Status
-	fingerprint  string
-	owner        string
-	lastError    string
-	result       []byte
 	attempts     int
 	leaseUntil   int64
 	createdAt    int64
@@ -43,10 +38,10 @@ type memRecord struct {
 // record returns rec as the Record of key. Its Result is the stored one:
 // what a caller keeps is detached.
 func (rec *memRecord) record(key Key) Record {
-	return Record{Key: key, Status: rec.status, Fingerprint: rec.fingerprint, Attempts: rec.attempts,
-		Owner: rec.owner, LeaseUntil: unixTime(rec.leaseUntil), CreatedAt: unixTime(rec.createdAt),
-		UpdatedAt: unixTime(rec.updatedAt), ExpiresAt: unixTime(rec.expiresAt), LastError: rec.lastError,
-		FirstFailure: unixTime(rec.firstFailure), LastFailure: unixTime(rec.lastFailure), Result: rec.result}
+	return Record{Key: key, Status: rec.status, Fingerprint: rec.fingerprint(), Attempts: rec.attempts,
+		Owner: rec.owner(), LeaseUntil: unixTime(rec.leaseUntil), CreatedAt: unixTime(rec.createdAt),
+		UpdatedAt: unixTime(rec.updatedAt), ExpiresAt: unixTime(rec.expiresAt), LastError: rec.lastError(),
+		FirstFailure: unixTime(rec.firstFailure), LastFailure: unixTime(rec.lastFailure), Result: rec.result()}
 }
 
 // detached returns rec as the Record of key with a Result of its own, for a
@@ -76,7 +71,7 @@ func later(now int64, d time.Duration) int64 {
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{records: make(map[Key]*memRecord)}
+	return &MemoryStore{records: newMemTable()}
 }
 
 // Claim atomically creates or takes over the record for req.Key, or reports
@@ -122,35 +117,34 @@ func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Cl
 // nanoseconds); owner makes the token of a claim it acquires, so that a
 // refused claim costs none. s.mu must be held.
 func (s *MemoryStore) claim(req ClaimRequest, now int64, owner func() string) Claim {
-	rec, ok := s.records[req.Key]
-	if !ok || now >= rec.expiresAt {
-		// Expired counts as absent whatever its fingerprint: start afresh,
-		// reusing the old allocation when there is one.
-		if ok {
-			*rec = memRecord{}
-		} else {
-			rec = new(memRecord)
-			s.records[req.Key] = rec
+	i := s.records.find(req.Key)
+	if i == 0 || now >= s.records.slots[i].expiresAt {
+		// Expired counts as absent whatever its fingerprint: start afresh
+		// in its slot.
+		if i == 0 {
+			i = s.records.insert(req.Key)
 		}
-		rec.fingerprint = req.Fingerprint
-		rec.createdAt = now
-		acquire(rec, req, now, owner)
+		rec := &s.records.slots[i]
+		*rec = memRecord{next: rec.next, createdAt: now}
+		acquire(rec, req.Key, req.Fingerprint, "", req, now, owner)
 		return Claim{Status: ClaimAcquired, Record: rec.record(req.Key)}
 	}
+	rec := &s.records.slots[i]
 	r := rec.record(req.Key)
 	if deduptype.MayTakeOver(r, req.Fingerprint, unixTime(now)) {
-		acquire(rec, req, now, owner)
+		acquire(rec, req.Key, r.Fingerprint, r.LastError, req, now, owner)
 		return Claim{Status: ClaimAcquired, Record: rec.record(req.Key), Previous: r.Status}
 	}
 	r.Result = bytes.Clone(r.Result)
 	return Claim{Status: deduptype.Classify(r, req.Fingerprint), Record: r}
 }
 
-// acquire gives rec to a new owner for one more attempt at now.
-func acquire(rec *memRecord, req ClaimRequest, now int64, owner func() string) {
+// acquire gives rec, of key, fingerprint and lastError, to a new owner for
+// one more attempt at now.
+func acquire(rec *memRecord, key Key, fingerprint, lastError string, req ClaimRequest, now int64, owner func() string) {
+	rec.write(key, fingerprint, owner(), lastError, nil)
 	rec.status = StatusProcessing
 	rec.attempts++
-	rec.owner = owner()
 	rec.leaseUntil = later(now, req.Lease)
 	rec.updatedAt = now
 	rec.expiresAt = later(now, req.TTL)
@@ -158,10 +152,9 @@ func acquire(rec *memRecord, req ClaimRequest, now int64, owner func() string) {
 
 // Complete marks the record succeeded with result if owner still holds it.
 func (s *MemoryStore) Complete(ctx context.Context, key Key, owner string, result []byte, ttl time.Duration) error {
-	result = bytes.Clone(result)
 	return s.update(ctx, "complete", key, owner, func(rec *memRecord, now int64) {
+		rec.write(key, rec.fingerprint(), owner, rec.lastError(), result)
 		rec.status = StatusSucceeded
-		rec.result = result
 		rec.updatedAt = now
 		rec.expiresAt = later(now, ttl)
 	})
@@ -175,10 +168,6 @@ func (s *MemoryStore) CompleteBatch(ctx context.Context, cs []deduptype.Completi
 	if err := deduptype.ValidateCompletions(cs); err != nil {
 		return nil, fmt.Errorf("dedup: memory complete batch: %w", err)
 	}
-	results := make([][]byte, len(cs))
-	for i := range cs {
-		results[i] = bytes.Clone(cs[i].Result)
-	}
 	errs := make([]error, len(cs))
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -189,8 +178,8 @@ func (s *MemoryStore) CompleteBatch(ctx context.Context, cs []deduptype.Completi
 			errs[i] = fmt.Errorf("dedup: memory complete %s: %w", c.Key, ErrLeaseLost)
 			continue
 		}
+		rec.write(c.Key, rec.fingerprint(), c.Owner, rec.lastError(), c.Result)
 		rec.status = StatusSucceeded
-		rec.result = results[i]
 		rec.updatedAt = now
 		rec.expiresAt = later(now, c.TTL)
 	}
@@ -204,7 +193,7 @@ func (s *MemoryStore) Fail(ctx context.Context, key Key, owner string, f Failure
 		if f.Final {
 			rec.status = StatusFailedFinal
 		}
-		rec.lastError = f.Error
+		rec.write(key, rec.fingerprint(), owner, f.Error, rec.result())
 		if rec.firstFailure == 0 {
 			rec.firstFailure = now
 		}
@@ -244,8 +233,8 @@ func (s *MemoryStore) update(ctx context.Context, op string, key Key, owner stri
 // on the token, so a lapsed lease nobody took over may still be settled by
 // its owner.
 func (s *MemoryStore) held(key Key, owner string, now int64) *memRecord {
-	rec, ok := s.records[key]
-	if !ok || now >= rec.expiresAt || rec.owner != owner || rec.status != StatusProcessing {
+	rec := s.records.get(key)
+	if rec == nil || now >= rec.expiresAt || rec.owner() != owner || rec.status != StatusProcessing {
 		return nil
 	}
 	return rec
@@ -258,8 +247,8 @@ func (s *MemoryStore) Get(ctx context.Context, key Key) (Record, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[key]
-	if !ok || time.Now().UnixNano() >= rec.expiresAt {
+	rec := s.records.get(key)
+	if rec == nil || time.Now().UnixNano() >= rec.expiresAt {
 		return Record{}, fmt.Errorf("dedup: memory get %s: %w", key, ErrNotFound)
 	}
 	return rec.detached(key), nil
@@ -274,9 +263,9 @@ func (s *MemoryStore) Purge(ctx context.Context) (int, error) {
 	defer s.mu.Unlock()
 	now := time.Now().UnixNano()
 	n := 0
-	for key, rec := range s.records {
-		if now >= rec.expiresAt {
-			delete(s.records, key)
+	for key, i := range s.records.all() {
+		if now >= s.records.slots[i].expiresAt {
+			s.records.remove(i, key)
 			n++
 		}
 	}

@@ -1,0 +1,162 @@
+package dedup
+
+import (
+	"hash/maphash"
+	"iter"
+	"unsafe"
+)
+
+// memTable holds a MemoryStore's records so that the garbage collector
+// follows one pointer per record and none in the index: each record's
+// strings and result are cut from one byte slice (memRecord.data), the
+// records sit in one slice of slots, and the index maps a hash of the key
+// to the slot of the first record of that hash, the others chained by slot
+// number. A map of keys to records made every collection of a process
+// holding many walk five objects a record, and cost a caller (idemhttp's
+// new keys on the memory store) more than the store's own work
+// (BENCHMARKS.md).
+type memTable struct {
+	seed  maphash.Seed
+	mask  uint64           // the hash bits the index uses: all, but in a test of chains
+	index map[uint64]int32 // the hash of a key to the first slot of its chain
+	slots []memRecord      // slots[0] is never used: slot 0 ends a chain
+	free  []int32          // slots of removed records, for the next ones
+}
+
+func newMemTable() memTable {
+	return memTable{seed: maphash.MakeSeed(), mask: ^uint64(0), index: make(map[uint64]int32), slots: make([]memRecord, 1)}
+}
+
+// hash returns the index's hash of key.
+func (t *memTable) hash(key Key) uint64 {
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteString(key.Scope)
+	h.WriteByte(0)
+	h.WriteString(key.EventID)
+	return h.Sum64() & t.mask
+}
+
+// find returns the slot of key's record, or 0 when there is none.
+func (t *memTable) find(key Key) int32 {
+	i := t.index[t.hash(key)]
+	for i != 0 && !t.slots[i].holds(key) {
+		i = t.slots[i].next
+	}
+	return i
+}
+
+// get returns key's record, or nil. It stays valid until the next insert.
+func (t *memTable) get(key Key) *memRecord {
+	if i := t.find(key); i != 0 {
+		return &t.slots[i]
+	}
+	return nil
+}
+
+// insert returns the slot of a new, empty record of key, which the caller
+// writes (memRecord.write) before anything else looks key up.
+func (t *memTable) insert(key Key) int32 {
+	var i int32
+	if n := len(t.free); n > 0 {
+		i, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		t.slots = append(t.slots, memRecord{})
+		i = int32(len(t.slots) - 1)
+	}
+	h := t.hash(key)
+	t.slots[i].next = t.index[h]
+	t.index[h] = i
+	return i
+}
+
+// remove removes the record in slot i, which holds key.
+func (t *memTable) remove(i int32, key Key) {
+	h := t.hash(key)
+	next := t.slots[i].next
+	switch j := t.index[h]; {
+	case j == i && next == 0:
+		delete(t.index, h)
+	case j == i:
+		t.index[h] = next
+	default:
+		for t.slots[j].next != i {
+			j = t.slots[j].next
+		}
+		t.slots[j].next = next
+	}
+	t.slots[i] = memRecord{}
+	t.free = append(t.free, i)
+}
+
+// all yields every record with its key and slot.
+func (t *memTable) all() iter.Seq2[Key, int32] {
+	return func(yield func(Key, int32) bool) {
+		for i := 1; i < len(t.slots); i++ {
+			if t.slots[i].data != nil && !yield(t.slots[i].key(), int32(i)) {
+				return
+			}
+		}
+	}
+}
+
+// The parts of a record's data, in order.
+const (
+	memScope = iota
+	memEventID
+	memFingerprint
+	memOwner
+	memLastError
+	memResult
+	memParts
+)
+
+// part returns the i-th part of r's data.
+func (r *memRecord) part(i int) []byte {
+	from := 0
+	if i > 0 {
+		from = r.ends[i-1]
+	}
+	return r.data[from:r.ends[i]:r.ends[i]]
+}
+
+// str returns the i-th part of r's data as a string sharing its bytes,
+// which never change: a write makes new data.
+func (r *memRecord) str(i int) string {
+	b := r.part(i)
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+func (r *memRecord) key() Key            { return Key{Scope: r.str(memScope), EventID: r.str(memEventID)} }
+func (r *memRecord) fingerprint() string { return r.str(memFingerprint) }
+func (r *memRecord) owner() string       { return r.str(memOwner) }
+func (r *memRecord) lastError() string   { return r.str(memLastError) }
+
+// result returns r's result, nil for none.
+func (r *memRecord) result() []byte {
+	if b := r.part(memResult); len(b) > 0 {
+		return b
+	}
+	return nil
+}
+
+// holds reports whether r is key's record.
+func (r *memRecord) holds(key Key) bool {
+	return string(r.part(memScope)) == key.Scope && string(r.part(memEventID)) == key.EventID
+}
+
+// write makes r's data anew from its parts: one allocation, which strings
+// and results handed out before keep sharing.
+func (r *memRecord) write(key Key, fingerprint, owner, lastError string, result []byte) {
+	b := make([]byte, 0, len(key.Scope)+len(key.EventID)+len(fingerprint)+len(owner)+len(lastError)+len(result))
+	for i, p := range [...]string{key.Scope, key.EventID, fingerprint, owner, lastError} {
+		b = append(b, p...)
+		r.ends[i] = len(b)
+	}
+	b = append(b, result...)
+	r.ends[memResult] = len(b)
+	r.data = b
+}
