@@ -867,3 +867,18 @@ func TestAnswersStayApartUnderConcurrency(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A first answer is sent with its length, as a bare handler's is, whether
+// the server counts it (a short body) or the middleware says it (one the
+// server would send in chunks); its replay is sent alike.
+func TestAnswerLength(t *testing.T) {
+	srv := serve(t, newMiddleware(t, dedup.NewMemoryStore()).Wrap(http.HandlerFunc(sized)))
+	for _, size := range []int{0, 100, 2048, 2049, 10000} {
+		key := newKey()
+		for _, a := range []answer{mustPost(t, srv.URL+"?size="+strconv.Itoa(size), key, order), mustPost(t, srv.URL+"?size="+strconv.Itoa(size), key, order)} {
+			if a.status != http.StatusOK || len(a.body) != size || a.header.Get("Content-Length") != strconv.Itoa(size) {
+				t.Errorf("%d bytes (replayed %v): %d, %d bytes, Content-Length %q", size, a.replayed(), a.status, len(a.body), a.header.Get("Content-Length"))
+			}
+		}
+	}
+}

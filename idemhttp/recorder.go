@@ -89,6 +89,17 @@ func (r *recorder) Write(p []byte) (int, error) {
 	return r.w.Write(p)
 }
 
+// WriteString is Write for a string, without copying one that is buffered
+// into bytes first: handlers writing through io.WriteString (fmt.Fprint,
+// templates) cost no allocation here.
+func (r *recorder) WriteString(s string) (int, error) {
+	if r.passing || r.body.Len()+len(s) > r.limit {
+		return r.Write([]byte(s))
+	}
+	r.WriteHeader(http.StatusOK)
+	return r.body.WriteString(s)
+}
+
 // Unwrap returns the connection's writer, so that http.ResponseController
 // reaches it: read and write deadlines and full duplex apply to the
 // connection.
@@ -118,11 +129,19 @@ func (r *recorder) flushHeader(withLength bool) {
 	for k, v := range r.header {
 		h[k] = v
 	}
-	if withLength && bodyAllowed(r.status) {
+	// net/http counts a body it holds whole when the handler returns, as
+	// a bare handler's answer is counted; a longer one is told its length
+	// rather than sent in chunks.
+	if withLength && bodyAllowed(r.status) && r.body.Len() > countedByServer {
 		h["Content-Length"] = []string{strconv.Itoa(r.body.Len())}
 	}
 	r.w.WriteHeader(r.status)
 }
+
+// countedByServer is the longest body net/http sends with a Content-Length
+// of its own counting when the handler sets none (its buffer before
+// chunking).
+const countedByServer = 2048
 
 // flush sends the recorded response to w, unless it already streamed.
 func (r *recorder) flush() {
