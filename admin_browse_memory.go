@@ -21,8 +21,7 @@ func (s *MemoryStore) Summary(ctx context.Context, q SummaryQuery) (Summary, err
 	failures := map[ReasonCount]int64{}
 	written := map[time.Time]int64{}
 	s.mu.Lock()
-	for key, i := range s.records.all() {
-		m := &s.records.slots[i]
+	for key, m := range s.records.all() {
 		rec := m.record(key)
 		if q.Scope != "" && key.Scope != q.Scope || !rec.ExpiresAt.After(now) {
 			continue
@@ -90,8 +89,7 @@ func (s *MemoryStore) Browse(ctx context.Context, q BrowseQuery) ([]Record, erro
 	now := time.Now()
 	var out []Record
 	s.mu.Lock()
-	for key, i := range s.records.all() {
-		m := &s.records.slots[i]
+	for key, m := range s.records.all() {
 		rec := m.record(key)
 		if rec.ExpiresAt.After(now) && q.matches(&rec, now) && q.After.after(&rec) {
 			out = append(out, m.detached(key))

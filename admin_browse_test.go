@@ -128,8 +128,8 @@ func TestMemoryBrowsePaging(t *testing.T) {
 		defer s.mu.Unlock()
 		at := time.Now().Add(-time.Hour).UnixNano()
 		i := 0
-		for _, slot := range s.records.all() {
-			s.records.slots[slot].updatedAt = at + int64(i%4)*int64(time.Microsecond)
+		for _, m := range s.records.all() {
+			m.updatedAt = at + int64(i%4)*int64(time.Microsecond)
 			i++
 		}
 	})

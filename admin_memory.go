@@ -16,8 +16,7 @@ func (s *MemoryStore) Stuck(ctx context.Context, scope string, olderThan time.Du
 	defer s.mu.Unlock()
 	now := time.Now()
 	var out []Record
-	for key, i := range s.records.all() {
-		rec := &s.records.slots[i]
+	for key, rec := range s.records.all() {
 		if r := rec.record(key); (scope == "" || key.Scope == scope) && r.ExpiresAt.After(now) && isStuck(&r, olderThan, now) {
 			out = append(out, rec.detached(key))
 		}
@@ -36,10 +35,10 @@ func (s *MemoryStore) Forget(ctx context.Context, key Key, owner string) (bool, 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	i := s.records.find(key)
-	if i == 0 || s.records.slots[i].owner() != owner || s.records.slots[i].status == StatusSucceeded {
+	rec := s.records.get(key)
+	if rec == nil || rec.owner() != owner || rec.status == StatusSucceeded {
 		return false, nil
 	}
-	s.records.remove(i, key)
+	s.records.remove(key)
 	return true, nil
 }

@@ -117,19 +117,17 @@ func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Cl
 // nanoseconds); owner makes the token of a claim it acquires, so that a
 // refused claim costs none. s.mu must be held.
 func (s *MemoryStore) claim(req ClaimRequest, now int64, owner func() string) Claim {
-	i := s.records.find(req.Key)
-	if i == 0 || now >= s.records.slots[i].expiresAt {
+	rec := s.records.get(req.Key)
+	if rec == nil || now >= rec.expiresAt {
 		// Expired counts as absent whatever its fingerprint: start afresh
 		// in its slot.
-		if i == 0 {
-			i = s.records.insert(req.Key)
+		if rec == nil {
+			rec = s.records.insert(req.Key)
 		}
-		rec := &s.records.slots[i]
 		*rec = memRecord{next: rec.next, createdAt: now}
 		acquire(rec, req.Key, req.Fingerprint, "", req, now, owner)
 		return Claim{Status: ClaimAcquired, Record: rec.record(req.Key)}
 	}
-	rec := &s.records.slots[i]
 	r := rec.record(req.Key)
 	if deduptype.MayTakeOver(r, req.Fingerprint, unixTime(now)) {
 		acquire(rec, req.Key, r.Fingerprint, r.LastError, req, now, owner)
@@ -263,9 +261,9 @@ func (s *MemoryStore) Purge(ctx context.Context) (int, error) {
 	defer s.mu.Unlock()
 	now := time.Now().UnixNano()
 	n := 0
-	for key, i := range s.records.all() {
-		if now >= s.records.slots[i].expiresAt {
-			s.records.remove(i, key)
+	for key, rec := range s.records.all() {
+		if now >= rec.expiresAt {
+			s.records.remove(key)
 			n++
 		}
 	}

@@ -9,9 +9,9 @@ import (
 // memTable holds a MemoryStore's records so that the garbage collector
 // follows one pointer per record and none in the index: each record's
 // strings and result are cut from one byte slice (memRecord.data), the
-// records sit in one slice of slots, and the index maps a hash of the key
-// to the slot of the first record of that hash, the others chained by slot
-// number. A map of keys to records made every collection of a process
+// records sit in pages of slots that never move, and the index maps a hash
+// of the key to the slot of the first record of that hash, the others
+// chained by slot number. A map of keys to records made every collection of a process
 // holding many walk five objects a record, and cost a caller (idemhttp's
 // new keys on the memory store) more than the store's own work
 // (BENCHMARKS.md).
@@ -19,13 +19,22 @@ type memTable struct {
 	seed  maphash.Seed
 	mask  uint64           // the hash bits the index uses: all, but in a test of chains
 	index map[uint64]int32 // the hash of a key to the first slot of its chain
-	slots []memRecord      // slots[0] is never used: slot 0 ends a chain
+	pages [][]memRecord    // slot i is pages[i/memPage][i%memPage]; slot 0 is never used: it ends a chain
+	slots int32            // slots taken so far, 0 included
 	free  []int32          // slots of removed records, for the next ones
 }
 
+// memPage is the slots of a page: a growing store adds a page, and never
+// copies the records it holds.
+const memPage = 256
+
 func newMemTable() memTable {
-	return memTable{seed: maphash.MakeSeed(), mask: ^uint64(0), index: make(map[uint64]int32), slots: make([]memRecord, 1)}
+	return memTable{seed: maphash.MakeSeed(), mask: ^uint64(0), index: make(map[uint64]int32), slots: 1,
+		pages: [][]memRecord{make([]memRecord, memPage)}}
 }
+
+// at returns the record in slot i.
+func (t *memTable) at(i int32) *memRecord { return &t.pages[i/memPage][i%memPage] }
 
 // hash returns the index's hash of key.
 func (t *memTable) hash(key Key) uint64 {
@@ -40,60 +49,68 @@ func (t *memTable) hash(key Key) uint64 {
 // find returns the slot of key's record, or 0 when there is none.
 func (t *memTable) find(key Key) int32 {
 	i := t.index[t.hash(key)]
-	for i != 0 && !t.slots[i].holds(key) {
-		i = t.slots[i].next
+	for i != 0 && !t.at(i).holds(key) {
+		i = t.at(i).next
 	}
 	return i
 }
 
-// get returns key's record, or nil. It stays valid until the next insert.
+// get returns key's record, or nil.
 func (t *memTable) get(key Key) *memRecord {
 	if i := t.find(key); i != 0 {
-		return &t.slots[i]
+		return t.at(i)
 	}
 	return nil
 }
 
-// insert returns the slot of a new, empty record of key, which the caller
-// writes (memRecord.write) before anything else looks key up.
-func (t *memTable) insert(key Key) int32 {
+// insert returns a new, empty record of key, which the caller writes
+// (memRecord.write) before anything else looks key up.
+func (t *memTable) insert(key Key) *memRecord {
 	var i int32
 	if n := len(t.free); n > 0 {
 		i, t.free = t.free[n-1], t.free[:n-1]
 	} else {
-		t.slots = append(t.slots, memRecord{})
-		i = int32(len(t.slots) - 1)
+		if int(t.slots) == len(t.pages)*memPage {
+			t.pages = append(t.pages, make([]memRecord, memPage))
+		}
+		i = t.slots
+		t.slots++
 	}
 	h := t.hash(key)
-	t.slots[i].next = t.index[h]
+	rec := t.at(i)
+	rec.next = t.index[h]
 	t.index[h] = i
-	return i
+	return rec
 }
 
-// remove removes the record in slot i, which holds key.
-func (t *memTable) remove(i int32, key Key) {
+// remove removes key's record, if there is one.
+func (t *memTable) remove(key Key) {
+	i := t.find(key)
+	if i == 0 {
+		return
+	}
 	h := t.hash(key)
-	next := t.slots[i].next
+	next := t.at(i).next
 	switch j := t.index[h]; {
 	case j == i && next == 0:
 		delete(t.index, h)
 	case j == i:
 		t.index[h] = next
 	default:
-		for t.slots[j].next != i {
-			j = t.slots[j].next
+		for t.at(j).next != i {
+			j = t.at(j).next
 		}
-		t.slots[j].next = next
+		t.at(j).next = next
 	}
-	t.slots[i] = memRecord{}
+	*t.at(i) = memRecord{}
 	t.free = append(t.free, i)
 }
 
-// all yields every record with its key and slot.
-func (t *memTable) all() iter.Seq2[Key, int32] {
-	return func(yield func(Key, int32) bool) {
-		for i := 1; i < len(t.slots); i++ {
-			if t.slots[i].data != nil && !yield(t.slots[i].key(), int32(i)) {
+// all yields every record with its key. A record may be removed meanwhile.
+func (t *memTable) all() iter.Seq2[Key, *memRecord] {
+	return func(yield func(Key, *memRecord) bool) {
+		for i := int32(1); i < t.slots; i++ {
+			if rec := t.at(i); rec.data != nil && !yield(rec.key(), rec) {
 				return
 			}
 		}

@@ -19,16 +19,15 @@ func TestMemTableChains(t *testing.T) {
 			keys := make([]Key, 6)
 			for n := range keys {
 				keys[n] = Key{Scope: "s", EventID: fmt.Sprintf("k%d", n)}
-				i := tab.insert(keys[n])
-				tab.slots[i].write(keys[n], "fp", fmt.Sprintf("owner%d", n), "", nil)
+				tab.insert(keys[n]).write(keys[n], "fp", fmt.Sprintf("owner%d", n), "", nil)
 			}
 			check := func(want []Key) {
 				t.Helper()
 				var got []Key
-				for key, i := range tab.all() {
+				for key, rec := range tab.all() {
 					got = append(got, key)
-					if tab.find(key) != i || tab.slots[i].owner() != "owner"+key.EventID[1:] {
-						t.Errorf("%v: found in slot %d, owner %q; listed in slot %d", key, tab.find(key), tab.slots[i].owner(), i)
+					if tab.get(key) != rec || rec.owner() != "owner"+key.EventID[1:] {
+						t.Errorf("%v: found %p, owner %q; listed %p", key, tab.get(key), rec.owner(), rec)
 					}
 				}
 				if !slices.Equal(got, want) {
@@ -37,18 +36,17 @@ func TestMemTableChains(t *testing.T) {
 			}
 			check(keys)
 			for _, n := range []int{0, 3, 5} { // a chain's last, middle and first (newest) record
-				tab.remove(tab.find(keys[n]), keys[n])
+				tab.remove(keys[n])
 				if tab.find(keys[n]) != 0 {
 					t.Errorf("%v found after its removal", keys[n])
 				}
 			}
 			check([]Key{keys[1], keys[2], keys[4]})
 			again := Key{Scope: "s", EventID: "k9"}
-			i := tab.insert(again)
-			if int(i) >= len(keys)+1 {
-				t.Errorf("a new record in slot %d, not a freed one", i)
+			tab.insert(again).write(again, "fp", "owner9", "", []byte("r"))
+			if tab.slots != int32(len(keys)+1) {
+				t.Errorf("%d slots taken for %d records at most", tab.slots, len(keys))
 			}
-			tab.slots[i].write(again, "fp", "owner9", "", []byte("r"))
 			if rec := tab.get(again); rec == nil || string(rec.result()) != "r" || rec.key() != again {
 				t.Errorf("k9: %+v", rec)
 			}
@@ -59,5 +57,25 @@ func TestMemTableChains(t *testing.T) {
 				t.Errorf("%d chains, want 1", len(tab.index))
 			}
 		})
+	}
+}
+
+// Records on several pages are each found where they were put.
+func TestMemTablePages(t *testing.T) {
+	tab := newMemTable()
+	recs := map[Key]*memRecord{}
+	for n := range 3 * memPage {
+		key := Key{Scope: "s", EventID: fmt.Sprint(n)}
+		rec := tab.insert(key)
+		rec.write(key, "fp", "o", "", nil)
+		recs[key] = rec
+	}
+	for key, rec := range recs {
+		if tab.get(key) != rec || rec.key() != key {
+			t.Fatalf("%v: found %p, put at %p", key, tab.get(key), rec)
+		}
+	}
+	if len(tab.pages) != 4 { // 3 pages of records and slot 0
+		t.Errorf("%d pages", len(tab.pages))
 	}
 }
