@@ -16,6 +16,23 @@ import (
 type MemoryStore struct {
 	mu      sync.Mutex
 	records memTable
+	// owners holds owner tokens made together, for the claims to come:
+	// one random read and one allocation for a batch of them.
+	owners      deduptype.OwnerTokens
+	ownersTaken int
+}
+
+// ownerBatch is how many owner tokens the store makes at a time.
+const ownerBatch = 32
+
+// nextOwner returns a new owner token, a substring of a batch that a
+// record copies (memRecord.write). s.mu must be held.
+func (s *MemoryStore) nextOwner() string {
+	if s.owners == "" || s.ownersTaken == ownerBatch {
+		s.owners, s.ownersTaken = deduptype.NewOwnerTokens(ownerBatch, ' '), 0
+	}
+	s.ownersTaken++
+	return s.owners.At(s.ownersTaken - 1)
 }
 
 // memRecord is a Record as the store holds it: its key, fingerprint,
@@ -85,7 +102,7 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.claim(req, time.Now().UnixNano(), deduptype.NewOwnerToken), nil
+	return s.claim(req, time.Now().UnixNano(), s.nextOwner), nil
 }
 
 // InProcess reports true: the records live in this process's memory, so
@@ -117,12 +134,16 @@ func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Cl
 // nanoseconds); owner makes the token of a claim it acquires, so that a
 // refused claim costs none. s.mu must be held.
 func (s *MemoryStore) claim(req ClaimRequest, now int64, owner func() string) Claim {
-	rec := s.records.get(req.Key)
+	i, h := s.records.lookup(req.Key)
+	var rec *memRecord
+	if i != 0 {
+		rec = s.records.at(i)
+	}
 	if rec == nil || now >= rec.expiresAt {
 		// Expired counts as absent whatever its fingerprint: start afresh
 		// in its slot.
 		if rec == nil {
-			rec = s.records.insert(req.Key)
+			rec = s.records.insertHashed(h)
 		}
 		*rec = memRecord{next: rec.next, createdAt: now}
 		acquire(rec, req.Key, req.Fingerprint, "", req, now, owner)

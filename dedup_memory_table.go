@@ -48,11 +48,19 @@ func (t *memTable) hash(key Key) uint64 {
 
 // find returns the slot of key's record, or 0 when there is none.
 func (t *memTable) find(key Key) int32 {
-	i := t.index[t.hash(key)]
+	i, _ := t.lookup(key)
+	return i
+}
+
+// lookup returns the slot of key's record, 0 when there is none, and key's
+// hash.
+func (t *memTable) lookup(key Key) (int32, uint64) {
+	h := t.hash(key)
+	i := t.index[h]
 	for i != 0 && !t.at(i).holds(key) {
 		i = t.at(i).next
 	}
-	return i
+	return i, h
 }
 
 // get returns key's record, or nil.
@@ -65,7 +73,10 @@ func (t *memTable) get(key Key) *memRecord {
 
 // insert returns a new, empty record of key, which the caller writes
 // (memRecord.write) before anything else looks key up.
-func (t *memTable) insert(key Key) *memRecord {
+func (t *memTable) insert(key Key) *memRecord { return t.insertHashed(t.hash(key)) }
+
+// insertHashed is insert for a key of hash h, which it has none of.
+func (t *memTable) insertHashed(h uint64) *memRecord {
 	var i int32
 	if n := len(t.free); n > 0 {
 		i, t.free = t.free[n-1], t.free[:n-1]
@@ -76,7 +87,6 @@ func (t *memTable) insert(key Key) *memRecord {
 		i = t.slots
 		t.slots++
 	}
-	h := t.hash(key)
 	rec := t.at(i)
 	rec.next = t.index[h]
 	t.index[h] = i
