@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup/deduptype"
+	"github.com/dedupkit/dedup/internal/blob"
 )
 
 // MemoryStore is a [Store] held in process memory, for tests and the
@@ -39,9 +40,8 @@ func (s *MemoryStore) nextOwner() string {
 // owner, last error and result cut from one byte slice (see memTable), its
 // times in Unix nanoseconds (0: unset).
 type memRecord struct {
-	data         []byte
-	ends         [memParts]int // where each part ends in data
-	next         int32         // the slot of the next record of the same hash, 0 for none
+	parts        blob.Blob // its key, fingerprint, owner, last error and result, in the order of memScope and the rest
+	next         int32     // the slot of the next record of the same hash, 0 for none
 	status       Status
 	attempts     int
 	leaseUntil   int64

@@ -3,12 +3,13 @@ package dedup
 import (
 	"hash/maphash"
 	"iter"
-	"unsafe"
+
+	"github.com/dedupkit/dedup/internal/blob"
 )
 
 // memTable holds a MemoryStore's records so that the garbage collector
 // follows one pointer per record and none in the index: each record's
-// strings and result are cut from one byte slice (memRecord.data), the
+// strings and result are cut from one byte slice (memRecord.parts), the
 // records sit in pages of slots that never move, and the index maps a hash
 // of the key to the slot of the first record of that hash, the others
 // chained by slot number. A map of keys to records made every collection of a process
@@ -37,14 +38,7 @@ func newMemTable() memTable {
 func (t *memTable) at(i int32) *memRecord { return &t.pages[i/memPage][i%memPage] }
 
 // hash returns the index's hash of key.
-func (t *memTable) hash(key Key) uint64 {
-	var h maphash.Hash
-	h.SetSeed(t.seed)
-	h.WriteString(key.Scope)
-	h.WriteByte(0)
-	h.WriteString(key.EventID)
-	return h.Sum64() & t.mask
-}
+func (t *memTable) hash(key Key) uint64 { return blob.HashKey(t.seed, key) & t.mask }
 
 // find returns the slot of key's record, or 0 when there is none.
 func (t *memTable) find(key Key) int32 {
@@ -120,7 +114,7 @@ func (t *memTable) remove(key Key) {
 func (t *memTable) all() iter.Seq2[Key, *memRecord] {
 	return func(yield func(Key, *memRecord) bool) {
 		for i := int32(1); i < t.slots; i++ {
-			if rec := t.at(i); rec.data != nil && !yield(rec.key(), rec) {
+			if rec := t.at(i); !rec.parts.Nil() && !yield(rec.key(), rec) {
 				return
 			}
 		}
@@ -138,52 +132,31 @@ const (
 	memParts
 )
 
-// part returns the i-th part of r's data.
-func (r *memRecord) part(i int) []byte {
-	from := 0
-	if i > 0 {
-		from = r.ends[i-1]
-	}
-	return r.data[from:r.ends[i]:r.ends[i]]
+func (r *memRecord) key() Key {
+	return Key{Scope: r.parts.String(memScope), EventID: r.parts.String(memEventID)}
 }
-
-// str returns the i-th part of r's data as a string sharing its bytes,
-// which never change: a write makes new data.
-func (r *memRecord) str(i int) string {
-	b := r.part(i)
-	if len(b) == 0 {
-		return ""
-	}
-	return unsafe.String(&b[0], len(b))
-}
-
-func (r *memRecord) key() Key            { return Key{Scope: r.str(memScope), EventID: r.str(memEventID)} }
-func (r *memRecord) fingerprint() string { return r.str(memFingerprint) }
-func (r *memRecord) owner() string       { return r.str(memOwner) }
-func (r *memRecord) lastError() string   { return r.str(memLastError) }
+func (r *memRecord) fingerprint() string { return r.parts.String(memFingerprint) }
+func (r *memRecord) owner() string       { return r.parts.String(memOwner) }
+func (r *memRecord) lastError() string   { return r.parts.String(memLastError) }
 
 // result returns r's result, nil for none.
 func (r *memRecord) result() []byte {
-	if b := r.part(memResult); len(b) > 0 {
+	if b := r.parts.Part(memResult); len(b) > 0 {
 		return b
 	}
 	return nil
 }
 
 // holds reports whether r is key's record.
-func (r *memRecord) holds(key Key) bool {
-	return string(r.part(memScope)) == key.Scope && string(r.part(memEventID)) == key.EventID
-}
+func (r *memRecord) holds(key Key) bool { return r.parts.Holds(memScope, memEventID, key) }
 
-// write makes r's data anew from its parts: one allocation, which strings
-// and results handed out before keep sharing.
+// write makes r's parts anew: one allocation, which strings and results
+// handed out before keep sharing.
 func (r *memRecord) write(key Key, fingerprint, owner, lastError string, result []byte) {
-	b := make([]byte, 0, len(key.Scope)+len(key.EventID)+len(fingerprint)+len(owner)+len(lastError)+len(result))
-	for i, p := range [...]string{key.Scope, key.EventID, fingerprint, owner, lastError} {
-		b = append(b, p...)
-		r.ends[i] = len(b)
+	b := blob.NewBuilder(0, len(key.Scope)+len(key.EventID)+len(fingerprint)+len(owner)+len(lastError)+len(result))
+	for _, p := range [...]string{key.Scope, key.EventID, fingerprint, owner, lastError} {
+		b.AddString(p)
 	}
-	b = append(b, result...)
-	r.ends[memResult] = len(b)
-	r.data = b
+	b.Add(result)
+	r.parts = b.Blob()
 }

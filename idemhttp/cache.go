@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/blob"
 )
 
 // replayCache keeps settled answers (the snapshots a replay writes) in
@@ -60,19 +61,20 @@ type cacheSlot struct {
 }
 
 // cached is one settled answer and what it is known to answer: its key,
-// the record's fingerprint, the shape of a request it fits and the answer.
-// Each part is cut from data, which never changes once the entry is made,
-// so that a copy is read outside the lock.
+// the record's fingerprint, the shape of a request it fits and the answer,
+// each a part of one blob.Blob (in the order of partScope and the rest),
+// which never changes once the entry is made, so that a copy is read
+// outside the lock. The blob's head holds where each of the answer's
+// header names and values ends in the text part, 4 bytes each.
 type cached struct {
-	data   []byte
-	ends   [cachedParts]int32 // where each part ends in data
+	parts  blob.Blob
 	status int32
-	fields int32 // the answer's header names and values; data begins with where each ends in the text part, 4 bytes each
+	fields int32 // the answer's header names and values
 	json   bool  // the shape's
 	shaped bool  // the shape is kept: its body was small enough
 }
 
-// The parts of a cached entry, in data's order.
+// The parts of a cached entry.
 const (
 	partScope = iota
 	partID
@@ -83,53 +85,29 @@ const (
 	partRequest // the body of the request of the shape
 	partText    // the answer's header names and values
 	partBody    // the answer's body
-	cachedParts
 )
 
-// part returns the i-th part of e.
-func (e *cached) part(i int) []byte {
-	from := 4 * e.fields
-	if i > 0 {
-		from = e.ends[i-1]
-	}
-	return e.data[from:e.ends[i]:e.ends[i]]
-}
-
-// str returns the i-th part of e as a string sharing its bytes, which never
-// change.
-func (e *cached) str(i int) string {
-	b := e.part(i)
-	if len(b) == 0 {
-		return ""
-	}
-	return unsafe.String(&b[0], len(b))
-}
-
 // fingerprint returns the fingerprint of the record e was filled from.
-func (e *cached) fingerprint() string { return e.str(partFingerprint) }
-
-// holds reports whether e is key's entry, not another key's of the same
-// hash.
-func (e *cached) holds(key dedup.Key) bool {
-	return string(e.part(partScope)) == key.Scope && string(e.part(partID)) == key.EventID
-}
+func (e *cached) fingerprint() string { return e.parts.String(partFingerprint) }
 
 // fits reports whether e's answer is known to fit requests of shape s,
 // byte for byte like one it answered.
 func (e *cached) fits(s *requestShape) bool {
-	return e.shaped && e.json == s.json && string(e.part(partMethod)) == s.method &&
-		string(e.part(partRoute)) == s.route && string(e.part(partQuery)) == s.query &&
-		bytes.Equal(e.part(partRequest), s.body)
+	p := &e.parts
+	return e.shaped && e.json == s.json && string(p.Part(partMethod)) == s.method &&
+		string(p.Part(partRoute)) == s.route && string(p.Part(partQuery)) == s.query &&
+		bytes.Equal(p.Part(partRequest), s.body)
 }
 
 // writeReplay answers w with e's answer, marked as a replay, byte for byte
 // as a replay of the snapshot it came from.
 func (e *cached) writeReplay(w http.ResponseWriter) {
 	var ends [2 * maxSnapHeaders]int32
+	head := e.parts.Head()
 	for i := range e.fields {
-		ends[i] = int32(binary.LittleEndian.Uint32(e.data[4*i:]))
+		ends[i] = int32(binary.LittleEndian.Uint32(head[4*i:]))
 	}
-	writeReplay(w, int(e.status), e.str(partText), ends[:e.fields], e.part(partBody))
+	writeReplay(w, int(e.status), e.parts.String(partText), ends[:e.fields], e.parts.Part(partBody))
 }
 
 // slotOverhead approximates what an entry costs beyond its data: its slot,
@@ -158,16 +136,6 @@ func newReplayCache(budget int, maxAge time.Duration, now func() time.Time) *rep
 // others.
 const replayCacheEntryShare = 8
 
-// hash returns the index's hash of key.
-func (c *replayCache) hash(key dedup.Key) uint64 {
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	h.WriteString(key.Scope)
-	h.WriteByte(0)
-	h.WriteString(key.EventID)
-	return h.Sum64()
-}
-
 // get returns key's entry, most recently used now, and false when there is
 // none or its deadline has passed (it is then dropped). A nil cache has no
 // entries.
@@ -175,13 +143,13 @@ func (c *replayCache) get(key dedup.Key) (cached, bool) {
 	if c == nil {
 		return cached{}, false
 	}
-	h := c.hash(key)
+	h := blob.HashKey(c.seed, key)
 	now := c.now().UnixNano()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	i, ok := c.index[h]
 	switch {
-	case !ok || !c.slots[i].entry.holds(key):
+	case !ok || !c.slots[i].entry.parts.Holds(partScope, partID, key):
 		return cached{}, false
 	case now >= c.slots[i].deadline:
 		c.drop(i)
@@ -209,7 +177,7 @@ func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape
 	if !expires.IsZero() && expires.Before(deadline) {
 		deadline = expires
 	}
-	h := c.hash(key)
+	h := blob.HashKey(c.seed, key)
 	var slot cacheSlot
 	if !expires.IsZero() && now.Before(deadline) {
 		slot = cacheSlot{hash: h, deadline: deadline.UnixNano()}
@@ -248,35 +216,31 @@ func (c *replayCache) entry(key dedup.Key, fingerprint string, shape *requestSha
 	if n+slotOverhead > c.maxEntry {
 		return cached{}, 0
 	}
-	b := make([]byte, 4*e.fields, n)
-	text := 0
+	b := blob.NewBuilder(4*int(e.fields), n-4*int(e.fields))
+	head, text := b.Head(), 0
 	for i := range 2 * p.n {
 		text += len(p.field(i))
-		binary.LittleEndian.PutUint32(b[4*i:], uint32(text))
+		binary.LittleEndian.PutUint32(head[4*i:], uint32(text))
 	}
-	add := func(i int, part []byte) {
-		b = append(b, part...)
-		e.ends[i] = int32(len(b))
+	for _, part := range [...]string{key.Scope, key.EventID, fingerprint} {
+		b.AddString(part)
 	}
-	add(partScope, []byte(key.Scope))
-	add(partID, []byte(key.EventID))
-	add(partFingerprint, []byte(fingerprint))
 	if e.shaped {
-		add(partMethod, []byte(shape.method))
-		add(partRoute, []byte(shape.route))
-		add(partQuery, []byte(shape.query))
-		add(partRequest, shape.body)
+		for _, part := range [...]string{shape.method, shape.route, shape.query} {
+			b.AddString(part)
+		}
+		b.Add(shape.body)
 	} else {
-		for i := partMethod; i <= partRequest; i++ {
-			add(i, nil)
+		for range partRequest - partMethod + 1 {
+			b.Add(nil)
 		}
 	}
 	for i := range 2 * p.n {
-		b = append(b, p.field(i)...)
+		b.Append(p.field(i))
 	}
-	e.ends[partText] = int32(len(b))
-	add(partBody, p.body)
-	e.data = b
+	b.End()
+	b.Add(p.body)
+	e.parts = b.Blob()
 	return e, n + slotOverhead
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dedupkit/dedup"
+	"github.com/dedupkit/dedup/internal/blob"
 )
 
 // cacheSnapshot returns the snapshot of a 200 with body.
@@ -90,13 +91,13 @@ func TestReplayCacheEntryParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.put(a, "fp-a", shape, snap, now.Add(time.Hour))
-	i := c.index[c.hash(a)]
-	delete(c.index, c.hash(a))
-	c.index[c.hash(b)] = i // b's hash now leads to a's entry
+	i := c.index[blob.HashKey(c.seed, a)]
+	delete(c.index, blob.HashKey(c.seed, a))
+	c.index[blob.HashKey(c.seed, b)] = i // b's hash now leads to a's entry
 	if _, ok := c.get(b); ok {
 		t.Fatal("b answered from a's entry")
 	}
-	c.index[c.hash(a)] = i
+	c.index[blob.HashKey(c.seed, a)] = i
 	e, ok := c.get(a)
 	if !ok || e.fingerprint() != "fp-a" || !e.fits(shape) {
 		t.Fatalf("a: found %v, fingerprint %q, fits %v", ok, e.fingerprint(), e.fits(shape))
