@@ -338,8 +338,8 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger 
 // when a record is deleted by hand (a DELETE on the table, a Redis DEL) or
 // the store is emptied: an instance that cached the key goes on replaying
 // it until the max age passes. The count of bytes is approximate: the
-// answer's body and headers, the key, the fingerprint and a fixed overhead
-// per entry.
+// answer's body and headers, the key, the fingerprint, the request kept to
+// compare retries with, and a fixed overhead per entry.
 func WithReplayCache(maxBytes int) Opt { return optFunc(func(c *config) { c.replayCache = maxBytes }) }
 
 // WithReplayCacheMaxAge sets the longest a cached answer is replayed
