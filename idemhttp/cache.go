@@ -43,7 +43,7 @@ type replayCache struct {
 	seed     maphash.Seed
 
 	mu    sync.Mutex
-	index map[uint64]int32 // the hash of an entry's key (hash) to its slot
+	index map[uint64]int32 // a hash of each entry's key (blob.HashKey) to its slot
 	// slots holds the entries; slots[0] is the recency list's sentinel:
 	// its next is the most recently used entry, its prev the least.
 	slots []cacheSlot
