@@ -31,6 +31,7 @@ func New(store dedup.Store, opts ...Opt) (*Middleware, error) {
 	if f.core, err = dedup.NewFront(store, serveNext, f.coreOpts()...); err != nil {
 		return nil, err
 	}
+	f.local = isLocal(store)
 	return &Middleware{front: f}, nil
 }
 
