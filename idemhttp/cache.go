@@ -167,10 +167,10 @@ func (c *replayCache) get(key dedup.Key) (cached, bool) {
 // expiry; the zero time if unknown, and then it is not cached) or its max
 // age, whichever is first. An answer over the entry limit is not cached,
 // and an older entry of key is dropped either way. A nil cache keeps
-// nothing.
-func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape, snap []byte, expires time.Time) {
+// nothing. It returns the entry, and whether it was kept.
+func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape, snap []byte, expires time.Time) (cached, bool) {
 	if c == nil {
-		return
+		return cached{}, false
 	}
 	now := c.now()
 	deadline := now.Add(c.maxAge)
@@ -189,7 +189,7 @@ func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape
 		c.drop(old)
 	}
 	if slot.size == 0 {
-		return
+		return cached{}, false
 	}
 	i := c.take()
 	c.slots[i] = slot
@@ -199,6 +199,7 @@ func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape
 	for c.used > c.budget {
 		c.drop(c.slots[0].prev)
 	}
+	return slot.entry, true
 }
 
 // entry makes the entry of snap and returns it with its size, or a size of

@@ -2,6 +2,8 @@ package idemhttp
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -9,8 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-
-	"github.com/dedupkit/dedup"
+	"unsafe"
 )
 
 // readBody reads the request body once, bounded by the configured limit, and
@@ -127,7 +128,12 @@ func contentType(h http.Header) string {
 // query counts with its parameters sorted by name (the order of one name's
 // values kept); a request without one hashes as it did before queries
 // counted, so keys stored then still replay.
-func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem) {
+//
+// The fingerprint is written into into, which must never be written again:
+// the string returned shares it, so that the request's own struct holds it
+// without an allocation of its own.
+func (c *config) fingerprint(r *http.Request, body []byte, into *[2 * sha256.Size]byte) (string, *keyProblem) {
+	var raw [2 * sha256.Size]byte
 	kind, bodyFP := "raw", ""
 	if len(body) > 0 && isJSON(contentType(r.Header)) {
 		fp, err := c.jsonFP(body)
@@ -136,7 +142,7 @@ func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem)
 		}
 		kind, bodyFP = "json", fp
 	} else {
-		bodyFP, _ = dedup.SHA256Fingerprint()(body) // never fails
+		bodyFP = hexSum(body, &raw)
 	}
 	var buf [256]byte
 	parts := buf[:0]
@@ -146,8 +152,15 @@ func (c *config) fingerprint(r *http.Request, body []byte) (string, *keyProblem)
 	if r.URL.RawQuery != "" {
 		parts = append(append(append(parts, '?'), canonicalQuery(r.URL.RawQuery)...), 0)
 	}
-	fp, _ := dedup.SHA256Fingerprint()(parts) // never fails
-	return fp, nil
+	return hexSum(parts, into), nil
+}
+
+// hexSum writes the hex SHA-256 of b into into, as dedup.SHA256Fingerprint
+// spells it, and returns it as a string sharing into.
+func hexSum(b []byte, into *[2 * sha256.Size]byte) string {
+	sum := sha256.Sum256(b)
+	hex.Encode(into[:], sum[:])
+	return unsafe.String(&into[0], len(into))
 }
 
 // canonicalQuery returns raw with its parameters sorted by name and encoded

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,12 +65,13 @@ func newFront(opts []Opt) (front, error) {
 
 // prepared is a request on its way to claim its key.
 type prepared struct {
-	key         dedup.Key
-	shape       requestShape
-	fingerprint string    // set by ready
-	expires     time.Time // the expiry of the record its claim acquired, if it did
-	body        bodyCopy  // the body given back to the handler, kept here to cost no allocation of its own
-	x           exchange  // its attempt's, once acquired, kept here for the same reason
+	key              dedup.Key
+	shape            requestShape
+	fingerprint      string // set by ready, sharing fingerprintBytes
+	fingerprintBytes [2 * sha256.Size]byte
+	expires          time.Time // the expiry of the record its claim acquired, if it did
+	body             bodyCopy  // the body given back to the handler, kept here to cost no allocation of its own
+	x                exchange  // its attempt's, once acquired, kept here for the same reason
 }
 
 // prepare reads the key, the caller and the body of r. It answers w itself
@@ -135,7 +137,7 @@ func (f *front) ready(w http.ResponseWriter, r *http.Request, p *prepared) bool 
 		kp = f.cfg.guessable(p.key.EventID)
 	}
 	if kp == nil {
-		p.fingerprint, kp = f.cfg.fingerprint(r, p.shape.body)
+		p.fingerprint, kp = f.cfg.fingerprint(r, p.shape.body, &p.fingerprintBytes)
 	}
 	if kp != nil {
 		f.refuse(w, kp)
@@ -216,17 +218,27 @@ func (f *front) cacheSettled(p *prepared, snap []byte) {
 }
 
 // replay answers with the stored response, marked as a replay, and keeps
-// it in the replay cache.
+// it in the replay cache: when it is kept, the answer is written from the
+// cache's entry, whose strings cost no copy of their own.
 func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
-	var s snapshot
-	if err := decodeSnapshot(rec.Result, &s); err != nil {
+	var parts snapshotParts
+	err := parts.parse(rec.Result)
+	if err == nil {
+		err = parts.validate()
+	}
+	if err != nil {
 		f.cfg.logger.Error("idemhttp: stored response unreadable; not replayed",
 			slog.Any("key", p.key), slog.Any("error", err))
 		f.cfg.writeProblem(w, ProblemStoredMalformed, http.StatusInternalServerError,
 			"the stored answer for this key cannot be read", 0)
 		return
 	}
-	f.cache.put(p.key, rec.Fingerprint, &p.shape, rec.Result, rec.ExpiresAt)
+	if e, ok := f.cache.put(p.key, rec.Fingerprint, &p.shape, rec.Result, rec.ExpiresAt); ok {
+		e.writeReplay(w)
+		return
+	}
+	var s snapshot
+	parts.split(&s)
 	s.writeReplay(w)
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // A response snapshot, as kept in dedup.Record.Result, is
@@ -157,42 +158,20 @@ func encodeSnapshot(status int, h http.Header, names []string, body []byte) ([]b
 // decodeSnapshot decodes b into s, refusing anything encodeSnapshot cannot
 // have written.
 func decodeSnapshot(b []byte, s *snapshot) error {
-	if err := splitSnapshot(b, s); err != nil {
-		return err
-	}
-	for k := 0; k < s.n; k++ {
-		name, value := field(s.text, s.ends[:], 2*k), field(s.text, s.ends[:], 2*k+1)
-		if !validToken(name) || http.CanonicalHeaderKey(name) != name {
-			return fmt.Errorf("%w: header %d name %q", errSnapshot, k, name)
-		}
-		if !validHeaderValue(value) {
-			return fmt.Errorf("%w: header %s value", errSnapshot, name)
-		}
-	}
-	return nil
-}
-
-// splitSnapshot decodes b into s, checking its lengths but not its header
-// names and values: enough for a snapshot encodeSnapshot has just made,
-// which refused what decodeSnapshot would.
-func splitSnapshot(b []byte, s *snapshot) error {
 	var p snapshotParts
 	if err := p.parse(b); err != nil {
 		return err
 	}
-	var buf strings.Builder
-	buf.Grow(p.text)
-	for i := 0; i < 2*p.n; i++ {
-		buf.Write(p.field(i))
-		s.ends[i] = int32(buf.Len())
+	if err := p.validate(); err != nil {
+		return err
 	}
-	s.status, s.n, s.text, s.body = p.status, p.n, buf.String(), p.body
+	p.split(s)
 	return nil
 }
 
 // snapshotParts is an encoded snapshot taken apart without a copy: its
 // status, where each header name and value lies in it, and its body. Its
-// lengths are checked, its names and values not (see splitSnapshot).
+// lengths are checked, its names and values only by validate.
 type snapshotParts struct {
 	status int
 	n      int                                        // header values
@@ -205,6 +184,35 @@ type snapshotParts struct {
 // field returns the i-th name or value (2k for the k-th name, 2k+1 for its
 // value).
 func (p *snapshotParts) field(i int) []byte { return p.enc[p.spans[i].from:p.spans[i].to] }
+
+// validate refuses the header names and values encodeSnapshot cannot have
+// written.
+func (p *snapshotParts) validate() error {
+	for k := 0; k < p.n; k++ {
+		// Views of the encoding, which does not change while they are read.
+		name, value := p.field(2*k), p.field(2*k+1)
+		nameStr := unsafe.String(unsafe.SliceData(name), len(name))
+		if !validToken(nameStr) || http.CanonicalHeaderKey(nameStr) != nameStr {
+			return fmt.Errorf("%w: header %d name %q", errSnapshot, k, name)
+		}
+		if !validHeaderValue(unsafe.String(unsafe.SliceData(value), len(value))) {
+			return fmt.Errorf("%w: header %s value", errSnapshot, name)
+		}
+	}
+	return nil
+}
+
+// split copies p's header names and values into one string of s's, and
+// sets the rest of s to share p's encoding.
+func (p *snapshotParts) split(s *snapshot) {
+	var buf strings.Builder
+	buf.Grow(p.text)
+	for i := 0; i < 2*p.n; i++ {
+		buf.Write(p.field(i))
+		s.ends[i] = int32(buf.Len())
+	}
+	s.status, s.n, s.text, s.body = p.status, p.n, buf.String(), p.body
+}
 
 // parse takes b apart into p.
 func (p *snapshotParts) parse(b []byte) error {
