@@ -105,12 +105,6 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (Claim, error
 	return s.claim(req, time.Now().UnixNano(), s.nextOwner), nil
 }
 
-// InProcess reports true: the records live in this process's memory, so
-// that reading one costs no round trip. A front end that keeps copies of
-// settled answers (idemhttp's replay cache) then makes one when an answer
-// is first replayed, not each time one is stored.
-func (s *MemoryStore) InProcess() bool { return true }
-
 // ClaimBatch claims several distinct keys under one lock.
 func (s *MemoryStore) ClaimBatch(ctx context.Context, reqs []ClaimRequest) ([]Claim, error) {
 	if err := ctx.Err(); err != nil {

@@ -57,7 +57,7 @@ func BenchmarkIdempotency(b *testing.B) {
 		kind := map[bool]string{false: "new", true: "replay"}[replay]
 		b.Run("memory/"+kind, func(b *testing.B) {
 			var calls atomic.Int64
-			runLoad(b, claimMode(b, localCountingStore{countingStore{dedup.NewMemoryStore(), &calls}}), replay, &calls)
+			runLoad(b, claimMode(b, countingStore{dedup.NewMemoryStore(), &calls}), replay, &calls)
 		})
 		b.Run("postgres-claim/"+kind, func(b *testing.B) {
 			store, _, stmts := benchPostgres(b)
@@ -84,7 +84,7 @@ func BenchmarkIdempotency(b *testing.B) {
 	// first) costs what these rows cost: each a store read.
 	b.Run("memory/replay-nocache", func(b *testing.B) {
 		var calls atomic.Int64
-		runLoad(b, claimMode(b, localCountingStore{countingStore{dedup.NewMemoryStore(), &calls}}, idemhttp.WithReplayCache(0)), true, &calls)
+		runLoad(b, claimMode(b, countingStore{dedup.NewMemoryStore(), &calls}, idemhttp.WithReplayCache(0)), true, &calls)
 	})
 	b.Run("redis/replay-nocache", func(b *testing.B) {
 		store, commands := benchRedis(b)
@@ -177,19 +177,11 @@ func runLoad(b *testing.B, h http.Handler, replay bool, roundTrips *atomic.Int64
 	b.ReportMetric(0, "ns/op")
 }
 
-// countingStore counts the calls made to a store. It hides whether the
-// store is in process, so that the replay cache treats it as it treats a
-// remote store: the cache tests count its calls.
+// countingStore counts the calls made to a store.
 type countingStore struct {
 	dedup.Store
 	n *atomic.Int64
 }
-
-// localCountingStore is a countingStore over an in-process store that
-// says so, as the store it counts does (the benchmarks' memory rows).
-type localCountingStore struct{ countingStore }
-
-func (localCountingStore) InProcess() bool { return true }
 
 func (s countingStore) Claim(ctx context.Context, req dedup.ClaimRequest) (dedup.Claim, error) {
 	s.n.Add(1)

@@ -447,34 +447,3 @@ func TestReplayCacheTx(t *testing.T) {
 		t.Errorf("%d charges, want 1", n)
 	}
 }
-
-// A store whose records live in this process (the memory store) has its
-// answers cached when first replayed, not when stored: a new key costs no
-// copy of its answer, the first replay one store call, the later ones none.
-func TestReplayCacheFillsOnReplayForAnInProcessStore(t *testing.T) {
-	calls := new(atomic.Int64)
-	m := newMiddleware(t, localCountingStore{countingStore{dedup.NewMemoryStore(), calls}})
-	pay := &payments{}
-	srv := serve(t, m.Wrap(pay))
-	key := newKey()
-	first := mustPost(t, srv.URL, key, order)
-	if _, entries := m.ReplayCacheStats(); first.status != http.StatusCreated || entries != 0 {
-		t.Fatalf("first answer %d, %d cache entries; want 201 and none", first.status, entries)
-	}
-	calls.Store(0)
-	for i := range 4 {
-		a := mustPost(t, srv.URL, key, order)
-		if !a.replayed() || a.body != first.body {
-			t.Fatalf("replay %d: %d %q, want %q", i, a.status, a.body, first.body)
-		}
-		if n := calls.Load(); n != 1 {
-			t.Fatalf("after %d replays: %d store calls, want 1 (the first)", i+1, n)
-		}
-	}
-	if changed := mustPost(t, srv.URL, key, `{"amount": 9900, "currency": "EUR"}`); changed.status != http.StatusUnprocessableEntity || calls.Load() != 1 {
-		t.Errorf("changed body: %d after %d store calls, want 422 from the cache", changed.status, calls.Load())
-	}
-	if pay.charges.Load() != 1 {
-		t.Errorf("%d charges, want 1", pay.charges.Load())
-	}
-}

@@ -22,10 +22,6 @@ type front struct {
 	tel   *httpTelemetry          // nil: no spans, no metrics
 	core  *dedup.Front[*exchange] // claims keys and holds them: the mode's
 	cache *replayCache            // settled answers; nil: none kept
-	// local says that the store keeps its records in this process
-	// (inProcess): an answer it has just stored is cached on its first
-	// replay, which costs the store a map lookup, not on every answer.
-	local bool
 	// recorders keeps the recorders of answered requests for the next
 	// ones: a new key's response is buffered without allocating one.
 	recorders *sync.Pool
@@ -192,22 +188,12 @@ func (f *front) answerConflict(w http.ResponseWriter) {
 		"this key was used for a request with another method, route, query or body", 0)
 }
 
-// inProcess is implemented by a store whose records live in this process,
-// such as dedup.MemoryStore.
-type inProcess interface{ InProcess() bool }
-
-// isLocal reports whether store keeps its records in this process.
-func isLocal(store dedup.Store) bool {
-	l, ok := store.(inProcess)
-	return ok && l.InProcess()
-}
-
 // cacheSettled caches snap, the answer of p's key that the store has just
 // accepted, until the record's expiry: that of p's claim, which the
 // completion only pushes later, or the TTL from now if earlier (a store
 // whose clock runs ahead).
 func (f *front) cacheSettled(p *prepared, snap []byte) {
-	if f.cache == nil || f.local {
+	if f.cache == nil {
 		return
 	}
 	expires := f.cfg.now().Add(f.cfg.ttl)

@@ -31,7 +31,6 @@ func New(store dedup.Store, opts ...Opt) (*Middleware, error) {
 	if f.core, err = dedup.NewFront(store, serveNext, f.coreOpts()...); err != nil {
 		return nil, err
 	}
-	f.local = isLocal(store)
 	return &Middleware{front: f}, nil
 }
 

@@ -333,8 +333,6 @@ func WithLogger(l *slog.Logger) Opt { return optFunc(func(c *config) { c.logger 
 // request. Least recently used answers go first when the budget is spent;
 // an answer over an eighth of it is not cached. An answer is never kept
 // past its record's expiry (WithTTL) nor past [WithReplayCacheMaxAge].
-// Over a store whose records live in this process (dedup.MemoryStore), an
-// answer is cached when first replayed rather than when stored.
 //
 // A settled record does not change, so the cache can only be out of date
 // when a record is deleted by hand (a DELETE on the table, a Redis DEL) or
