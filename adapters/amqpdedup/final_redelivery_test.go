@@ -40,10 +40,7 @@ func TestFinalRedelivery(t *testing.T) {
 
 			b.publish(q, "bad-1", "poison", amqp.Table{"trace-id": "t-1"})
 			letter := b.takeLetters(q, 1)[0]
-			final, err := store.Get(context.Background(), key)
-			if err != nil || final.Status != dedup.StatusFailedFinal {
-				t.Fatalf("record %+v (%v), want FAILED_FINAL", final, err)
-			}
+			final := adaptertest.WaitFinal(t, store, key)
 
 			// A plain copy, then the letter moved back.
 			b.publish(q, "bad-1", "poison", nil)

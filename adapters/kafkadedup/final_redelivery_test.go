@@ -50,10 +50,7 @@ func TestFinalRedelivery(t *testing.T) {
 	committedTo(recs)
 	letter := c.readAll(c.topic+".dlq", 1)[0]
 	key := dedup.Key{Scope: scope, EventID: "bad-1"}
-	final, err := store.Get(context.Background(), key)
-	if err != nil || final.Status != dedup.StatusFailedFinal {
-		t.Fatalf("record %+v (%v), want FAILED_FINAL", final, err)
-	}
+	final := adaptertest.WaitFinal(t, store, key)
 
 	// A plain copy, then the letter moved back, then an event behind them.
 	plain := c.produce(event{id: "bad-1", key: "a", value: "poison"})[0]

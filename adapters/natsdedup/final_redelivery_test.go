@@ -51,10 +51,7 @@ func TestFinalRedelivery(t *testing.T) {
 	if len(letters) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(letters))
 	}
-	final, err := store.Get(context.Background(), key)
-	if err != nil || final.Status != dedup.StatusFailedFinal {
-		t.Fatalf("record %+v (%v), want FAILED_FINAL", final, err)
-	}
+	final := adaptertest.WaitFinal(t, store, key)
 
 	// A plain copy, then the letter moved back.
 	e.publishAgain(t, "bad-1", "poison")

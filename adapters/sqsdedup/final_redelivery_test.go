@@ -44,10 +44,7 @@ func TestFinalRedelivery(t *testing.T) {
 
 	send(t, c, url, "bad-1", "poison", map[string]types.MessageAttributeValue{"trace-id": stringAttr("t-1")})
 	letter := receiveLetters(t, c, dlq, 1)[0]
-	final, err := store.Get(context.Background(), key)
-	if err != nil || final.Status != dedup.StatusFailedFinal {
-		t.Fatalf("record %+v (%v), want FAILED_FINAL", final, err)
-	}
+	final := adaptertest.WaitFinal(t, store, key)
 
 	// A plain copy, then the letter moved back.
 	send(t, c, url, "bad-1", "poison", nil)
