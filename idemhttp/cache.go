@@ -56,7 +56,6 @@ type cacheSlot struct {
 	entry      cached
 	hash       uint64
 	deadline   int64 // Unix nanoseconds, on the cache's clock
-	size       int
 	prev, next int32
 }
 
@@ -69,9 +68,8 @@ type cacheSlot struct {
 type cached struct {
 	parts  blob.Blob
 	status int32
-	fields int32 // the answer's header names and values
-	json   bool  // the shape's
-	shaped bool  // the shape is kept: its body was small enough
+	json   bool // the shape's
+	shaped bool // the shape is kept: its body was small enough
 }
 
 // The parts of a cached entry.
@@ -104,10 +102,19 @@ func (e *cached) fits(s *requestShape) bool {
 func (e *cached) writeReplay(w http.ResponseWriter) {
 	var ends [2 * maxSnapHeaders]int32
 	head := e.parts.Head()
-	for i := range e.fields {
+	fields := len(head) / 4
+	for i := range fields {
 		ends[i] = int32(binary.LittleEndian.Uint32(head[4*i:]))
 	}
-	writeReplay(w, int(e.status), e.parts.String(partText), ends[:e.fields], e.parts.Part(partBody))
+	writeReplay(w, int(e.status), e.parts.String(partText), ends[:fields], e.parts.Part(partBody))
+}
+
+// size returns what e costs the budget: its bytes and slotOverhead.
+func (e *cached) size() int {
+	if e.parts.Nil() {
+		return 0
+	}
+	return e.parts.Len() + slotOverhead
 }
 
 // slotOverhead approximates what an entry costs beyond its data: its slot,
@@ -162,13 +169,13 @@ func (c *replayCache) get(key dedup.Key) (cached, bool) {
 	return c.slots[i].entry, true
 }
 
-// put caches snap, the encoded settled answer of key for requests of
+// put caches snap, the settled answer of key, taken apart, for requests of
 // fingerprint, one of which is of shape, until expires (the record's
 // expiry; the zero time if unknown, and then it is not cached) or its max
 // age, whichever is first. An answer over the entry limit is not cached,
 // and an older entry of key is dropped either way. A nil cache keeps
 // nothing. It returns the entry, and whether it was kept.
-func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape, snap []byte, expires time.Time) (cached, bool) {
+func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape, snap *snapshotParts, expires time.Time) (cached, bool) {
 	if c == nil {
 		return cached{}, false
 	}
@@ -180,48 +187,45 @@ func (c *replayCache) put(key dedup.Key, fingerprint string, shape *requestShape
 	h := blob.HashKey(c.seed, key)
 	var slot cacheSlot
 	if !expires.IsZero() && now.Before(deadline) {
-		slot = cacheSlot{hash: h, deadline: deadline.UnixNano()}
-		slot.entry, slot.size = c.entry(key, fingerprint, shape, snap)
+		slot = cacheSlot{entry: c.entry(key, fingerprint, shape, snap), hash: h, deadline: deadline.UnixNano()}
 	}
+	size := slot.entry.size()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old, ok := c.index[h]; ok {
 		c.drop(old)
 	}
-	if slot.size == 0 {
+	if size == 0 {
 		return cached{}, false
 	}
 	i := c.take()
 	c.slots[i] = slot
 	c.index[h] = i
 	c.pushFront(i)
-	c.used += slot.size
+	c.used += size
 	for c.used > c.budget {
 		c.drop(c.slots[0].prev)
 	}
 	return slot.entry, true
 }
 
-// entry makes the entry of snap and returns it with its size, or a size of
-// 0 when it is over the entry limit or snap is not a snapshot.
-func (c *replayCache) entry(key dedup.Key, fingerprint string, shape *requestShape, snap []byte) (cached, int) {
-	var p snapshotParts
-	if p.parse(snap) != nil { // a snapshot stored or encoded is one: never here
-		return cached{}, 0
-	}
-	e := cached{status: int32(p.status), fields: int32(2 * p.n), json: shape.json, shaped: len(shape.body) <= maxShapeBody}
-	n := 4*int(e.fields) + len(key.Scope) + len(key.EventID) + len(fingerprint) + p.text + len(p.body)
+// entry makes the entry of p, a settled answer's snapshot taken apart, or
+// returns none (size 0) when it is over the entry limit.
+func (c *replayCache) entry(key dedup.Key, fingerprint string, shape *requestShape, p *snapshotParts) cached {
+	e := cached{status: int32(p.status), json: shape.json, shaped: len(shape.body) <= maxShapeBody}
+	head := 4 * 2 * p.n // where each header name and value ends, 4 bytes each
+	n := len(key.Scope) + len(key.EventID) + len(fingerprint) + p.text + len(p.body)
 	if e.shaped {
 		n += len(shape.method) + len(shape.route) + len(shape.query) + len(shape.body)
 	}
-	if n+slotOverhead > c.maxEntry {
-		return cached{}, 0
+	if head+n+slotOverhead > c.maxEntry {
+		return cached{}
 	}
-	b := blob.NewBuilder(4*int(e.fields), n-4*int(e.fields))
-	head, text := b.Head(), 0
+	b := blob.NewBuilder(head, n)
+	ends, text := b.Head(), 0
 	for i := range 2 * p.n {
 		text += len(p.field(i))
-		binary.LittleEndian.PutUint32(head[4*i:], uint32(text))
+		binary.LittleEndian.PutUint32(ends[4*i:], uint32(text))
 	}
 	for _, part := range [...]string{key.Scope, key.EventID, fingerprint} {
 		b.AddString(part)
@@ -242,7 +246,7 @@ func (c *replayCache) entry(key dedup.Key, fingerprint string, shape *requestSha
 	b.End()
 	b.Add(p.body)
 	e.parts = b.Blob()
-	return e, n + slotOverhead
+	return e
 }
 
 // stats returns the bytes the entries hold, as their sizes count them, and
@@ -271,7 +275,7 @@ func (c *replayCache) take() int32 {
 func (c *replayCache) drop(i int32) {
 	c.unlink(i)
 	delete(c.index, c.slots[i].hash)
-	c.used -= c.slots[i].size
+	c.used -= c.slots[i].entry.size()
 	c.slots[i] = cacheSlot{} // its data goes
 	c.free = append(c.free, i)
 }

@@ -12,14 +12,18 @@ import (
 	"github.com/dedupkit/dedup/internal/blob"
 )
 
-// cacheSnapshot returns the snapshot of a 200 with body.
-func cacheSnapshot(t *testing.T, body string) []byte {
+// cacheSnapshot returns the snapshot of a 200 with body, taken apart.
+func cacheSnapshot(t *testing.T, body string) *snapshotParts {
 	t.Helper()
 	b, err := encodeSnapshot(http.StatusOK, http.Header{"Content-Type": {"text/plain"}}, defaultStoredHeaders, []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	var p snapshotParts
+	if err := p.parse(b); err != nil {
+		t.Fatal(err)
+	}
+	return &p
 }
 
 // The entry dropped for room is the least recently used, not the oldest;
@@ -90,7 +94,11 @@ func TestReplayCacheEntryParts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.put(a, "fp-a", shape, snap, now.Add(time.Hour))
+	var parts snapshotParts
+	if err := parts.parse(snap); err != nil {
+		t.Fatal(err)
+	}
+	c.put(a, "fp-a", shape, &parts, now.Add(time.Hour))
 	i := c.index[blob.HashKey(c.seed, a)]
 	delete(c.index, blob.HashKey(c.seed, a))
 	c.index[blob.HashKey(c.seed, b)] = i // b's hash now leads to a's entry

@@ -196,11 +196,15 @@ func (f *front) cacheSettled(p *prepared, snap []byte) {
 	if f.cache == nil {
 		return
 	}
+	var parts snapshotParts
+	if parts.parse(snap) != nil { // encodeSnapshot made it: never
+		return
+	}
 	expires := f.cfg.now().Add(f.cfg.ttl)
 	if !p.expires.IsZero() && p.expires.Before(expires) {
 		expires = p.expires
 	}
-	f.cache.put(p.key, p.fingerprint, &p.shape, snap, expires)
+	f.cache.put(p.key, p.fingerprint, &p.shape, &parts, expires)
 }
 
 // replay answers with the stored response, marked as a replay, and keeps
@@ -219,7 +223,7 @@ func (f *front) replay(w http.ResponseWriter, p *prepared, rec dedup.Record) {
 			"the stored answer for this key cannot be read", 0)
 		return
 	}
-	if e, ok := f.cache.put(p.key, rec.Fingerprint, &p.shape, rec.Result, rec.ExpiresAt); ok {
+	if e, ok := f.cache.put(p.key, rec.Fingerprint, &p.shape, &parts, rec.ExpiresAt); ok {
 		e.writeReplay(w)
 		return
 	}
