@@ -2,8 +2,6 @@ package dedup
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/dedupkit/dedup/internal/hexsha"
 )
 
 // ErrInvalidPayload means a payload could not be read to compute its
@@ -29,15 +29,7 @@ type FingerprintFunc func(payload []byte) (string, error)
 func SHA256Fingerprint() FingerprintFunc { return sha256Fingerprint }
 
 func sha256Fingerprint(payload []byte) (string, error) {
-	return hexSHA256(payload), nil
-}
-
-// hexSHA256 returns the hex SHA-256 of b, allocating only the string.
-func hexSHA256(b []byte) string {
-	sum := sha256.Sum256(b)
-	var buf [2 * sha256.Size]byte
-	hex.Encode(buf[:], sum[:])
-	return string(buf[:])
+	return hexsha.String(payload), nil
 }
 
 // JSONFingerprint returns a fingerprint over the canonical JSON of the named
@@ -60,7 +52,7 @@ func JSONFingerprint(version string, fields ...string) FingerprintFunc {
 				return "", err
 			}
 		}
-		return hexSHA256(out), nil
+		return hexsha.String(out), nil
 	}
 }
 

@@ -2,8 +2,6 @@ package idemhttp
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"unsafe"
+
+	"github.com/dedupkit/dedup/internal/hexsha"
 )
 
 // readBody reads the request body once, bounded by the configured limit, and
@@ -132,8 +131,8 @@ func contentType(h http.Header) string {
 // The fingerprint is written into into, which must never be written again:
 // the string returned shares it, so that the request's own struct holds it
 // without an allocation of its own.
-func (c *config) fingerprint(r *http.Request, body []byte, into *[2 * sha256.Size]byte) (string, *keyProblem) {
-	var raw [2 * sha256.Size]byte
+func (c *config) fingerprint(r *http.Request, body []byte, into *[hexsha.Size]byte) (string, *keyProblem) {
+	var raw [hexsha.Size]byte
 	kind, bodyFP := "raw", ""
 	if len(body) > 0 && isJSON(contentType(r.Header)) {
 		fp, err := c.jsonFP(body)
@@ -142,7 +141,7 @@ func (c *config) fingerprint(r *http.Request, body []byte, into *[2 * sha256.Siz
 		}
 		kind, bodyFP = "json", fp
 	} else {
-		bodyFP = hexSum(body, &raw)
+		bodyFP = hexsha.Into(body, &raw)
 	}
 	var buf [256]byte
 	parts := buf[:0]
@@ -152,15 +151,7 @@ func (c *config) fingerprint(r *http.Request, body []byte, into *[2 * sha256.Siz
 	if r.URL.RawQuery != "" {
 		parts = append(append(append(parts, '?'), canonicalQuery(r.URL.RawQuery)...), 0)
 	}
-	return hexSum(parts, into), nil
-}
-
-// hexSum writes the hex SHA-256 of b into into, as dedup.SHA256Fingerprint
-// spells it, and returns it as a string sharing into.
-func hexSum(b []byte, into *[2 * sha256.Size]byte) string {
-	sum := sha256.Sum256(b)
-	hex.Encode(into[:], sum[:])
-	return unsafe.String(&into[0], len(into))
+	return hexsha.Into(parts, into), nil
 }
 
 // canonicalQuery returns raw with its parameters sorted by name and encoded

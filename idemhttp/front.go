@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/dedupkit/dedup"
 	"github.com/dedupkit/dedup/deduptype"
+	"github.com/dedupkit/dedup/internal/hexsha"
 	"github.com/dedupkit/dedup/internal/nilcheck"
 )
 
@@ -64,7 +64,7 @@ type prepared struct {
 	key              dedup.Key
 	shape            requestShape
 	fingerprint      string // set by ready, sharing fingerprintBytes
-	fingerprintBytes [2 * sha256.Size]byte
+	fingerprintBytes [hexsha.Size]byte
 	expires          time.Time // the expiry of the record its claim acquired, if it did
 	body             bodyCopy  // the body given back to the handler, kept here to cost no allocation of its own
 	x                exchange  // its attempt's, once acquired, kept here for the same reason
