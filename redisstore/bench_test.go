@@ -85,16 +85,8 @@ func BenchmarkRedisCompleteBatch(b *testing.B) {
 // (ClaimDuplicate), a key another owner holds (ClaimInFlight), a key stored
 // with another fingerprint (ClaimConflict). One round trip each.
 func BenchmarkRedisClaimReplay(b *testing.B) {
-	s, err := New(testenv.Redis(b), WithKeyPrefix("bench:"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, scope, result := benchStore(b, "bench-replay-")
 	ctx := context.Background()
-	scope := "bench-replay-" + deduptype.NewOwnerToken()[:8]
-	result := make([]byte, 300)
-	for i := range result {
-		result[i] = 'a' + byte(i%26)
-	}
 	for _, tc := range []struct {
 		name, fp string
 		settle   bool
@@ -133,13 +125,8 @@ func BenchmarkRedisClaimReplay(b *testing.B) {
 // BenchmarkRedisClaimNew claims a new key and completes it with a 300-byte
 // result, one caller at a time: a new key's two round trips.
 func BenchmarkRedisClaimNew(b *testing.B) {
-	s, err := New(testenv.Redis(b), WithKeyPrefix("bench:"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, scope, result := benchStore(b, "bench-new-")
 	ctx := context.Background()
-	scope := "bench-new-" + deduptype.NewOwnerToken()[:8]
-	result := make([]byte, 300)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -153,4 +140,18 @@ func BenchmarkRedisClaimNew(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// benchStore returns a store for a claim benchmark, a scope of its own
+// named from prefix, and a 300-byte result to complete keys with.
+func benchStore(b *testing.B, prefix string) (*Store, string, []byte) {
+	s, err := New(testenv.Redis(b), WithKeyPrefix("bench:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	result := make([]byte, 300)
+	for i := range result {
+		result[i] = 'a' + byte(i%26)
+	}
+	return s, prefix + deduptype.NewOwnerToken()[:8], result
 }
